@@ -1,0 +1,8 @@
+"""jaxsample: exact, reproducible LLM token samplers for JAX with Pallas GPU kernels."""
+
+from jaxsample.params import SamplerConfig, SamplingParams
+from jaxsample.reference import SampleResult
+from jaxsample.sampling import sample
+
+__all__ = ["SampleResult", "SamplerConfig", "SamplingParams", "sample"]
+__version__ = "0.1.0"

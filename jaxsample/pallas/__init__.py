@@ -1,0 +1,1 @@
+"""Pallas (Triton) GPU kernels; on CPU they run in interpret mode."""

@@ -1,0 +1,217 @@
+"""Pieces shared by the Pallas (Triton) kernels: launch plan, GPU math, block loop.
+
+Every kernel walks one row per program over a *split* of the vocabulary
+(grid ``(B, S)``), in steps of one RNG tile made of power-of-2 chunks loaded
+with masks (any ``V`` works).  ``chunk_loop`` is that walk; it hands each
+chunk its vocab ids, its mask and, for sampling kernels, the random bits of
+``jaxsample.rng`` for those ids, so every kernel draws the reference's noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from jaxsample import rng
+from jaxsample.params import SamplerConfig
+
+warnings.filterwarnings("ignore", message=".*Pallas Triton backend is deprecated.*")
+
+_SM_COUNT_DEFAULT = 132  # H100 / H200; only shapes the split heuristic.
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelPlan:
+  """Static launch plan for a ``[B, V]`` row-walking kernel.
+
+  Attributes:
+    chunk: elements per masked load (power of 2).
+    tile: elements per loop step (one RNG tile: 4 chunks for philox).
+    num_splits: programs per row (grid ``(B, num_splits)``).
+    steps: loop steps per program; ``num_splits * steps * tile >= V``.
+    num_warps, num_stages: Triton compiler parameters.
+    interpret: run in Pallas interpret mode (CPU).
+  """
+
+  chunk: int
+  tile: int
+  num_splits: int
+  steps: int
+  num_warps: int
+  num_stages: int
+  interpret: bool
+
+  @property
+  def split_len(self) -> int:
+    return self.steps * self.tile
+
+  def compiler_params(self):
+    return plgpu.CompilerParams(num_warps=self.num_warps,
+                                num_stages=self.num_stages)
+
+
+def make_plan(batch: int, vocab: int, dtype, config: SamplerConfig, *,
+              generator: str | None) -> KernelPlan:
+  """Heuristic plan on (B, V, dtype), each field overridable by ``config``.
+
+  Splits aim at ~4 programs per SM so small batches still fill the GPU.
+  ``generator=None`` plans a kernel that draws no noise.
+  """
+  del dtype  # The chunk is sized for 16-byte fp32 loads at 8 warps.
+  if generator == "philox":
+    chunk = rng.PHILOX_LANES
+    tile = rng.PHILOX_TILE
+  else:
+    chunk = config.block_size or 1024
+    tile = chunk
+  n_tiles = -(-vocab // tile)
+  target_programs = 4 * _SM_COUNT_DEFAULT
+  splits = config.num_splits or max(1, min(n_tiles, -(-target_programs // max(batch, 1))))
+  splits = min(splits, n_tiles)
+  steps = -(-n_tiles // splits)
+  splits = -(-n_tiles // steps)  # No split starts past V.
+  return KernelPlan(chunk=chunk, tile=tile, num_splits=splits, steps=steps,
+                    num_warps=config.num_warps or 8,
+                    num_stages=config.num_stages or 1,
+                    interpret=jax.default_backend() != "gpu")
+
+
+# ---------------------------------------------------------------------------
+# Exact arithmetic that Triton would otherwise approximate or cannot lower.
+# ---------------------------------------------------------------------------
+
+
+def _asm(instruction: str, constraint: str, dtype, *args):
+  (out,) = plgpu.elementwise_inline_asm(
+      instruction, args=list(args), constraints=constraint, pack=1,
+      result_shape_dtypes=[jax.ShapeDtypeStruct(args[0].shape, dtype)])
+  return out
+
+
+def gpu_mulhi(a: jax.Array, b: jax.Array) -> jax.Array:
+  """High word of a uint32 product via ``mul.hi.u32`` (Triton has no mulhi)."""
+  a, b = jnp.broadcast_arrays(a, b)
+  to_i32 = lambda v: lax.bitcast_convert_type(v, jnp.int32)
+  hi = _asm("mul.hi.u32 $0, $1, $2;", "=r,r,r", jnp.int32, to_i32(a), to_i32(b))
+  return lax.bitcast_convert_type(hi, jnp.uint32)
+
+
+def gpu_div(x: jax.Array, t: jax.Array) -> jax.Array:
+  """IEEE round-to-nearest fp32 division (Triton's ``/`` is ``div.full``)."""
+  x, t = jnp.broadcast_arrays(x, t)
+  return _asm("div.rn.f32 $0, $1, $2;", "=f,f,f", jnp.float32, x, t)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelMath:
+  """Math that differs between a GPU lowering and interpret mode (bit-identical)."""
+
+  interpret: bool
+
+  def mulhi(self, a, b):
+    return lax.mulhi(a, b) if self.interpret else gpu_mulhi(a, b)
+
+  def div(self, x, t):
+    return x / t if self.interpret else gpu_div(x, t)
+
+
+# ---------------------------------------------------------------------------
+# The block loop.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+  """One masked load's worth of a row: local start, local vocab ids, mask, bits."""
+
+  start: jax.Array
+  index: jax.Array
+  mask: jax.Array
+  bits: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Noise:
+  """Noise for the chunk loop: generator, row stream, global vocab offset."""
+
+  generator: str
+  stream: rng.RowStreams
+  vocab_offset: jax.Array
+  wide: bool
+
+
+def chunk_loop(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
+               step: Callable[[Any, Chunk], Any], carry, *,
+               noise: Noise | None = None):
+  """Folds ``step`` over the chunks of the split starting at ``split_start``.
+
+  ``vocab`` is the local row length (loads past it are masked).  With
+  ``noise``, each chunk carries the random bits of its global vocab ids
+  (``vocab_offset`` + local id, ``vocab_offset`` a multiple of the tile).
+  """
+  lanes = jnp.arange(plan.chunk, dtype=jnp.uint32)
+  lanes_i32 = lanes.astype(jnp.int32)
+
+  def body(i, carry):
+    tile_start = split_start + i * plan.tile
+    if noise is None:
+      chunks = [(offset, None) for offset in range(0, plan.tile, plan.chunk)]
+    else:
+      global_start = (tile_start + noise.vocab_offset).astype(jnp.uint32)
+      chunks = rng.tile_bits(noise.generator, noise.stream, global_start,
+                             lanes, wide=noise.wide, mulhi=math.mulhi)
+    for offset, bits in chunks:
+      start = tile_start + offset
+      index = start + lanes_i32
+      carry = step(carry, Chunk(start, index, index < vocab, bits))
+    return carry
+
+  return lax.fori_loop(0, plan.steps, body, carry)
+
+
+def load_row_chunk(x_ref, row, chunk: Chunk, size: int, fill=-jnp.inf):
+  """Masked, streaming load of ``x_ref[row, chunk]`` (``fill`` past the end)."""
+  return plgpu.load(x_ref.at[row, pl.ds(chunk.start, size)], mask=chunk.mask,
+                    other=fill, eviction_policy="evict_first")
+
+
+def argmax_update(best, best_index, value, index):
+  """Lane-wise running argmax; earlier (smaller) ids win ties."""
+  better = value > best
+  return jnp.where(better, value, best), jnp.where(better, index, best_index)
+
+
+def argmax_finish(best, best_index):
+  """Reduces lane-wise (best, index) to the row's max and its smallest index."""
+  top = jnp.max(best)
+  index = jnp.min(jnp.where(best == top, best_index, jnp.iinfo(jnp.int32).max))
+  return top, index
+
+
+LSE_FLOOR = float(jnp.finfo(jnp.float32).min)
+
+
+def lse_update(m, s, y):
+  """Lane-wise online ``(max, sum exp(y - max))`` with one exp per element.
+
+  ``m`` starts at the finite ``LSE_FLOOR`` and ``s`` at 0, so -inf entries add
+  0 and never produce NaN.
+  """
+  d = y - m
+  e = jnp.exp(-jnp.abs(d))
+  s = jnp.where(d > 0, s * e + 1.0, s + e)
+  return jnp.maximum(m, y), s
+
+
+def lse_finish(m, s):
+  """Reduces lane-wise ``(max, sumexp)`` to the row's ``(max, sumexp)``."""
+  top = jnp.max(m)
+  return top, jnp.sum(s * jnp.exp(m - top))

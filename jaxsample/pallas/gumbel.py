@@ -1,0 +1,159 @@
+"""Gumbel-max sampling kernel: logits ``[B, V]`` to tokens in one pass over HBM.
+
+Per row ``b`` and vocab split ``s`` (grid ``(B, S)``), one program streams its
+split chunk by chunk and keeps, lane-wise:
+
+* the running argmax of ``x / T + g`` (``g`` the Gumbel noise of
+  ``jaxsample.rng`` for the global vocab ids: the reference's noise), and
+* the running ``(max, sum exp)`` of ``x / T`` (one exp per element),
+
+then writes per-split partials.  ``combine_partials`` merges partials along
+the split axis, by a max and a rescaled sum; the vocab-parallel sampler merges
+partials of vocab shards the same way.  Greedy rows (T = 0) run a branch with
+no noise and no exp.  Equivalent to ``jaxsample.reference.sample_reference``
+for untruncated rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from jaxsample import reference, rng
+from jaxsample.pallas import common
+from jaxsample.params import SamplerConfig, SamplingParams
+from jaxsample.reference import SampleResult
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class GumbelPartials:
+  """Per-split partial results, each ``[B, S]``.
+
+  Attributes:
+    race: best ``y + g`` of the split (fp64 on the FP64 path).
+    index: its global vocab id (smallest on ties).
+    max: max of the tempered logits ``y`` (of ``x`` for greedy rows).
+    sumexp: ``sum exp(y - max)`` over the split.
+  """
+
+  race: jax.Array
+  index: jax.Array
+  max: jax.Array
+  sumexp: jax.Array
+
+
+def combine_partials(p: GumbelPartials):
+  """Merges partials along the last axis: ``(token, row_max, logsumexp)``.
+
+  The token is the index of the largest race value, the first split winning
+  ties; ``logsumexp = M + log(sum_s sumexp_s * exp(max_s - M))``.
+  """
+  top = jnp.max(p.race, axis=-1, keepdims=True)
+  token = jnp.min(jnp.where(p.race == top, p.index, jnp.iinfo(jnp.int32).max),
+                  axis=-1)
+  row_max = jnp.max(p.max, axis=-1)
+  safe_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  total = jnp.sum(p.sumexp * jnp.exp(p.max - safe_max[:, None]), axis=-1)
+  return token, row_max, safe_max + jnp.log(total)
+
+
+def _kernel(temp_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
+            offset_ref, x_ref, race_ref, index_ref, max_ref, sumexp_ref, *,
+            plan: common.KernelPlan, vocab: int, generator: str, fp64: bool):
+  row, split = pl.program_id(0), pl.program_id(1)
+  math = common.KernelMath(plan.interpret)
+  split_start = split * plan.split_len
+  offset = offset_ref[0]
+  t = temp_ref[row]
+  race_dtype = jnp.float64 if fp64 else jnp.float32
+  lanes = jnp.arange(plan.chunk, dtype=jnp.int32)
+  first_index = split_start + lanes  # all -inf rows report the first id
+
+  def load(chunk):
+    x = common.load_row_chunk(x_ref, row, chunk, plan.chunk).astype(jnp.float32)
+    return jnp.where(x != x, jnp.inf, x)
+
+  def greedy():
+    def step(carry, chunk):
+      return common.argmax_update(*carry, load(chunk), chunk.index)
+
+    init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32), first_index)
+    best, index = common.chunk_loop(plan, math, split_start, vocab, step, init)
+    top, index = common.argmax_finish(best, index)
+    return top.astype(race_dtype), index, top, jnp.float32(1.0)
+
+  def sampled():
+    stream = rng.RowStreams(key0_ref[row], key1_ref[row], base_hi_ref[row],
+                            base_lo_ref[row])
+
+    def step(carry, chunk):
+      best, index, m, s = carry
+      y = math.div(load(chunk), t)
+      race = y.astype(race_dtype) + rng.gumbel(rng.uniform(chunk.bits))
+      best, index = common.argmax_update(best, index, race, chunk.index)
+      m, s = common.lse_update(m, s, y)
+      return best, index, m, s
+
+    init = (jnp.full((plan.chunk,), -jnp.inf, race_dtype), first_index,
+            jnp.full((plan.chunk,), common.LSE_FLOOR, jnp.float32),
+            jnp.zeros((plan.chunk,), jnp.float32))
+    noise = common.Noise(generator, stream, offset, wide=fp64)
+    best, index, m, s = common.chunk_loop(plan, math, split_start, vocab, step,
+                                          init, noise=noise)
+    top, index = common.argmax_finish(best, index)
+    m, s = common.lse_finish(m, s)
+    return top, index, m, s
+
+  top, index, m, s = lax.cond(t > 0, sampled, greedy)
+  race_ref[row, split] = top
+  index_ref[row, split] = index + offset
+  max_ref[row, split] = m
+  sumexp_ref[row, split] = s
+
+
+def gumbel_partials(logits: jax.Array, temperature: jax.Array,
+                    streams: rng.RowStreams, config: SamplerConfig, *,
+                    vocab_offset: jax.Array | int = 0) -> GumbelPartials:
+  """Runs the kernel: per-split partials for ``logits`` ``[B, V_local]``.
+
+  ``temperature`` is canonical (0 = greedy); ``vocab_offset`` is the global id
+  of local column 0 (vocab-parallel shards), a multiple of the RNG tile.
+  """
+  batch, vocab = logits.shape
+  fp64 = config.use_fp64_gumbel
+  plan = common.make_plan(batch, vocab, logits.dtype, config,
+                          generator=config.rng)
+  race_dtype = jnp.float64 if fp64 else jnp.float32
+  out_shape = [
+      jax.ShapeDtypeStruct((batch, plan.num_splits), race_dtype),
+      jax.ShapeDtypeStruct((batch, plan.num_splits), jnp.int32),
+      jax.ShapeDtypeStruct((batch, plan.num_splits), jnp.float32),
+      jax.ShapeDtypeStruct((batch, plan.num_splits), jnp.float32),
+  ]
+  kernel = functools.partial(_kernel, plan=plan, vocab=vocab,
+                             generator=config.rng, fp64=fp64)
+  call = pl.pallas_call(kernel, out_shape=out_shape,
+                        grid=(batch, plan.num_splits),
+                        compiler_params=plan.compiler_params(),
+                        interpret=plan.interpret, name="jaxsample_gumbel_max")
+  offset = jnp.asarray(vocab_offset, jnp.int32).reshape(1)
+  outs = call(temperature.astype(jnp.float32), streams.key0, streams.key1,
+              streams.base_hi, streams.base_lo, offset, logits)
+  return GumbelPartials(*outs)
+
+
+def sample_untruncated(logits: jax.Array, params: SamplingParams,
+                       streams: rng.RowStreams,
+                       config: SamplerConfig) -> SampleResult:
+  """Kernel sampling for canonical params with no filter on (any row)."""
+  partials = gumbel_partials(logits, params.temperature, streams, config)
+  token, row_max, lse = combine_partials(partials)
+  x_token = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
+  return reference.finalize(reference.sanitize(x_token), params, token, lse,
+                            row_max)

@@ -1,0 +1,185 @@
+"""Sampling parameters (per-request arrays) and sampler configuration (static).
+
+``SamplingParams`` is a pytree of ``[B]`` arrays, so it can be passed through
+``jax.jit`` and changed per step without recompiling.  ``SamplerConfig`` is a
+frozen, hashable dataclass: changing it recompiles.
+
+Out-of-range values
+-------------------
+``SamplingParams.make`` rejects bad Python values with ``ValueError``.  Values
+that reach the sampler as traced arrays are never rejected; they get this
+defined meaning (``SamplingParams.canonical``):
+
+========================  ==================================================
+temperature <= 0, NaN,    greedy (argmax, no noise)
++-inf
+top_k <= 0 or >= V        top-k off
+top_p >= 1 or NaN         top-p off
+top_p <= 0                keeps only the most probable tie group (the p -> 0+
+                          limit)
+min_p <= 0 or NaN         min-p off
+min_p > 1                 treated as 1 (keeps only the most probable group)
+========================  ==================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsample import rng
+
+Implementation = Literal["auto", "pallas", "xla"]
+IMPLEMENTATIONS: tuple[str, ...] = ("auto", "pallas", "xla")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """Per-request sampling parameters, each an array of shape ``[B]``.
+
+  Attributes:
+    temperature: float32; 0 means greedy.
+    top_k: int32; keep the ``k`` most probable tokens (all ties at the k-th
+      value kept); ``<= 0`` or ``>= V`` is off.
+    top_p: float32; keep the smallest set of most probable tokens whose mass,
+      renormalized after min-p and top-k, reaches ``p``; 1 is off.
+    min_p: float32; keep tokens with ``p_i >= min_p * p_max``; 0 is off.
+  """
+
+  temperature: jax.Array
+  top_k: jax.Array
+  top_p: jax.Array
+  min_p: jax.Array
+
+  @property
+  def batch_size(self) -> int:
+    return self.temperature.shape[0]
+
+  @classmethod
+  def make(cls,
+           batch_size: int,
+           *,
+           temperature: float | Sequence[float] = 1.0,
+           top_k: int | Sequence[int] = 0,
+           top_p: float | Sequence[float] = 1.0,
+           min_p: float | Sequence[float] = 0.0) -> "SamplingParams":
+    """Builds validated parameters from Python scalars or per-request sequences.
+
+    Raises:
+      ValueError: naming the request and the field, for a temperature that is
+        negative or not finite, top_p outside (0, 1], min_p outside [0, 1], a
+        non-integer top_k, or a sequence whose length is not ``batch_size``.
+    """
+    if isinstance(batch_size, bool) or not isinstance(
+        batch_size, (int, np.integer)) or batch_size < 0:
+      raise ValueError(f"batch_size must be a non-negative int; got {batch_size!r}")
+    fields = {}
+    for name, value, dtype in (("temperature", temperature, np.float32),
+                               ("top_k", top_k, np.int32),
+                               ("top_p", top_p, np.float32),
+                               ("min_p", min_p, np.float32)):
+      values = _per_request(name, value, batch_size)
+      for request, v in enumerate(values):
+        _check_value(name, request, v)
+      fields[name] = jnp.asarray(np.asarray(values, dtype=dtype).reshape(
+          batch_size))
+    return cls(**fields)
+
+  def canonical(self, vocab_size: int) -> "SamplingParams":
+    """The jit-safe canonical form (see the module docstring for the rules).
+
+    In the result: temperature is 0 (greedy) or positive and finite; top_k is
+    0 (off) or in [1, V - 1]; top_p is in [0, 1] with 1 off; min_p is in
+    [0, 1] with 0 off.
+    """
+    t = self.temperature.astype(jnp.float32)
+    t = jnp.where((t > 0) & jnp.isfinite(t), t, 0.0)
+    k = self.top_k.astype(jnp.int32)
+    k = jnp.where((k > 0) & (k < vocab_size), k, 0)
+    p = self.top_p.astype(jnp.float32)
+    p = jnp.where(jnp.isnan(p) | (p >= 1), 1.0, jnp.maximum(p, 0.0))
+    m = self.min_p.astype(jnp.float32)
+    m = jnp.where(jnp.isnan(m) | (m <= 0), 0.0, jnp.minimum(m, 1.0))
+    return SamplingParams(t, k, p, m)
+
+  def truncates(self) -> jax.Array:
+    """``[B]`` bool: whether any filter is on (for canonical parameters)."""
+    return (self.top_k > 0) | (self.top_p < 1) | (self.min_p > 0)
+
+
+def _per_request(name: str, value, batch_size: int) -> list:
+  if isinstance(value, (str, bytes)):
+    raise ValueError(f"{name}: expected a number or a sequence; got {value!r}")
+  if np.ndim(value) == 0:
+    return [value] * batch_size
+  values = list(np.asarray(value).reshape(-1)) if np.ndim(value) == 1 else None
+  if values is None:
+    raise ValueError(f"{name}: expected a scalar or a 1-D sequence; got shape "
+                     f"{np.shape(value)}")
+  if len(values) != batch_size:
+    raise ValueError(f"{name}: got {len(values)} values for batch_size "
+                     f"{batch_size}")
+  return values
+
+
+def _check_value(name: str, request: int, v) -> None:
+  where = f"request {request}: {name}={v!r}"
+  if name == "top_k":
+    if isinstance(v, (bool, np.bool_)) or not float(v).is_integer():
+      raise ValueError(f"{where} must be an integer (<= 0 means off)")
+    return
+  v = float(v)
+  if name == "temperature" and not (math.isfinite(v) and v >= 0):
+    raise ValueError(f"{where} must be finite and >= 0 (0 means greedy)")
+  if name == "top_p" and not 0 < v <= 1:
+    raise ValueError(f"{where} must be in (0, 1] (1 means off)")
+  if name == "min_p" and not 0 <= v <= 1:
+    raise ValueError(f"{where} must be in [0, 1] (0 means off)")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+  """Static sampler configuration (hashable; changing it recompiles).
+
+  Attributes:
+    rng: counter-based generator, ``"philox"`` (fast) or ``"threefry"``
+      (bit-compatible with ``jax.random``); see ``jaxsample.rng``.
+    use_fp64_gumbel: draw the uniform, the Gumbel noise and compare in fp64
+      (under scoped x64); default fp32.
+    implementation: ``"auto"`` (Pallas kernels on GPU, XLA elsewhere),
+      ``"pallas"`` (kernels; interpret mode off GPU) or ``"xla"`` (reference).
+    block_size: vocab elements per kernel block (power of 2); None: heuristic.
+    num_splits: vocab splits per row (programs per row); None: heuristic.
+    num_warps: Triton warps per program; None: heuristic.
+    num_stages: Triton pipelining stages; None: heuristic.
+  """
+
+  rng: str = "philox"
+  use_fp64_gumbel: bool = False
+  implementation: str = "auto"
+  block_size: int | None = None
+  num_splits: int | None = None
+  num_warps: int | None = None
+  num_stages: int | None = None
+
+  def __post_init__(self):
+    if self.rng not in rng.GENERATORS:
+      raise ValueError(f"rng must be one of {rng.GENERATORS}; got {self.rng!r}")
+    if self.implementation not in IMPLEMENTATIONS:
+      raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}; got "
+                       f"{self.implementation!r}")
+    if self.block_size is not None and (
+        self.block_size < 16 or self.block_size & (self.block_size - 1)):
+      raise ValueError(f"block_size must be a power of 2 >= 16; got "
+                       f"{self.block_size}")
+    for name in ("num_splits", "num_warps", "num_stages"):
+      value = getattr(self, name)
+      if value is not None and value < 1:
+        raise ValueError(f"{name} must be >= 1; got {value}")

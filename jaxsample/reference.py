@@ -1,0 +1,135 @@
+"""Pure-JAX (XLA) reference sampler: the definition every kernel must match.
+
+Processing of one row with logits ``x`` (any float dtype, computed in fp32),
+canonical parameters (``SamplingParams.canonical``) and Gumbel noise ``g``:
+
+1. Sanitize: NaN entries become +inf.  The row is *valid* iff its maximum is
+   finite (no NaN, no +inf, at least one finite entry).
+2. Greedy rows (T = 0) and invalid rows: ``token = argmax(x)`` (smallest index
+   on ties, so the first NaN/+inf entry of an invalid row, or 0 for an all
+   -inf row), no noise.  ``logprob`` is 0 for valid greedy rows (the processed
+   distribution is a point mass) and -inf for invalid rows.
+3. Temperature: ``y = x / T`` (IEEE division in fp32).
+4. Every filter keeps an upward-closed set ``{i : y_i >= t}`` (ties at a
+   threshold are all kept), and -inf entries are never kept:
+
+   * min-p: ``t1 = max(y) + log(min_p)``;
+   * top-k: ``t2`` = the k-th largest ``y`` among the survivors of min-p;
+   * top-p: ``t3`` = the largest value ``v`` such that the mass of
+     ``{y >= v}`` reaches ``p`` under the distribution renormalized on the
+     survivors of min-p and top-k, i.e. ``sum_{y_i >= v} e_i >= p * sum e``
+     with ``e_i = exp(y_i - max(y))`` on the survivors (the crossing token is
+     kept).
+
+   The kept set is ``K = {i : y_i >= max(t1, t2, t3), y_i > -inf}``.
+5. Gumbel-max on the kept set: ``token = argmax_{i in K} (y_i + g_i)``.  Without
+   truncation and with one threefry key this is
+   ``jax.random.categorical(key, x / T)`` bit for bit.
+6. ``logprob = y_token - logsumexp_{i in K}(y_i)``, the log-probability under
+   the truncated, renormalized distribution.
+
+With ``fp64`` the noise and the comparison ``y_i + g_i`` are fp64 (``y`` is
+the fp32 tempered logit, widened).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jaxsample import rng
+from jaxsample.params import SamplingParams
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SampleResult:
+  """Sampled tokens ``[B]`` int32, their logprobs ``[B]`` fp32 and row validity ``[B]``."""
+
+  tokens: jax.Array
+  logprobs: jax.Array
+  valid: jax.Array
+
+
+def sanitize(logits: jax.Array) -> jax.Array:
+  """fp32 logits with NaN replaced by +inf (so invalid rows show in the max)."""
+  x = logits.astype(jnp.float32)
+  return jnp.where(jnp.isnan(x), jnp.inf, x)
+
+
+def temper(x: jax.Array, temperature: jax.Array) -> jax.Array:
+  """``x / T`` per row for sampled rows (T > 0); greedy rows are left as is."""
+  t = temperature[:, None]
+  return jnp.where(t > 0, x / jnp.where(t > 0, t, 1.0), x)
+
+
+def keep_threshold(y: jax.Array, params: SamplingParams) -> jax.Array:
+  """Per-row threshold ``t`` of the kept set ``{y >= t, y > -inf}`` (sort-based).
+
+  ``y`` are tempered, sanitized logits of valid rows and ``params`` canonical.
+  """
+  ys = -jnp.sort(-y, axis=-1)  # descending
+  y_max = ys[:, 0]
+  finite = ys > -jnp.inf
+  log_min_p = jnp.log(params.min_p)
+  t1 = jnp.where(params.min_p > 0, y_max + log_min_p, -jnp.inf)
+  n1 = jnp.sum(finite & (ys >= t1[:, None]), axis=-1)
+  k = jnp.where(params.top_k > 0, jnp.minimum(params.top_k, n1), n1)
+  t2 = jnp.take_along_axis(ys, jnp.maximum(k - 1, 0)[:, None], axis=-1)[:, 0]
+  survivors = finite & (ys >= t2[:, None])
+  e = jnp.where(survivors, jnp.exp(ys - y_max[:, None]), 0.0)
+  cumulative = jnp.cumsum(e, axis=-1)
+  total = cumulative[:, -1]
+  reached = cumulative >= (params.top_p * total)[:, None]
+  first = jnp.argmax(reached, axis=-1)
+  t3 = jnp.take_along_axis(ys, first[:, None], axis=-1)[:, 0]
+  t3 = jnp.where(params.top_p < 1, t3, -jnp.inf)
+  return jnp.maximum(jnp.maximum(t1, t2), t3)
+
+
+def logsumexp_where(y: jax.Array, keep: jax.Array) -> jax.Array:
+  """``log(sum_{keep} exp(y))`` per row, -inf for empty rows."""
+  m = jnp.max(jnp.where(keep, y, -jnp.inf), axis=-1, keepdims=True)
+  m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+  s = jnp.sum(jnp.where(keep, jnp.exp(y - m_safe), 0.0), axis=-1)
+  return m_safe[:, 0] + jnp.log(s)
+
+
+def finalize(x_token: jax.Array, params: SamplingParams, tokens: jax.Array,
+             log_normalizer: jax.Array, row_max: jax.Array) -> SampleResult:
+  """Logprobs and validity from per-row statistics (steps 1, 2 and 6).
+
+  ``x_token`` is the sanitized logit of ``tokens`` (already chosen by the
+  greedy / invalid-row rule), ``log_normalizer`` the logsumexp of the kept
+  tempered logits and ``row_max`` the row's max (valid iff finite).
+  """
+  valid = jnp.isfinite(row_max)
+  greedy = params.temperature == 0
+  t = jnp.where(greedy, 1.0, params.temperature)
+  logprobs = jnp.where(greedy, 0.0, x_token / t - log_normalizer)
+  logprobs = jnp.where(valid, logprobs, -jnp.inf)
+  return SampleResult(tokens, logprobs.astype(jnp.float32), valid)
+
+
+def sample_reference(logits: jax.Array, params: SamplingParams,
+                     streams: rng.RowStreams, *, generator: str,
+                     fp64: bool = False) -> SampleResult:
+  """The reference sampler (module doc) for canonical params and row streams."""
+  batch, vocab = logits.shape
+  x = sanitize(logits)
+  y = temper(x, params.temperature)
+  valid_rows = jnp.isfinite(jnp.max(x, axis=-1, keepdims=True))
+  y_safe = jnp.where(valid_rows, y, 0.0)  # keeps the threshold search NaN-free
+  threshold = keep_threshold(y_safe, params)
+  keep = (y >= threshold[:, None]) & (y > -jnp.inf)
+  noise = rng.gumbel_noise(generator, streams, vocab, fp64=fp64)
+  race = y.astype(noise.dtype) + noise
+  race = jnp.where(keep, race, -jnp.inf)
+  row_max = jnp.max(x, axis=-1)
+  plain = (params.temperature == 0) | ~jnp.isfinite(row_max)
+  tokens = jnp.where(plain, jnp.argmax(x, axis=-1),
+                     jnp.argmax(race, axis=-1)).astype(jnp.int32)
+  x_token = jnp.take_along_axis(x, tokens[:, None], axis=-1)[:, 0]
+  return finalize(x_token, params, tokens, logsumexp_where(y, keep), row_max)

@@ -1,0 +1,256 @@
+"""Counter-based random numbers shared by the XLA reference and the Pallas kernels.
+
+Everything here is plain ``jnp`` uint32 arithmetic, so one definition runs in
+XLA, in Pallas interpret mode and inside Pallas-Triton kernels; the kernels and
+the reference therefore draw the *same* bits for the same keys.
+
+Noise coordinates
+-----------------
+Every row ``b`` of a ``[B, V]`` logits batch gets a *stream*: a 2-word key and
+a 64-bit counter base ``(base_hi, base_lo)``.  The noise of vocab index ``v``
+depends only on (stream key, counter base, v):
+
+* **batch key** (one key for the whole batch): key = that key,
+  base = ``b * V`` (the flat index of the row start).  With the threefry
+  generator the counter of element ``(b, v)`` is the flat index ``b * V + v``,
+  exactly the layout of ``jax.random`` (``jax_threefry_partitionable``), so
+  sampling without truncation reproduces ``jax.random.categorical`` bit for bit.
+* **per-request keys** (one key per row plus a position per row): key = the
+  row's key, base = ``position << 32``.  The noise of a request is a function
+  of (its key, its position, v) only: it does not depend on which other
+  requests share the batch, their order or padding.  At position 0 the
+  threefry noise equals ``jax.random.categorical(row_key, row_logits)``'s.
+
+Generators
+----------
+* ``threefry``: Threefry-2x32 (20 rounds) on the 64-bit counter ``base + v``;
+  32-bit draws are ``x0 ^ x1``, 64-bit draws ``x0 << 32 | x1`` (as jax).
+* ``philox``: Philox-4x32-10 (Random123).  One call yields four words, all
+  used: the vocab axis is cut in tiles of ``4 * PHILOX_LANES``; inside a tile,
+  lane ``l`` of chunk ``j`` (vocab index ``tile + j * PHILOX_LANES + l``) takes
+  word ``j`` of the call on counter ``(tile / 4 + l, base_lo, base_hi, 0)``.
+  64-bit draws take their low word from the same call with counter word 3 = 1.
+
+Uniforms are ``u = max(mantissa_bits * 2^-23, 2^-126)`` in fp32 (so that
+``-log(-log(u))`` is finite) and ``max(mantissa_bits * 2^-52, 2^-1022)`` in
+fp64; both equal ``jax.random.uniform(key, minval=tiny, maxval=1)``'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+Generator = Literal["threefry", "philox"]
+GENERATORS: tuple[str, ...] = ("threefry", "philox")
+
+PHILOX_LANES = 512
+"""Lanes per Philox chunk; a Philox tile spans ``4 * PHILOX_LANES`` vocab ids."""
+PHILOX_TILE = 4 * PHILOX_LANES
+
+_U32 = jnp.uint32
+MulHi = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def _u32(x) -> jax.Array:
+  return jnp.asarray(x, dtype=_U32)
+
+
+# --------------------------------------------------------------------------
+# Block ciphers.
+# --------------------------------------------------------------------------
+
+
+def _rotl(x: jax.Array, r: int) -> jax.Array:
+  return (x << _u32(r)) | (x >> _u32(32 - r))
+
+
+def threefry2x32(k0, k1, c0, c1) -> tuple[jax.Array, jax.Array]:
+  """Threefry-2x32 with 20 rounds, bit-identical to ``jax.random``'s hash."""
+  rotations = ((13, 15, 26, 6), (17, 29, 16, 24))
+  ks = (k0, k1, k0 ^ k1 ^ _u32(0x1BD11BDA))
+  x0 = c0 + ks[0]
+  x1 = c1 + ks[1]
+  for group in range(5):
+    for r in rotations[group % 2]:
+      x0 = x0 + x1
+      x1 = _rotl(x1, r) ^ x0
+    x0 = x0 + ks[(group + 1) % 3]
+    x1 = x1 + ks[(group + 2) % 3] + _u32(group + 1)
+  return x0, x1
+
+
+_PHILOX_M0 = 0xD2511F53
+_PHILOX_M1 = 0xCD9E8D57
+_PHILOX_W0 = 0x9E3779B9
+_PHILOX_W1 = 0xBB67AE85
+
+
+def philox4x32(k0, k1, c0, c1, c2, c3, *, mulhi: MulHi = lax.mulhi):
+  """Philox-4x32 with 10 rounds (Random123 / ``jax.random`` 'philox4x32').
+
+  ``mulhi(a, b)`` must return the high 32 bits of the 64-bit product of two
+  uint32 arrays of one shape; kernels pass a hardware ``mul.hi`` instruction.
+  """
+  m0 = jnp.full(jnp.shape(c0), _PHILOX_M0, _U32)
+  m1 = jnp.full(jnp.shape(c2), _PHILOX_M1, _U32)
+  for rnd in range(10):
+    if rnd:
+      k0 = k0 + _u32(_PHILOX_W0)
+      k1 = k1 + _u32(_PHILOX_W1)
+    hi0, lo0 = mulhi(m0, c0), m0 * c0
+    hi1, lo1 = mulhi(m1, c2), m1 * c2
+    c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+  return c0, c1, c2, c3
+
+
+# --------------------------------------------------------------------------
+# Streams: per-row keys and counter bases.
+# --------------------------------------------------------------------------
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RowStreams:
+  """Per-row noise coordinates: key words and 64-bit counter base, ``[B]`` uint32."""
+
+  key0: jax.Array
+  key1: jax.Array
+  base_hi: jax.Array
+  base_lo: jax.Array
+
+  def __getitem__(self, index) -> "RowStreams":
+    return jax.tree.map(lambda a: a[index], self)
+
+
+def key_words(key) -> jax.Array:
+  """Raw uint32 key data ``[..., 2]`` of a typed or raw threefry/philox key."""
+  data = jax.random.key_data(key) if _is_typed_key(key) else jnp.asarray(key)
+  if data.dtype != jnp.uint32 or data.shape[-1:] != (2,):
+    raise ValueError(
+        "keys must be typed keys or raw uint32 key data with 2 words "
+        f"(threefry2x32 / philox4x32); got data of shape {data.shape} and "
+        f"dtype {data.dtype}")
+  return data
+
+
+def _is_typed_key(key) -> bool:
+  return isinstance(key, jax.Array) and jnp.issubdtype(key.dtype,
+                                                        jax.dtypes.prng_key)
+
+
+def row_streams(key, positions, batch_size: int,
+                vocab_size: int) -> tuple[RowStreams, bool]:
+  """Per-row streams for one batch key or per-request keys (see module doc).
+
+  Returns the streams and whether the keys were per request.
+  """
+  data = key_words(key)
+  rows = jnp.arange(batch_size, dtype=_U32)
+  if data.ndim == 1:
+    if positions is not None:
+      raise ValueError(
+          "positions apply to per-request keys ([B] typed keys or [B, 2] raw "
+          "key data); with one batch key the row index is the counter")
+    k0 = jnp.broadcast_to(data[0], (batch_size,))
+    k1 = jnp.broadcast_to(data[1], (batch_size,))
+    v = _u32(vocab_size)
+    return RowStreams(k0, k1, lax.mulhi(rows, jnp.broadcast_to(v, rows.shape)),
+                      rows * v), False
+  if data.shape != (batch_size, 2):
+    raise ValueError(f"per-request keys must have batch size {batch_size}; "
+                     f"got key data of shape {data.shape}")
+  if positions is None:
+    positions = jnp.zeros((batch_size,), jnp.int32)
+  positions = jnp.asarray(positions)
+  if positions.shape != (batch_size,) or not jnp.issubdtype(
+      positions.dtype, jnp.integer):
+    raise ValueError(f"positions must be integers of shape ({batch_size},); "
+                     f"got {positions.dtype}{list(positions.shape)}")
+  return RowStreams(data[:, 0], data[:, 1], positions.astype(_U32),
+                    jnp.zeros((batch_size,), _U32)), True
+
+
+# --------------------------------------------------------------------------
+# Bits, uniforms and Gumbel noise for a tile of vocab ids.
+# --------------------------------------------------------------------------
+
+
+def tile_bits(generator: str, stream: RowStreams, tile_start, lanes, *,
+              wide: bool = False, mulhi: MulHi = lax.mulhi):
+  """Random bits for the vocab ids of one tile, as ``[(offset, bits), ...]``.
+
+  ``lanes`` is ``arange(n)`` (uint32), broadcast against ``tile_start`` and the
+  stream's arrays.  For threefry the tile is the single chunk
+  ``tile_start + lanes``; for philox ``n`` must be ``PHILOX_LANES``,
+  ``tile_start`` a multiple of ``PHILOX_TILE``, and the four chunks start at
+  ``tile_start + j * PHILOX_LANES``.  ``bits`` is uint32, or with ``wide`` a
+  ``(hi, lo)`` pair of uint32 holding 64 bits.
+  """
+  tile_start = _u32(tile_start)
+  if generator == "threefry":
+    lo = stream.base_lo + tile_start + lanes
+    hi = stream.base_hi + (lo < stream.base_lo).astype(_U32)
+    x0, x1 = threefry2x32(stream.key0, stream.key1, hi, lo)
+    return [(0, (x0, x1) if wide else x0 ^ x1)]
+  if generator == "philox":
+    shape = jnp.broadcast_shapes(jnp.shape(tile_start), jnp.shape(lanes),
+                                 jnp.shape(stream.base_lo))
+    counter = jnp.broadcast_to((tile_start >> _u32(2)) + lanes, shape)
+    c1 = jnp.broadcast_to(stream.base_lo, shape)
+    c2 = jnp.broadcast_to(stream.base_hi, shape)
+    zero = jnp.zeros_like(counter)
+    words = philox4x32(stream.key0, stream.key1, counter, c1, c2, zero,
+                       mulhi=mulhi)
+    if wide:
+      low_words = philox4x32(stream.key0, stream.key1, counter, c1, c2,
+                             zero + _u32(1), mulhi=mulhi)
+      words = tuple(zip(words, low_words))
+    return [(j * PHILOX_LANES, w) for j, w in enumerate(words)]
+  raise ValueError(f"unknown generator {generator!r}; expected one of "
+                   f"{GENERATORS}")
+
+
+FP32_TINY = float(np.finfo(np.float32).tiny)  # 2^-126
+FP64_TINY = float(np.finfo(np.float64).tiny)  # 2^-1022
+
+
+def uniform(bits) -> jax.Array:
+  """Uniform in ``[tiny, 1)`` from 32 bits (fp32) or a ``(hi, lo)`` pair (fp64)."""
+  if isinstance(bits, tuple):
+    hi, lo = bits
+    mantissa = (hi.astype(jnp.float64) * 2.0**20 +
+                (lo >> _u32(12)).astype(jnp.float64))
+    return jnp.maximum(mantissa * 2.0**-52, FP64_TINY)
+  one_bits = (bits >> _u32(9)) | _u32(0x3F800000)
+  floats = lax.bitcast_convert_type(one_bits, jnp.float32) - 1.0
+  return jnp.maximum(floats, jnp.float32(FP32_TINY))
+
+
+def gumbel(u: jax.Array) -> jax.Array:
+  """Standard Gumbel noise ``-log(-log(u))``: finite for ``u`` in [tiny, 1)."""
+  return -jnp.log(-jnp.log(u))
+
+
+def gumbel_noise(generator: str, streams: RowStreams, vocab_size: int, *,
+                 fp64: bool = False) -> jax.Array:
+  """Gumbel noise ``[B, V]`` for every row and vocab id (XLA reference path)."""
+  if generator == "philox":
+    n_tiles = -(-vocab_size // PHILOX_TILE)
+    starts = (jnp.arange(n_tiles, dtype=_U32) * _u32(PHILOX_TILE))[None, :,
+                                                                     None]
+    lanes = jnp.arange(PHILOX_LANES, dtype=_U32)[None, None, :]
+    column = jax.tree.map(lambda a: a[:, None, None], streams)
+    chunks = tile_bits(generator, column, starts, lanes, wide=fp64)
+    noise = jnp.stack([gumbel(uniform(bits)) for _, bits in chunks], axis=2)
+    return noise.reshape(noise.shape[0], -1)[:, :vocab_size]
+  lanes = jnp.arange(vocab_size, dtype=_U32)[None, :]
+  column = jax.tree.map(lambda a: a[:, None], streams)
+  ((_, bits),) = tile_bits(generator, column, 0, lanes, wide=fp64)
+  return gumbel(uniform(bits))

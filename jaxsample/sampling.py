@@ -1,0 +1,85 @@
+"""``jaxsample.sample``: one public entry point, backends behind a small dispatch."""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+
+from jaxsample import reference, rng
+from jaxsample.params import SamplerConfig, SamplingParams
+from jaxsample.reference import SampleResult
+
+
+def check_logits(logits, params: SamplingParams) -> None:
+  """Raises ``ValueError`` for logits that are not ``[B, V]`` floats matching params."""
+  if logits.ndim != 2:
+    raise ValueError(f"logits must be [B, V]; got shape {logits.shape}")
+  if not jnp.issubdtype(logits.dtype, jnp.floating):
+    raise ValueError(f"logits must be floating point; got {logits.dtype}")
+  if logits.shape[1] == 0:
+    raise ValueError("logits must have a non-empty vocabulary (V >= 1)")
+  if params.batch_size != logits.shape[0]:
+    raise ValueError(f"params have batch size {params.batch_size} but logits "
+                     f"have {logits.shape[0]} rows")
+
+
+def use_pallas(config: SamplerConfig) -> bool:
+  """Whether ``config.implementation`` selects the Pallas kernels here."""
+  if config.implementation == "auto":
+    return jax.default_backend() == "gpu"
+  return config.implementation == "pallas"
+
+
+def x64_scope(enabled: bool):
+  """Scoped x64 for the FP64 Gumbel path; a no-op otherwise."""
+  return jax.enable_x64(True) if enabled else contextlib.nullcontext()
+
+
+def sample(logits: jax.Array,
+           params: SamplingParams,
+           key: jax.Array,
+           *,
+           positions: jax.Array | None = None,
+           config: SamplerConfig | None = None) -> SampleResult:
+  """Samples one token per row of ``logits`` ``[B, V]``.
+
+  Equivalent to the reference in ``jaxsample.reference``: temperature, then
+  min-p, top-k and top-p (upward-closed kept sets, ties kept), then Gumbel-max
+  over the kept set; greedy rows (T = 0) take the argmax.
+
+  Args:
+    logits: ``[B, V]`` fp32, bf16 or fp16 logits (read in their own dtype).
+    params: per-request ``SamplingParams``; out-of-range traced values follow
+      ``SamplingParams.canonical``.
+    key: one key for the batch (noise counter = flat index ``b * V + v``), or
+      ``[B]`` keys, one per request (noise depends on the request's key,
+      position and ``v`` only).  Typed keys or raw uint32 key data.
+    positions: ``[B]`` integer positions for per-request keys (default 0).
+    config: static ``SamplerConfig``.
+
+  Returns:
+    ``SampleResult`` with ``tokens`` ``[B]`` int32 (always in ``[0, V)``),
+    ``logprobs`` ``[B]`` fp32 under the processed distribution and ``valid``
+    ``[B]`` (False for rows with NaN, +inf or no finite logit).
+  """
+  config = config or SamplerConfig()
+  logits = jnp.asarray(logits)
+  check_logits(logits, params)
+  batch, vocab = logits.shape
+  streams, _ = rng.row_streams(key, positions, batch, vocab)
+  params = params.canonical(vocab)
+  if batch == 0:
+    return SampleResult(jnp.zeros((0,), jnp.int32), jnp.zeros((0,),
+                                                                jnp.float32),
+                        jnp.zeros((0,), bool))
+  with x64_scope(config.use_fp64_gumbel):
+    xla = lambda: reference.sample_reference(
+        logits, params, streams, generator=config.rng,
+        fp64=config.use_fp64_gumbel)
+    if not use_pallas(config):
+      return xla()
+    from jaxsample.pallas import gumbel  # pylint: disable=g-import-not-at-top
+    kernel = lambda: gumbel.sample_untruncated(logits, params, streams, config)
+    return jax.lax.cond(jnp.any(params.truncates()), xla, kernel)
