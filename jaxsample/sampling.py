@@ -32,9 +32,22 @@ def use_pallas(config: SamplerConfig) -> bool:
   return config.implementation == "pallas"
 
 
-def x64_scope(enabled: bool):
-  """Scoped x64 for the FP64 Gumbel path; a no-op otherwise."""
-  return jax.enable_x64(True) if enabled else contextlib.nullcontext()
+def x64_scope(enabled: bool, *arrays):
+  """Scoped x64 for the FP64 Gumbel path; a no-op otherwise.
+
+  JAX lowers a jitted function after tracing it, outside any scope entered
+  during the trace, so under an outer ``jit`` the caller must hold the scope
+  for the whole call: ``with jax.enable_x64(True): jitted(...)``.
+  """
+  if not enabled:
+    return contextlib.nullcontext()
+  traced = any(isinstance(a, jax.core.Tracer) for a in arrays)
+  if traced and not jax.config.read("jax_enable_x64"):
+    raise ValueError(
+        "use_fp64_gumbel=True under jax.jit needs x64 while the jitted "
+        "function is traced and compiled: call it inside "
+        "`with jax.enable_x64(True):` (eager calls enable it themselves)")
+  return jax.enable_x64(True)
 
 
 def sample(logits: jax.Array,
@@ -57,7 +70,9 @@ def sample(logits: jax.Array,
       ``[B]`` keys, one per request (noise depends on the request's key,
       position and ``v`` only).  Typed keys or raw uint32 key data.
     positions: ``[B]`` integer positions for per-request keys (default 0).
-    config: static ``SamplerConfig``.
+    config: static ``SamplerConfig``.  With ``use_fp64_gumbel`` inside your
+      own ``jax.jit``, call the jitted function under
+      ``with jax.enable_x64(True):`` (a clear error says so otherwise).
 
   Returns:
     ``SampleResult`` with ``tokens`` ``[B]`` int32 (always in ``[0, V)``),
@@ -74,7 +89,7 @@ def sample(logits: jax.Array,
     return SampleResult(jnp.zeros((0,), jnp.int32), jnp.zeros((0,),
                                                                 jnp.float32),
                         jnp.zeros((0,), bool))
-  with x64_scope(config.use_fp64_gumbel):
+  with x64_scope(config.use_fp64_gumbel, logits, key):
     xla = lambda: reference.sample_reference(
         logits, params, streams, generator=config.rng,
         fp64=config.use_fp64_gumbel)

@@ -36,7 +36,8 @@ class GumbelPartials:
   """Per-split partial results, each ``[B, S]``.
 
   Attributes:
-    race: best ``y + g`` of the split (fp64 on the FP64 path).
+    race: best ``y + g`` of the split (fp64 on the FP64 path; the kernel
+      returns fp64 as two uint32 words, see ``_split_words``).
     index: its global vocab id (smallest on ties).
     max: max of the tempered logits ``y`` (of ``x`` for greedy rows).
     sumexp: ``sum exp(y - max)`` over the split.
@@ -64,8 +65,9 @@ def combine_partials(p: GumbelPartials):
 
 
 def _kernel(temp_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
-            offset_ref, x_ref, race_ref, index_ref, max_ref, sumexp_ref, *,
-            plan: common.KernelPlan, vocab: int, generator: str, fp64: bool):
+            offset_ref, x_ref, race_ref, index_ref, max_ref, sumexp_ref,
+            *race_lo_ref, plan: common.KernelPlan, vocab: int, generator: str,
+            fp64: bool):
   row, split = pl.program_id(0), pl.program_id(1)
   math = common.KernelMath(plan.interpret)
   split_start = split * plan.split_len
@@ -111,10 +113,29 @@ def _kernel(temp_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
     return top, index, m, s
 
   top, index, m, s = lax.cond(t > 0, sampled, greedy)
-  race_ref[row, split] = top
+  if fp64:
+    race_ref[row, split], race_lo_ref[0][row, split] = _split_words(top)
+  else:
+    race_ref[row, split] = top
   index_ref[row, split] = index + offset
   max_ref[row, split] = m
   sumexp_ref[row, split] = s
+
+
+def _split_words(value: jax.Array):
+  """fp64 scalar as (high, low) uint32 words.
+
+  A 64-bit kernel output would be narrowed when an outer ``jit`` lowers the
+  kernel outside the x64 scope; 32-bit words cross the boundary intact.
+  """
+  bits = lax.bitcast_convert_type(value, jnp.uint64)
+  return ((bits >> jnp.uint64(32)).astype(jnp.uint32),
+          (bits & jnp.uint64(0xFFFFFFFF)).astype(jnp.uint32))
+
+
+def _join_words(hi: jax.Array, lo: jax.Array) -> jax.Array:
+  bits = (hi.astype(jnp.uint64) << jnp.uint64(32)) | lo.astype(jnp.uint64)
+  return lax.bitcast_convert_type(bits, jnp.float64)
 
 
 def gumbel_partials(logits: jax.Array, temperature: jax.Array,
@@ -129,13 +150,13 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
   fp64 = config.use_fp64_gumbel
   plan = common.make_plan(batch, vocab, logits.dtype, config,
                           generator=config.rng)
-  race_dtype = jnp.float64 if fp64 else jnp.float32
+  shape = (batch, plan.num_splits)
   out_shape = [
-      jax.ShapeDtypeStruct((batch, plan.num_splits), race_dtype),
-      jax.ShapeDtypeStruct((batch, plan.num_splits), jnp.int32),
-      jax.ShapeDtypeStruct((batch, plan.num_splits), jnp.float32),
-      jax.ShapeDtypeStruct((batch, plan.num_splits), jnp.float32),
-  ]
+      jax.ShapeDtypeStruct(shape, jnp.uint32 if fp64 else jnp.float32),
+      jax.ShapeDtypeStruct(shape, jnp.int32),
+      jax.ShapeDtypeStruct(shape, jnp.float32),
+      jax.ShapeDtypeStruct(shape, jnp.float32),
+  ] + [jax.ShapeDtypeStruct(shape, jnp.uint32)] * fp64
   kernel = functools.partial(_kernel, plan=plan, vocab=vocab,
                              generator=config.rng, fp64=fp64)
   call = pl.pallas_call(kernel, out_shape=out_shape,
@@ -143,9 +164,12 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
                         compiler_params=plan.compiler_params(),
                         interpret=plan.interpret, name="jaxsample_gumbel_max")
   offset = jnp.asarray(vocab_offset, jnp.int32).reshape(1)
-  outs = call(temperature.astype(jnp.float32), streams.key0, streams.key1,
-              streams.base_hi, streams.base_lo, offset, logits)
-  return GumbelPartials(*outs)
+  race, index, row_max, sumexp, *race_lo = call(
+      temperature.astype(jnp.float32), streams.key0, streams.key1,
+      streams.base_hi, streams.base_lo, offset, logits)
+  if fp64:
+    race = _join_words(race, race_lo[0])
+  return GumbelPartials(race, index, row_max, sumexp)
 
 
 def sample_untruncated(logits: jax.Array, params: SamplingParams,
