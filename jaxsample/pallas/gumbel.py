@@ -88,7 +88,10 @@ def _kernel(temp_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
     init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32), first_index)
     best, index = common.chunk_loop(plan, math, split_start, vocab, step, init)
     top, index = common.argmax_finish(best, index)
-    return top.astype(race_dtype), index, top, jnp.float32(1.0)
+    # Greedy rows need no sum-exp; it is a computed 1 because Triton's cond
+    # lowering cannot yield a literal.
+    one = (index - index + 1).astype(jnp.float32)
+    return top.astype(race_dtype), index, top, one
 
   def sampled():
     stream = rng.RowStreams(key0_ref[row], key1_ref[row], base_hi_ref[row],
