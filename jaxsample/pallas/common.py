@@ -110,6 +110,11 @@ def gpu_div(x: jax.Array, t: jax.Array) -> jax.Array:
   return _asm("div.rn.f32 $0, $1, $2;", "=f,f,f", jnp.float32, x, t)
 
 
+def gpu_exp2_approx(x: jax.Array) -> jax.Array:
+  """``2^x`` by the hardware ``ex2.approx`` (relative error < 2^-22)."""
+  return _asm("ex2.approx.ftz.f32 $0, $1;", "=f,f", jnp.float32, x)
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelMath:
   """Math that differs between a GPU lowering and interpret mode (bit-identical)."""
@@ -121,6 +126,10 @@ class KernelMath:
 
   def div(self, x, t):
     return x / t if self.interpret else gpu_div(x, t)
+
+  def exp2_approx(self, x):
+    """``2^x`` to within 2^-22 relative: only for bounds and sums, never ties."""
+    return jnp.exp2(x) if self.interpret else gpu_exp2_approx(x)
 
 
 # ---------------------------------------------------------------------------
@@ -194,24 +203,3 @@ def argmax_finish(best, best_index):
   top = jnp.max(best)
   index = jnp.min(jnp.where(best == top, best_index, jnp.iinfo(jnp.int32).max))
   return top, index
-
-
-LSE_FLOOR = float(jnp.finfo(jnp.float32).min)
-
-
-def lse_update(m, s, y):
-  """Lane-wise online ``(max, sum exp(y - max))`` with one exp per element.
-
-  ``m`` starts at the finite ``LSE_FLOOR`` and ``s`` at 0, so -inf entries add
-  0 and never produce NaN.
-  """
-  d = y - m
-  e = jnp.exp(-jnp.abs(d))
-  s = jnp.where(d > 0, s * e + 1.0, s + e)
-  return jnp.maximum(m, y), s
-
-
-def lse_finish(m, s):
-  """Reduces lane-wise ``(max, sumexp)`` to the row's ``(max, sumexp)``."""
-  top = jnp.max(m)
-  return top, jnp.sum(s * jnp.exp(m - top))

@@ -4,8 +4,10 @@ Per row ``b`` and vocab split ``s`` (grid ``(B, S)``), one program streams its
 split chunk by chunk and keeps, lane-wise:
 
 * the running argmax of ``x / T + g`` (``g`` the Gumbel noise of
-  ``jaxsample.rng`` for the global vocab ids: the reference's noise), and
-* the running ``(max, sum exp)`` of ``x / T`` (one exp per element),
+  ``jaxsample.rng`` for the global vocab ids: the reference's noise), behind a
+  cheap filter that skips the exact arithmetic for chunks that cannot win
+  (``GumbelRace``), and
+* the running ``sum exp(x / T - bound)`` (one exp per element),
 
 then writes per-split partials.  ``combine_partials`` merges partials along
 the split axis, by a max and a rescaled sum; the vocab-parallel sampler merges
@@ -39,7 +41,9 @@ class GumbelPartials:
     race: best ``y + g`` of the split (fp64 on the FP64 path; the kernel
       returns fp64 as two uint32 words, see ``_split_words``).
     index: its global vocab id (smallest on ties).
-    max: max of the tempered logits ``y`` (of ``x`` for greedy rows).
+    max: the split's reference for ``sumexp``: its best race value in fp32
+      (the max of ``x`` for greedy rows); finite iff the split's logits are
+      (no NaN/+inf, not all -inf).
     sumexp: ``sum exp(y - max)`` over the split.
   """
 
@@ -62,6 +66,81 @@ def combine_partials(p: GumbelPartials):
   safe_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
   total = jnp.sum(p.sumexp * jnp.exp(p.max - safe_max[:, None]), axis=-1)
   return token, row_max, safe_max + jnp.log(total)
+
+
+_LOG2E = 1.4426950408889634
+_SLACK = 2.0**-12
+
+
+@dataclasses.dataclass(frozen=True)
+class GumbelRace:
+  """Exact Gumbel-max race over chunks, with a cheap filter in front.
+
+  The state is lane-wise ``(best, index)``, the program-wide best race value
+  ``bound`` and lane-wise ``sumexp = sum exp(y - bound)``.  For each chunk a
+  conservative test proves most elements cannot reach ``bound``: with
+  ``E = -log(u) >= 1 - u``, ``y + g = y - log(E) < bound`` whenever
+  ``(1 - u) * (1 - slack) > exp(y' - bound)``, where ``y' = x * (1 / T)``
+  approximates ``y`` and ``slack = 2^-12 (|bound| + 32)`` covers every
+  approximation error (``y'``, ``ex2.approx``, the rounding of the exact
+  race).  Only chunks with a possible winner compute the exact race
+  ``x / T + g`` (IEEE division, accurate logs: the reference's arithmetic), so
+  tokens are the reference's bit for bit; the filter's exponential is also the
+  sum-exp term, one exp per element.  Elements below the bound by more than
+  ~30 always pass the filter; ``|bound| >= 4064`` disables it (still exact).
+  """
+
+  math: common.KernelMath
+  t: jax.Array
+  race_dtype: jnp.dtype
+
+  def init(self, first_index):
+    n = first_index.shape[0]
+    return (jnp.full((n,), -jnp.inf, self.race_dtype), first_index,
+            jnp.full((), -jnp.inf, self.race_dtype), jnp.zeros((n,), jnp.float32))
+
+  def _exp_below(self, y_fast, bound32):
+    return self.math.exp2_approx((y_fast - bound32) * _LOG2E)
+
+  def step(self, state, x, chunk: common.Chunk):
+    best, index, bound, sumexp = state
+    x = x.astype(jnp.float32)
+    y_fast = x * (1.0 / self.t)
+    bits = chunk.bits[0] if isinstance(chunk.bits, tuple) else chunk.bits
+    one_minus_u = 2.0 - lax.bitcast_convert_type(
+        (bits >> jnp.uint32(9)) | jnp.uint32(0x3F800000), jnp.float32)
+    bound32 = bound.astype(jnp.float32)
+    e = self._exp_below(y_fast, bound32)
+    margin = 1.0 - _SLACK * (jnp.abs(bound32) + 32.0)
+    # NaN-safe: a NaN anywhere makes the element a possible winner.
+    loses = one_minus_u * margin > e
+    maybe = jnp.max(jnp.where(loses, 0, 1)) > 0
+
+    def exact(_):
+      xs = jnp.where(x != x, jnp.inf, x)
+      race = self.math.div(xs, self.t).astype(self.race_dtype) + rng.gumbel(
+          rng.uniform(chunk.bits))
+      new_best, new_index = common.argmax_update(best, index, race, chunk.index)
+      new_bound = jnp.maximum(bound, jnp.max(race))
+      new_bound32 = new_bound.astype(jnp.float32)
+      scale = jnp.where(new_bound32 == bound32, 1.0,
+                        self.math.exp2_approx((bound32 - new_bound32) * _LOG2E))
+      e_new = jnp.where(y_fast == -jnp.inf, 0.0,
+                        self._exp_below(y_fast, new_bound32))
+      return new_best, new_index, new_bound, sumexp * scale + e_new
+
+    def fast(_):
+      return best, index, bound, sumexp + e
+
+    return lax.cond(maybe, exact, fast, None)
+
+  def finish(self, state):
+    """``(race, index, reference, sumexp)`` of the program: its best race value
+    and id, and ``sumexp = sum exp(y - reference)`` with ``reference`` the
+    fp32 best race value (any finite reference combines exactly)."""
+    best, index, bound, sumexp = state
+    top, index = common.argmax_finish(best, index)
+    return top, index, bound.astype(jnp.float32), jnp.sum(sumexp)
 
 
 def _kernel(temp_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
@@ -96,24 +175,16 @@ def _kernel(temp_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
   def sampled():
     stream = rng.RowStreams(key0_ref[row], key1_ref[row], base_hi_ref[row],
                             base_lo_ref[row])
+    race = GumbelRace(math, t, race_dtype)
 
-    def step(carry, chunk):
-      best, index, m, s = carry
-      y = math.div(load(chunk), t)
-      race = y.astype(race_dtype) + rng.gumbel(rng.uniform(chunk.bits))
-      best, index = common.argmax_update(best, index, race, chunk.index)
-      m, s = common.lse_update(m, s, y)
-      return best, index, m, s
+    def step(state, chunk):
+      return race.step(state, common.load_row_chunk(x_ref, row, chunk,
+                                                    plan.chunk), chunk)
 
-    init = (jnp.full((plan.chunk,), -jnp.inf, race_dtype), first_index,
-            jnp.full((plan.chunk,), common.LSE_FLOOR, jnp.float32),
-            jnp.zeros((plan.chunk,), jnp.float32))
     noise = common.Noise(generator, stream, offset, wide=fp64)
-    best, index, m, s = common.chunk_loop(plan, math, split_start, vocab, step,
-                                          init, noise=noise)
-    top, index = common.argmax_finish(best, index)
-    m, s = common.lse_finish(m, s)
-    return top, index, m, s
+    state = common.chunk_loop(plan, math, split_start, vocab, step,
+                              race.init(first_index), noise=noise)
+    return race.finish(state)
 
   top, index, m, s = lax.cond(t > 0, sampled, greedy)
   if fp64:
