@@ -5,6 +5,7 @@ Run on the GPU machine: ``PYTHONPATH=. python3 scripts/gpu_smoke.py``.
 import itertools
 import sys
 import time
+import traceback
 
 import jax
 import jax.numpy as jnp
@@ -35,8 +36,11 @@ def main() -> int:
         with jax.enable_x64(fp64):
           out[impl] = jax.device_get(fn(x))
       except Exception as e:  # report every variant, then fail
+        where = [f"{f.filename.split('/')[-1]}:{f.lineno} {f.line}"
+                 for f in traceback.extract_tb(e.__traceback__)
+                 if "jaxsample" in f.filename][-3:]
         print(f"FAIL {gen} {dtype} fp64={fp64} {batch}x{vocab} {impl}: "
-              f"{type(e).__name__}: {str(e)[:2000]}", flush=True)
+              f"{type(e).__name__}: {str(e)[:500]} at {where}", flush=True)
         failures += 1
     if len(out) == 2:
       same = np.mean(out["pallas"].tokens == out["xla"].tokens)

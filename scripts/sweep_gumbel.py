@@ -22,7 +22,7 @@ def main() -> int:
     floor = batch * vocab * jnp.dtype(dtype).itemsize / bandwidth * 1e6
     params = js.SamplingParams.make(batch, temperature=0.7)
     key = jax.random.key(1)
-    splits = sorted({None, 1, 2, 4, 8, 16, 38} if batch <= 32 else {None, 1, 2, 4})
+    splits = [None, 1, 2, 4, 8, 16, 38] if batch <= 32 else [None, 1, 2, 4]
     for warps, stages, split in itertools.product([4, 8, 16], [1, 2], splits):
       cfg = js.SamplerConfig(implementation="pallas", num_warps=warps,
                              num_stages=stages, num_splits=split)

@@ -123,8 +123,9 @@ class GumbelRace:
       new_best, new_index = common.argmax_update(best, index, race, chunk.index)
       new_bound = jnp.maximum(bound, jnp.max(race))
       new_bound32 = new_bound.astype(jnp.float32)
+      # A scalar: plain exp (inline asm only takes blocks).
       scale = jnp.where(new_bound32 == bound32, 1.0,
-                        self.math.exp2_approx((bound32 - new_bound32) * _LOG2E))
+                        jnp.exp(bound32 - new_bound32))
       e_new = jnp.where(y_fast == -jnp.inf, 0.0,
                         self._exp_below(y_fast, new_bound32))
       return new_best, new_index, new_bound, sumexp * scale + e_new

@@ -1,0 +1,227 @@
+"""Shared fixtures and helpers for the jaxsample test suite.
+
+The helpers here are independent re-implementations of the documented
+semantics (``jaxsample/reference.py`` and ``jaxsample/params.py`` docstrings)
+in numpy float64; they never call the code under test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+import jax
+
+# Must run before any JAX backend is initialised (sharding tests use 4 CPU
+# devices).  conftest.py is imported before every test module.
+jax.config.update("jax_num_cpu_devices", 4)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import jaxsample  # noqa: E402
+
+IMPLEMENTATIONS = ("xla", "pallas")
+GENERATORS = ("philox", "threefry")
+FP32_EPS = float(np.finfo(np.float32).eps)
+
+
+# ---------------------------------------------------------------------------
+# Fixtures.
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def require_gpu():
+  """Skips the test unless JAX runs on a GPU (use only in gpu-marked tests)."""
+  if jax.default_backend() != "gpu":
+    pytest.skip(f"needs a GPU; jax.default_backend() is "
+                f"{jax.default_backend()!r}")
+
+
+# ---------------------------------------------------------------------------
+# The public sampler, jitted once per static config (shares compilations).
+# ---------------------------------------------------------------------------
+
+_jitted_sample = jax.jit(jaxsample.sample, static_argnames=("config",))
+
+
+def run_sample(logits, params, key, *, positions=None, impl="xla",
+               rng="philox", fp64=False, jit=True, **config_kw):
+  """``jaxsample.sample`` with a config built from the arguments, as numpy.
+
+  Jitted by default (compilations are cached per shape and config); the FP64
+  path runs under ``jax.enable_x64(True)`` as the docs require for jit.
+  """
+  config = jaxsample.SamplerConfig(rng=rng, implementation=impl,
+                                   use_fp64_gumbel=fp64, **config_kw)
+  fn = _jitted_sample if jit else jaxsample.sample
+  if fp64 and jit:
+    with jax.enable_x64(True):
+      out = fn(logits, params, key, positions=positions, config=config)
+      return jax.tree.map(np.asarray, jax.device_get(out))
+  out = fn(logits, params, key, positions=positions, config=config)
+  return jax.tree.map(np.asarray, jax.device_get(out))
+
+
+# ---------------------------------------------------------------------------
+# Numpy float64 oracle of the kept set (reference.py docstring, step 4).
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class OracleKeep:
+  """Oracle result for one row.
+
+  kept: the kept set under exact float64 arithmetic.
+  admissible: every kept set reachable when the min-p threshold or the top-p
+    target ``p * sum e`` moves by the fp32 rounding margin (always contains
+    ``kept``).  More than one entry means the row lies on a rounding boundary
+    and fp32 arithmetic may legitimately land on an adjacent threshold.
+  """
+
+  kept: np.ndarray
+  admissible: list
+
+  @property
+  def near_boundary(self) -> bool:
+    return len(self.admissible) > 1
+
+  def probs(self, y) -> np.ndarray:
+    """The processed distribution: softmax of ``y`` on ``kept`` (float64)."""
+    y = np.asarray(y, np.float64)
+    z = np.where(self.kept, y, -np.inf)
+    z = np.exp(z - z.max())
+    return z / z.sum()
+
+
+def _oracle_threshold(ys_desc, finite_desc, k, p, t1, p_shift):
+  """Final threshold for sorted-descending float64 ``ys`` (no rounding slack)."""
+  ymax = ys_desc[0]
+  surv1 = finite_desc & (ys_desc >= t1)
+  n1 = int(surv1.sum())
+  # top-k among min-p survivors: the k-th largest survivor (ties kept).
+  kk = min(k, n1) if k > 0 else n1
+  t2 = ys_desc[max(kk - 1, 0)]
+  surv = finite_desc & (ys_desc >= t1) & (ys_desc >= t2)
+  t3 = -np.inf
+  if p < 1:
+    e = np.where(surv, np.exp(ys_desc - ymax), 0.0)
+    cum = np.cumsum(e)
+    total = cum[-1]
+    target = p * total + p_shift * total
+    reached = cum >= target
+    # Past the total (only with a positive rounding shift): keep all survivors.
+    j = int(np.argmax(reached)) if reached.any() else int(surv.sum()) - 1
+    t3 = ys_desc[j]
+  return max(t1, t2, t3)
+
+
+def oracle_keep(y, top_k: int, top_p: float, min_p: float, *,
+                rtol: float = 1e-5) -> OracleKeep:
+  """Kept set of one row of tempered logits ``y`` per the documented rule.
+
+  min-p (``y >= max + log(min_p)``), then top-k among the survivors (ties at
+  the k-th value kept), then top-p on the distribution renormalised over the
+  survivors (the crossing token kept), all in float64 on a sort.  Parameters
+  take their documented "off" values: ``top_k <= 0`` or ``>= V``, ``top_p >=
+  1``, ``min_p <= 0``.  ``top_p`` and ``min_p`` are rounded to fp32 first (the
+  sampler's parameter dtype).  ``rtol`` is the relative fp32 rounding margin
+  of the top-p mass comparison.
+  """
+  y = np.asarray(y, np.float64)
+  vocab = y.size
+  k = int(top_k) if 0 < int(top_k) < vocab else 0
+  p = float(np.float32(top_p))
+  m = float(np.float32(min_p))
+  p = 1.0 if (math.isnan(p) or p >= 1) else max(p, 0.0)
+  m = 0.0 if (math.isnan(m) or m <= 0) else min(m, 1.0)
+  order = np.argsort(-y, kind="stable")
+  ys = y[order]
+  finite = ys > -np.inf
+  ymax = ys[0]
+  assert np.isfinite(ymax), "oracle_keep needs a valid row"
+  t1 = ymax + math.log(m) if m > 0 else -np.inf
+  # fp32 rounding of max + log(min_p): a few ulps of the operands.
+  d1 = 0.0 if m in (0.0, 1.0) else 4 * FP32_EPS * (abs(ymax) + abs(math.log(m)))
+  thresholds = set()
+  for s1 in (0.0, -d1, d1):
+    for s3 in (0.0, -rtol, rtol):
+      thresholds.add(_oracle_threshold(ys, finite, k, p, t1 + s1, s3))
+  exact = _oracle_threshold(ys, finite, k, p, t1, 0.0)
+  mask = lambda t: (y >= t) & (y > -np.inf)
+  kept = mask(exact)
+  admissible = [kept]
+  for t in sorted(thresholds):
+    cand = mask(t)
+    if not any(np.array_equal(cand, a) for a in admissible):
+      admissible.append(cand)
+  return OracleKeep(kept, admissible)
+
+
+# ---------------------------------------------------------------------------
+# Statistics.
+# ---------------------------------------------------------------------------
+
+
+def chi2_critical(df: int, alpha: float) -> float:
+  """Upper ``alpha`` critical value of chi-square(df), Wilson-Hilferty."""
+  if df < 1:
+    raise ValueError(f"df must be >= 1; got {df}")
+  z = statistics.NormalDist().inv_cdf(1.0 - alpha)
+  h = 2.0 / (9.0 * df)
+  return df * (1.0 - h + z * math.sqrt(h)) ** 3
+
+
+def chi2_statistic(counts, probs, *, min_expected: float = 5.0):
+  """Pearson chi-square of ``counts`` against ``probs`` (zero-prob bins must be
+  empty), pooling bins with expected count below ``min_expected``.
+
+  Returns ``(statistic, degrees_of_freedom)``.
+  """
+  counts = np.asarray(counts, np.float64)
+  probs = np.asarray(probs, np.float64)
+  n = counts.sum()
+  support = probs > 0
+  assert counts[~support].sum() == 0, "samples outside the support"
+  counts, expected = counts[support], n * probs[support]
+  # Pool the smallest bins together until the pooled bin expects enough.
+  order = np.argsort(expected)
+  counts, expected = counts[order], expected[order]
+  if expected[0] < min_expected:
+    cut = int(np.searchsorted(np.cumsum(expected), min_expected)) + 1
+    cut = min(cut, len(expected))
+    counts = np.append(counts[:cut].sum(), counts[cut:])
+    expected = np.append(expected[:cut].sum(), expected[cut:])
+  stat = float(np.sum((counts - expected) ** 2 / expected))
+  return stat, len(expected) - 1
+
+
+def assert_chi2_fits(tokens, probs, *, alpha: float = 1e-3):
+  """Asserts sampled ``tokens`` fit ``probs`` by a chi-square test at ``alpha``."""
+  tokens = np.asarray(tokens)
+  probs = np.asarray(probs, np.float64)
+  counts = np.bincount(tokens, minlength=probs.size)
+  stat, df = chi2_statistic(counts, probs)
+  if df == 0:  # a point mass: every sample must be that token
+    assert np.all(probs[tokens] == 1.0)
+    return
+  crit = chi2_critical(df, alpha)
+  assert stat <= crit, (f"chi-square {stat:.2f} > critical {crit:.2f} "
+                        f"(df={df}, alpha={alpha}, n={tokens.size}); counts "
+                        f"{counts.tolist()} vs expected "
+                        f"{np.round(probs * tokens.size, 1).tolist()}")
+
+
+def make_params(batch, **kw):
+  """``SamplingParams`` built directly from arrays (no validation): the traced
+  path, where out-of-range values follow ``SamplingParams.canonical``."""
+  defaults = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+  defaults.update(kw)
+  dt = dict(temperature=jnp.float32, top_k=jnp.int32, top_p=jnp.float32,
+            min_p=jnp.float32)
+  return jaxsample.SamplingParams(**{
+      name: jnp.broadcast_to(jnp.asarray(v, dt[name]), (batch,))
+      for name, v in defaults.items()})
