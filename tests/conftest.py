@@ -77,8 +77,8 @@ class OracleKeep:
 
   kept: the kept set under exact float64 arithmetic.
   admissible: every kept set reachable when the min-p threshold or the top-p
-    target ``p * sum e`` moves by the fp32 rounding margin (always contains
-    ``kept``).  More than one entry means the row lies on a rounding boundary
+    target ``p * sum e`` moves within the fp32 rounding margin (always
+    contains ``kept``).  More than one entry means the row lies on a rounding boundary
     and fp32 arithmetic may legitimately land on an adjacent threshold.
   """
 
@@ -97,8 +97,12 @@ class OracleKeep:
     return z / z.sum()
 
 
-def _oracle_threshold(ys_desc, finite_desc, k, p, t1, p_shift):
-  """Final threshold for sorted-descending float64 ``ys`` (no rounding slack)."""
+def _oracle_thresholds(ys_desc, finite_desc, k, p, t1, rtol):
+  """Thresholds for sorted-descending float64 ``ys``: ``(exact, candidates)``.
+
+  ``candidates`` are the thresholds whose top-p crossing mass lies within
+  ``rtol * total`` of the target ``p * total`` (the exact one included).
+  """
   ymax = ys_desc[0]
   surv1 = finite_desc & (ys_desc >= t1)
   n1 = int(surv1.sum())
@@ -106,17 +110,23 @@ def _oracle_threshold(ys_desc, finite_desc, k, p, t1, p_shift):
   kk = min(k, n1) if k > 0 else n1
   t2 = ys_desc[max(kk - 1, 0)]
   surv = finite_desc & (ys_desc >= t1) & (ys_desc >= t2)
-  t3 = -np.inf
-  if p < 1:
-    e = np.where(surv, np.exp(ys_desc - ymax), 0.0)
-    cum = np.cumsum(e)
-    total = cum[-1]
-    target = p * total + p_shift * total
+  if p >= 1:
+    t = max(t1, t2)
+    return t, {t}
+  e = np.where(surv, np.exp(ys_desc - ymax), 0.0)
+  cum = np.cumsum(e)
+  total = cum[-1]
+  last = int(surv.sum()) - 1  # survivors are a prefix of the sorted row
+
+  def crossing(target):
     reached = cum >= target
     # Past the total (only with a positive rounding shift): keep all survivors.
-    j = int(np.argmax(reached)) if reached.any() else int(surv.sum()) - 1
-    t3 = ys_desc[j]
-  return max(t1, t2, t3)
+    return int(np.argmax(reached)) if reached.any() else last
+
+  j = crossing(p * total)
+  j_lo, j_hi = crossing((p - rtol) * total), crossing((p + rtol) * total)
+  exact = max(t1, t2, ys_desc[j])
+  return exact, {max(t1, t2, ys_desc[i]) for i in range(j_lo, j_hi + 1)}
 
 
 def oracle_keep(y, top_k: int, top_p: float, min_p: float, *,
@@ -127,9 +137,11 @@ def oracle_keep(y, top_k: int, top_p: float, min_p: float, *,
   the k-th value kept), then top-p on the distribution renormalised over the
   survivors (the crossing token kept), all in float64 on a sort.  Parameters
   take their documented "off" values: ``top_k <= 0`` or ``>= V``, ``top_p >=
-  1``, ``min_p <= 0``.  ``top_p`` and ``min_p`` are rounded to fp32 first (the
-  sampler's parameter dtype).  ``rtol`` is the relative fp32 rounding margin
-  of the top-p mass comparison.
+  1``, ``min_p <= 0``; ``top_p <= 0`` and ``min_p > 1`` follow the canonical
+  rules.  ``top_p`` and ``min_p`` are rounded to fp32 first (the sampler's
+  parameter dtype).  ``rtol`` is the relative fp32 rounding margin of the
+  top-p mass comparison: a row whose crossing mass lies within it of ``p`` is
+  near a boundary and every threshold in that window is admissible.
   """
   y = np.asarray(y, np.float64)
   vocab = y.size
@@ -146,11 +158,10 @@ def oracle_keep(y, top_k: int, top_p: float, min_p: float, *,
   t1 = ymax + math.log(m) if m > 0 else -np.inf
   # fp32 rounding of max + log(min_p): a few ulps of the operands.
   d1 = 0.0 if m in (0.0, 1.0) else 4 * FP32_EPS * (abs(ymax) + abs(math.log(m)))
+  exact, _ = _oracle_thresholds(ys, finite, k, p, t1, rtol)
   thresholds = set()
   for s1 in (0.0, -d1, d1):
-    for s3 in (0.0, -rtol, rtol):
-      thresholds.add(_oracle_threshold(ys, finite, k, p, t1 + s1, s3))
-  exact = _oracle_threshold(ys, finite, k, p, t1, 0.0)
+    thresholds |= _oracle_thresholds(ys, finite, k, p, t1 + s1, rtol)[1]
   mask = lambda t: (y >= t) & (y > -np.inf)
   kept = mask(exact)
   admissible = [kept]

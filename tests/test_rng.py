@@ -222,8 +222,7 @@ def test_philox_gumbel_noise_layout(per_request, vocab):
   batch = 3
   if per_request:
     keys = jax.random.split(jax.random.key(4), batch)
-    positions = jnp.array([0, 17, 2**31 + 5], jnp.int64 if jax.config.jax_enable_x64
-                          else jnp.uint32)
+    positions = jnp.array([0, 17, 2**31 + 5], jnp.uint32)
     streams, _ = rng.row_streams(keys, positions, batch, vocab)
     key_rows = np.asarray(jax.random.key_data(keys))
   else:

@@ -139,7 +139,7 @@ class KernelMath:
 
 @dataclasses.dataclass(frozen=True)
 class Chunk:
-  """One masked load's worth of a row: local start, local vocab ids, mask, bits."""
+  """One chunk of a row: local start, local vocab ids, in-row mask, random bits."""
 
   start: jax.Array
   index: jax.Array
@@ -158,38 +158,59 @@ class Noise:
 
 
 def chunk_loop(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
-               step: Callable[[Any, Chunk], Any], carry, *,
+               load: Callable[[jax.Array, jax.Array], Any],
+               step: Callable[[Any, Chunk, Any], Any], carry, *,
                noise: Noise | None = None):
-  """Folds ``step`` over the chunks of the split starting at ``split_start``.
+  """Folds ``step(carry, chunk, loaded)`` over the chunks of one split.
 
-  ``vocab`` is the local row length (loads past it are masked).  With
-  ``noise``, each chunk carries the random bits of its global vocab ids
-  (``vocab_offset`` + local id, ``vocab_offset`` a multiple of the tile).
+  ``load(start, mask)`` reads one chunk (masked lanes filled by the caller's
+  choice).  Loads run one tile ahead of the compute: each step issues the next
+  tile's loads before it processes the current tile, so a program keeps two
+  tiles of reads in flight (the loop body holds data-dependent branches that
+  Triton's pipeliner does not reorder).  ``vocab`` is the local row length
+  (loads past it are masked).  With ``noise``, each chunk carries the random
+  bits of its global vocab ids (``vocab_offset`` + local id, ``vocab_offset`` a
+  multiple of the tile).
   """
   lanes = jnp.arange(plan.chunk, dtype=jnp.uint32)
   lanes_i32 = lanes.astype(jnp.int32)
+  offsets = range(0, plan.tile, plan.chunk)
+  split_end = jnp.minimum(split_start + plan.split_len, vocab)
 
-  def body(i, carry):
+  def load_tile(tile_start):
+    return tuple(load(tile_start + offset,
+                      tile_start + offset + lanes_i32 < split_end)
+                 for offset in offsets)
+
+  def body(i, state):
+    carry, loaded = state
     tile_start = split_start + i * plan.tile
+    upcoming = load_tile(tile_start + plan.tile)
     if noise is None:
-      chunks = [(offset, None) for offset in range(0, plan.tile, plan.chunk)]
+      bits = [None] * len(offsets)
     else:
       global_start = (tile_start + noise.vocab_offset).astype(jnp.uint32)
-      chunks = rng.tile_bits(noise.generator, noise.stream, global_start,
-                             lanes, wide=noise.wide, mulhi=math.mulhi)
-    for offset, bits in chunks:
+      bits = [b for _, b in rng.tile_bits(noise.generator, noise.stream,
+                                          global_start, lanes, wide=noise.wide,
+                                          mulhi=math.mulhi)]
+    for offset, chunk_bits, value in zip(offsets, bits, loaded):
       start = tile_start + offset
       index = start + lanes_i32
-      carry = step(carry, Chunk(start, index, index < vocab, bits))
-    return carry
+      carry = step(carry, Chunk(start, index, index < vocab, chunk_bits), value)
+    return carry, upcoming
 
-  return lax.fori_loop(0, plan.steps, body, carry)
+  carry, _ = lax.fori_loop(0, plan.steps, body, (carry, load_tile(split_start)))
+  return carry
 
 
-def load_row_chunk(x_ref, row, chunk: Chunk, size: int, fill=-jnp.inf):
-  """Masked, streaming load of ``x_ref[row, chunk]`` (``fill`` past the end)."""
-  return plgpu.load(x_ref.at[row, pl.ds(chunk.start, size)], mask=chunk.mask,
-                    other=fill, eviction_policy="evict_first")
+def row_chunk_loader(x_ref, row, size: int, fill=-jnp.inf):
+  """``load(start, mask)`` for ``chunk_loop``: streams ``x_ref[row, start:start+size]``."""
+
+  def load(start, mask):
+    return plgpu.load(x_ref.at[row, pl.ds(start, size)], mask=mask, other=fill,
+                      eviction_policy="evict_first")
+
+  return load
 
 
 def argmax_update(best, best_index, value, index):

@@ -102,7 +102,7 @@ class GumbelRace:
   def _exp_below(self, y_fast, bound32):
     return self.math.exp2_approx((y_fast - bound32) * _LOG2E)
 
-  def step(self, state, x, chunk: common.Chunk):
+  def step(self, state, chunk: common.Chunk, x):
     best, index, bound, sumexp = state
     x = x.astype(jnp.float32)
     y_fast = x * (1.0 / self.t)
@@ -157,16 +157,17 @@ def _kernel(temp_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
   lanes = jnp.arange(plan.chunk, dtype=jnp.int32)
   first_index = split_start + lanes  # all -inf rows report the first id
 
-  def load(chunk):
-    x = common.load_row_chunk(x_ref, row, chunk, plan.chunk).astype(jnp.float32)
-    return jnp.where(x != x, jnp.inf, x)
+  load = common.row_chunk_loader(x_ref, row, plan.chunk)
 
   def greedy():
-    def step(carry, chunk):
-      return common.argmax_update(*carry, load(chunk), chunk.index)
+    def step(carry, chunk, x):
+      x = x.astype(jnp.float32)
+      return common.argmax_update(*carry, jnp.where(x != x, jnp.inf, x),
+                                  chunk.index)
 
     init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32), first_index)
-    best, index = common.chunk_loop(plan, math, split_start, vocab, step, init)
+    best, index = common.chunk_loop(plan, math, split_start, vocab, load, step,
+                                    init)
     top, index = common.argmax_finish(best, index)
     # Greedy rows need no sum-exp; it is a computed 1 because Triton's cond
     # lowering cannot yield a literal.
@@ -177,13 +178,8 @@ def _kernel(temp_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
     stream = rng.RowStreams(key0_ref[row], key1_ref[row], base_hi_ref[row],
                             base_lo_ref[row])
     race = GumbelRace(math, t, race_dtype)
-
-    def step(state, chunk):
-      return race.step(state, common.load_row_chunk(x_ref, row, chunk,
-                                                    plan.chunk), chunk)
-
     noise = common.Noise(generator, stream, offset, wide=fp64)
-    state = common.chunk_loop(plan, math, split_start, vocab, step,
+    state = common.chunk_loop(plan, math, split_start, vocab, load, race.step,
                               race.init(first_index), noise=noise)
     return race.finish(state)
 

@@ -1,0 +1,532 @@
+"""Public API ``jaxsample.sample`` on both backends (``implementation="xla"`` and
+``"pallas"``; on CPU the Pallas kernel runs in interpret mode).
+
+NOTE on kernel coverage: ``implementation="pallas"`` routes a whole batch to
+the XLA reference (``lax.cond``) as soon as any row has a top-k / top-p /
+min-p filter on.  Kernel-vs-reference parity tests therefore use untruncated
+params (top_k=0, top_p=1, min_p=0) so that the Pallas kernel actually runs.
+
+Most tests reuse the shape (5, 4096) so that jit compilations are shared.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsample
+from conftest import (GENERATORS, IMPLEMENTATIONS, assert_chi2_fits, make_params,
+                      oracle_keep, run_sample)
+from jaxsample import SamplerConfig, SamplingParams
+
+B, V = 5, 4096  # the shared workhorse shape
+
+
+def random_logits(seed, batch, vocab, scale=2.0, dtype=jnp.float32):
+  r = np.random.default_rng(seed)
+  return jnp.asarray(r.standard_normal((batch, vocab)) * scale,
+                     jnp.float32).astype(dtype)
+
+
+def random_temps(seed, batch, lo=0.4, hi=1.8):
+  return np.random.default_rng(seed + 1000).uniform(lo, hi, batch).astype(np.float32)
+
+
+def assert_same_result(a, b):
+  """Tokens and validity bit-identical, logprobs within 1e-5."""
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_array_equal(a.valid, b.valid)
+  np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+
+
+def assert_result_types(out, batch, vocab):
+  assert out.tokens.shape == (batch,) and out.tokens.dtype == np.int32
+  assert out.logprobs.shape == (batch,) and out.logprobs.dtype == np.float32
+  assert out.valid.shape == (batch,) and out.valid.dtype == np.bool_
+  assert np.all((out.tokens >= 0) & (out.tokens < vocab))
+
+
+def parity(x, params, key, gen, positions=None, **kw):
+  """Runs both backends, checks parity, returns the pallas result."""
+  a = run_sample(x, params, key, positions=positions, impl="pallas", rng=gen, **kw)
+  b = run_sample(x, params, key, positions=positions, impl="xla", rng=gen, **kw)
+  assert_result_types(a, *x.shape)
+  assert_same_result(a, b)
+  return a
+
+
+# ---------------------------------------------------------------------------
+# Kernel vs reference parity (untruncated params: the kernel runs).
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+@pytest.mark.parametrize("shape", [(1, 1007), (B, V), (3, 32000)])
+def test_pallas_matches_xla(gen, shape):
+  seed = shape[0] * 7 + shape[1]
+  x = random_logits(seed, *shape)
+  params = SamplingParams.make(shape[0], temperature=random_temps(seed, shape[0]))
+  out = parity(x, params, jax.random.key(seed), gen)
+  assert out.valid.all()
+  # Sanity: the noise matters (not every token is the argmax).
+  if shape[0] > 1:
+    assert not np.array_equal(out.tokens, np.argmax(np.asarray(x), -1))
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_pallas_matches_xla_large_vocab(gen):
+  x = random_logits(151936, 2, 151936, scale=3.0)
+  params = SamplingParams.make(2, temperature=[0.8, 1.3])
+  parity(x, params, jax.random.key(2), gen)
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_pallas_matches_xla_large_batch(gen):
+  x = random_logits(513, 513, 1007)
+  temps = random_temps(513, 513)
+  temps[::7] = 0.0  # some greedy rows too
+  params = SamplingParams.make(513, temperature=temps)
+  out = parity(x, params, jax.random.key(513), gen)
+  np.testing.assert_array_equal(out.tokens[::7], np.argmax(np.asarray(x)[::7], -1))
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+@pytest.mark.parametrize("overrides", [dict(block_size=16, num_splits=7),
+                                       dict(block_size=128, num_splits=1),
+                                       dict(num_splits=2, num_warps=4, num_stages=2)])
+def test_kernel_plan_overrides_keep_parity(gen, overrides):
+  x = random_logits(99, B, V)
+  params = SamplingParams.make(B, temperature=random_temps(99, B))
+  key = jax.random.key(99)
+  a = run_sample(x, params, key, impl="pallas", rng=gen, **overrides)
+  b = run_sample(x, params, key, impl="xla", rng=gen)
+  assert_same_result(a, b)
+
+
+# ---------------------------------------------------------------------------
+# Row kinds.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_mixed_greedy_and_sampled_rows(gen):
+  x = np.array(random_logits(5, B, V, scale=1.0))
+  x[0, [100, 7, 4000]] = 9.0  # ties at the max of a greedy row
+  x[2, :] = 0.5  # all-equal greedy row: token 0
+  x[4, :10] = -np.inf
+  temps = np.float32([0.0, 1.0, 0.0, 0.7, 0.0])
+  params = SamplingParams.make(B, temperature=temps)
+  out = parity(jnp.asarray(x), params, jax.random.key(5), gen)
+  np.testing.assert_array_equal(out.tokens[[0, 2, 4]],
+                                [7, 0, int(np.argmax(x[4]))])
+  np.testing.assert_array_equal(out.logprobs[[0, 2, 4]], 0.0)
+  assert np.all(out.logprobs[[1, 3]] < 0)
+  assert out.valid.all()
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_rows_with_neg_inf_entries(gen):
+  r = np.random.default_rng(6)
+  x = r.standard_normal((B, V)).astype(np.float32)
+  x[0, r.random(V) < 0.3] = -np.inf
+  x[1, r.random(V) < 0.99] = -np.inf
+  x[2, :] = -np.inf
+  x[2, 1234] = -50.0  # a single finite entry
+  x[3, :-1] = -np.inf  # only the last id is finite
+  x[4, ::2] = -np.inf
+  params = SamplingParams.make(B, temperature=[1.0, 2.0, 0.5, 1.0, 0.9])
+  out = parity(jnp.asarray(x), params, jax.random.key(6), gen)
+  assert out.valid.all()
+  assert np.all(np.isfinite(x[np.arange(B), out.tokens]))
+  assert out.tokens[2] == 1234 and out.tokens[3] == V - 1
+  np.testing.assert_allclose(out.logprobs[[2, 3]], 0.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_all_equal_rows(gen):
+  values = np.float32([0.0, -3.5, 100.0, -60.0, 7.0])
+  x = jnp.asarray(np.repeat(values[:, None], V, axis=1))
+  params = SamplingParams.make(B, temperature=[1.0, 0.3, 2.0, 1.0, 1.0])
+  out = parity(x, params, jax.random.key(8), gen)
+  # Uniform over V tokens: logprob -log(V).
+  np.testing.assert_allclose(out.logprobs, -math.log(V), rtol=0, atol=1e-5)
+  assert len(set(out.tokens.tolist())) > 1  # ties are broken by the noise
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_logprob_precision_at_low_temperature(impl):
+  """logprob = y_token - logsumexp_K(y) must not lose precision to fp32
+  cancellation when the tempered logits are large (low temperature or large
+  logits): here T = 1e-3 on logits ~ 20, and an all-equal row of -1e30 whose
+  exact logprob is -log(V)."""
+  r = np.random.default_rng(25)
+  x = (r.standard_normal((B, V)) * 3 + 20).astype(np.float32)
+  for b in range(3):  # near-ties at the top so the noise picks either token
+    top = np.argsort(-x[b])[:2]
+    x[b, top[1]] = x[b, top[0]] - 0.0005 * (b + 1)
+  x[3, :] = -1e30
+  temps = np.float32([1e-3, 1e-3, 1e-3, 1.0, 1e-3])
+  out = run_sample(jnp.asarray(x), SamplingParams.make(B, temperature=temps),
+                   jax.random.key(25), impl=impl)
+  for b in range(B):
+    y = (x[b] / temps[b]).astype(np.float32).astype(np.float64)  # fp32 y, exact
+    want = y[out.tokens[b]] - (y.max() + np.log(np.sum(np.exp(y - y.max()))))
+    assert abs(out.logprobs[b] - want) <= 1e-5 * max(1.0, abs(want)), (
+        b, out.logprobs[b], want)
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_input_dtypes(gen, dtype):
+  x = random_logits(10, B, V, scale=3.0, dtype=dtype)
+  x = x.at[1, :100].set(-jnp.inf)
+  params = SamplingParams.make(B, temperature=[1.0, 0.0, 0.6, 1.5, 1.0])
+  key = jax.random.key(10)
+  out = parity(x, params, key, gen)
+  assert out.valid.all()
+  # Logits are read in their own dtype and computed in fp32: same result as
+  # the exact fp32 upcast.
+  for impl in IMPLEMENTATIONS:
+    up = run_sample(x.astype(jnp.float32), params, key, impl=impl, rng=gen)
+    np.testing.assert_array_equal(up.tokens, out.tokens)
+    np.testing.assert_allclose(up.logprobs, out.logprobs, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# Invalid rows through the kernel (untruncated params).
+# ---------------------------------------------------------------------------
+
+
+def _invalid_batches():
+  r = np.random.default_rng(11)
+  def base():
+    return r.standard_normal(V).astype(np.float32)
+  rows1, want1 = [], []
+  x = base(); x[7] = np.nan; rows1.append(x); want1.append(7)
+  x = base(); x[9] = np.nan; x[3] = np.inf; rows1.append(x); want1.append(3)
+  x = np.full(V, -np.inf, np.float32); rows1.append(x); want1.append(0)
+  x = np.full(V, -np.inf, np.float32); x[0] = np.nan; rows1.append(x); want1.append(0)
+  rows1.append(base()); want1.append(None)
+  rows2, want2 = [], []
+  x = base(); x[V - 1] = np.inf; rows2.append(x); want2.append(V - 1)
+  x = np.full(V, np.nan, np.float32); rows2.append(x); want2.append(0)
+  x = np.full(V, -np.inf, np.float32); rows2.append(x); want2.append(0)
+  x = np.full(V, -np.inf, np.float32); x[[2, 5]] = np.inf; x[9] = 1.0
+  rows2.append(x); want2.append(2)
+  x = base(); x[3000] = np.nan; x[2999] = -np.inf; rows2.append(x); want2.append(3000)
+  return [(np.stack(rows1), want1, [1.0, 0.5, 1.0, 0.0, 1.0]),
+          (np.stack(rows2), want2, [1.0, 0.0, 0.0, 0.7, 2.0])]
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+@pytest.mark.parametrize("batch", [0, 1])
+def test_invalid_rows_through_kernel(gen, batch):
+  x, want, temps = _invalid_batches()[batch]
+  params = SamplingParams.make(B, temperature=temps)
+  out = parity(jnp.asarray(x), params, jax.random.key(12), gen)
+  invalid = np.array([w is not None for w in want])
+  np.testing.assert_array_equal(out.valid, ~invalid)
+  np.testing.assert_array_equal(out.tokens[invalid],
+                                [w for w in want if w is not None])
+  assert np.all(out.logprobs[invalid] == -np.inf)
+  assert np.all(np.isfinite(out.logprobs[~invalid]))
+
+
+# ---------------------------------------------------------------------------
+# FP64 Gumbel path.
+# ---------------------------------------------------------------------------
+
+FP64_SHAPE = (4, 3000)
+
+
+@pytest.fixture(scope="module")
+def fp64_case():
+  x = random_logits(64, *FP64_SHAPE)
+  temps = np.float32([1.0, 0.0, 0.7, 1.6])
+  return x, SamplingParams.make(FP64_SHAPE[0], temperature=temps), jax.random.key(64)
+
+
+@pytest.fixture(scope="module")
+def fp64_eager(fp64_case):
+  """Eager FP64 results per (implementation, generator)."""
+  x, params, key = fp64_case
+  return {(impl, gen): run_sample(x, params, key, impl=impl, rng=gen, fp64=True,
+                                  jit=False)
+          for impl in IMPLEMENTATIONS for gen in GENERATORS}
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_fp64_eager_pallas_matches_xla(gen, fp64_eager):
+  a, b = fp64_eager["pallas", gen], fp64_eager["xla", gen]
+  assert_result_types(a, *FP64_SHAPE)
+  assert_same_result(a, b)
+  assert a.valid.all() and a.logprobs[1] == 0.0
+
+
+def test_fp64_threefry_matches_jax_random_categorical_fp64(fp64_case, fp64_eager):
+  """FP64: noise is jax.random.gumbel(key, shape, float64) and the race uses
+  the fp32 tempered logits widened (reference docstring)."""
+  x, params, key = fp64_case
+  temps = np.asarray(params.temperature)
+  sampled = temps > 0
+  y = np.asarray(x / jnp.where(temps > 0, temps, 1.0)[:, None])  # fp32 division
+  with jax.enable_x64(True):
+    want = np.asarray(jax.random.categorical(key, jnp.asarray(y, jnp.float64)))
+  for impl in IMPLEMENTATIONS:
+    got = fp64_eager[impl, "threefry"]
+    np.testing.assert_array_equal(got.tokens[sampled], want[sampled])
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_fp64_jit_inside_enable_x64_equals_eager(impl, gen, fp64_case, fp64_eager):
+  x, params, key = fp64_case
+  got = run_sample(x, params, key, impl=impl, rng=gen, fp64=True, jit=True)
+  assert_result_types(got, *FP64_SHAPE)
+  np.testing.assert_array_equal(got.tokens, fp64_eager[impl, gen].tokens)
+  np.testing.assert_allclose(got.logprobs, fp64_eager[impl, gen].logprobs,
+                             rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_fp64_jit_without_x64_raises(impl, fp64_case):
+  x, params, key = fp64_case
+  config = SamplerConfig(rng="philox", implementation=impl, use_fp64_gumbel=True)
+  assert not jax.config.jax_enable_x64
+  fn = jax.jit(lambda x, key: jaxsample.sample(x, params, key, config=config))
+  with pytest.raises(ValueError, match="enable_x64"):
+    fn(x, key)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_fp64_jit_traced_params_only_without_x64(impl, fp64_case, fp64_eager):
+  """A jitted call whose only traced input is the params (logits and key
+  closed over) must either give the FP64 result or the documented error."""
+  x, params, key = fp64_case
+  config = SamplerConfig(rng="philox", implementation=impl, use_fp64_gumbel=True)
+  fn = jax.jit(lambda p: jaxsample.sample(x, p, key, config=config))
+  try:
+    got = jax.tree.map(np.asarray, fn(params))
+  except ValueError as e:
+    assert "enable_x64" in str(e)
+  else:
+    np.testing.assert_array_equal(got.tokens, fp64_eager[impl, "philox"].tokens)
+
+
+# ---------------------------------------------------------------------------
+# jax.random compatibility and batch invariance.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_threefry_one_key_matches_jax_random_categorical(impl):
+  x = random_logits(13, B, V, scale=1.0)
+  temps = random_temps(13, B, 0.5, 2.0)
+  key = jax.random.key(13)
+  out = run_sample(x, SamplingParams.make(B, temperature=temps), key, impl=impl,
+                   rng="threefry")
+  want = np.asarray(jax.random.categorical(key, x / jnp.asarray(temps)[:, None]))
+  np.testing.assert_array_equal(out.tokens, want)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_threefry_per_request_position0_matches_categorical(impl):
+  x = random_logits(14, B, V, scale=1.0)
+  keys = jax.random.split(jax.random.key(14), B)
+  out = run_sample(x, SamplingParams.make(B), keys, impl=impl, rng="threefry")
+  for b in range(B):
+    assert out.tokens[b] == int(jax.random.categorical(keys[b], x[b]))
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_batch_invariance_per_request_keys(impl, gen):
+  r = np.random.default_rng(15)
+  x = random_logits(15, B, V, scale=1.0)
+  keys = jax.random.split(jax.random.key(15), B)
+  positions = jnp.asarray([0, 3, 3, 1000, 2**20], jnp.int32)
+  temps = np.float32([1.0, 0.8, 1.2, 0.0, 1.0])
+  params = SamplingParams.make(B, temperature=temps)
+  batch = run_sample(x, params, keys, positions=positions, impl=impl, rng=gen)
+  assert batch.valid.all()
+  # Alone.
+  for b in range(B):
+    alone = run_sample(x[b:b + 1], jax.tree.map(lambda a: a[b:b + 1], params),
+                       keys[b:b + 1], positions=positions[b:b + 1], impl=impl,
+                       rng=gen)
+    assert alone.tokens[0] == batch.tokens[b]
+    np.testing.assert_allclose(alone.logprobs[0], batch.logprobs[b], rtol=1e-5,
+                               atol=1e-5)
+  # Shuffled.
+  perm = np.array([3, 1, 4, 0, 2])
+  shuffled = run_sample(x[perm], jax.tree.map(lambda a: a[perm], params),
+                        keys[perm], positions=positions[perm], impl=impl, rng=gen)
+  np.testing.assert_array_equal(shuffled.tokens, batch.tokens[perm])
+  np.testing.assert_allclose(shuffled.logprobs, batch.logprobs[perm], rtol=1e-5,
+                             atol=1e-5)
+  # Padded: 3 junk rows with their own keys around the requests.
+  pad = 3
+  xp = jnp.concatenate([jnp.zeros((2, V)), x, random_logits(16, 1, V)])
+  kp = jnp.concatenate([jax.random.split(jax.random.key(99), 2), keys,
+                        jax.random.split(jax.random.key(98), 1)])
+  pp = jnp.concatenate([jnp.array([0, 7]), positions, jnp.array([5])])
+  params_p = SamplingParams.make(B + pad, temperature=[1.0, 0.0, *temps, 1.0])
+  padded = run_sample(xp, params_p, kp, positions=pp, impl=impl, rng=gen)
+  np.testing.assert_array_equal(padded.tokens[2:2 + B], batch.tokens)
+  # Positions matter: the next position gives other tokens somewhere.
+  moved = run_sample(x, params, keys, positions=positions + 1, impl=impl, rng=gen)
+  assert not np.array_equal(moved.tokens[temps > 0], batch.tokens[temps > 0])
+  del r
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_raw_key_data_equals_typed_keys(impl):
+  x = random_logits(17, B, V, scale=1.0)
+  params = SamplingParams.make(B)
+  keys = jax.random.split(jax.random.key(17), B)
+  pos = jnp.arange(B, dtype=jnp.int32)
+  a = run_sample(x, params, keys, positions=pos, impl=impl)
+  b = run_sample(x, params, jax.random.key_data(keys), positions=pos, impl=impl)
+  assert_same_result(a, b)
+  key = jax.random.key(18)
+  a = run_sample(x, params, key, impl=impl)
+  b = run_sample(x, params, jax.random.key_data(key), impl=impl)
+  assert_same_result(a, b)
+
+
+# ---------------------------------------------------------------------------
+# Distribution of the kernel path.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_pallas_sampled_frequencies(gen):
+  vocab, draws, t = 16, 4096, 0.8
+  logits = (np.random.default_rng(19).standard_normal(vocab) * 1.2).astype(np.float32)
+  x = jnp.broadcast_to(jnp.asarray(logits), (draws, vocab))
+  out = run_sample(x, SamplingParams.make(draws, temperature=t),
+                   jax.random.key(19), impl="pallas", rng=gen)
+  y = (logits / np.float32(t)).astype(np.float64)
+  probs = np.exp(y - y.max())
+  probs /= probs.sum()
+  assert_chi2_fits(out.tokens, probs)
+  np.testing.assert_allclose(out.logprobs, np.log(probs[out.tokens]), rtol=0,
+                             atol=2e-5)
+
+
+# ---------------------------------------------------------------------------
+# Truncation and canonical parameters through the public API.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_truncated_rows_sample_in_kept_set(impl, gen):
+  x = np.array(random_logits(20, B, V, scale=1.5))
+  x[3, :50] = -np.inf
+  temps = [1.0, 0.7, 1.3, 1.0, 0.0]
+  ks, ps, ms = [40, 0, 0, 7, 3], [1.0, 0.9, 1.0, 0.8, 0.5], [0.0, 0.0, 0.1, 0.05, 0.0]
+  params = SamplingParams.make(B, temperature=temps, top_k=ks, top_p=ps, min_p=ms)
+  out = run_sample(jnp.asarray(x), params, jax.random.key(20), impl=impl, rng=gen)
+  assert_result_types(out, B, V)
+  for b in range(4):
+    y = (x[b] / np.float32(temps[b])).astype(np.float32)
+    o = oracle_keep(y, ks[b], ps[b], ms[b])
+    assert not o.near_boundary
+    assert o.kept[out.tokens[b]]
+    np.testing.assert_allclose(out.logprobs[b], np.log(o.probs(y)[out.tokens[b]]),
+                               rtol=1e-5, atol=2e-5)
+  assert out.tokens[4] == np.argmax(x[4]) and out.logprobs[4] == 0.0
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_canonical_out_of_range_values_through_sample(impl):
+  """Traced out-of-range params follow SamplingParams.canonical."""
+  x = np.array(random_logits(21, B, V, scale=1.0))
+  x[3, [10, 20, 30]] = 8.0  # a top tie group of three
+  x[4, 77] = 8.0
+  params = make_params(B, temperature=[np.nan, -1.0, np.inf, 1.0, 1.0],
+                       top_p=[1.0, 1.0, 1.0, 0.0, 1.0],
+                       min_p=[0.0, 0.0, 0.0, 0.0, 2.0])
+  out = run_sample(jnp.asarray(x), params, jax.random.key(21), impl=impl)
+  np.testing.assert_array_equal(out.tokens[:3], np.argmax(x[:3], -1))
+  np.testing.assert_array_equal(out.logprobs[:3], 0.0)  # greedy
+  assert out.tokens[3] in (10, 20, 30)
+  np.testing.assert_allclose(out.logprobs[3], -math.log(3), atol=1e-6)
+  assert out.tokens[4] == 77
+  np.testing.assert_allclose(out.logprobs[4], 0.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_top_k_at_least_vocab_is_off(impl, gen):
+  x = random_logits(22, B, V, scale=1.0)
+  key = jax.random.key(22)
+  off = run_sample(x, SamplingParams.make(B, top_k=0), key, impl="xla", rng=gen)
+  for k in (V, V + 1, -1):
+    got = run_sample(x, make_params(B, top_k=k), key, impl=impl, rng=gen)
+    assert_same_result(got, off)
+
+
+def test_auto_implementation():
+  x = random_logits(23, B, V)
+  params = SamplingParams.make(B, temperature=random_temps(23, B))
+  key = jax.random.key(23)
+  expected = "pallas" if jax.default_backend() == "gpu" else "xla"
+  auto = run_sample(x, params, key, impl="auto")
+  assert_same_result(auto, run_sample(x, params, key, impl=expected))
+
+
+def test_default_config_runs_eagerly():
+  x = random_logits(24, 2, 1007)
+  out = jax.tree.map(np.asarray, jaxsample.sample(x, SamplingParams.make(2),
+                                                  jax.random.key(0)))
+  assert_result_types(out, 2, 1007)
+  assert isinstance(jaxsample.sample(x, SamplingParams.make(2), jax.random.key(0)),
+                    jaxsample.SampleResult)
+
+
+# ---------------------------------------------------------------------------
+# Edge cases and bad inputs.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("per_request", [False, True])
+def test_empty_batch(impl, per_request):
+  x = jnp.zeros((0, 1007), jnp.float32)
+  key = (jax.random.split(jax.random.key(0), 0) if per_request
+         else jax.random.key(0))
+  out = run_sample(x, SamplingParams.make(0), key, impl=impl, jit=False)
+  assert_result_types(out, 0, 1007)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("case", ["1d", "3d", "int", "bool", "v0", "batch"])
+def test_bad_inputs_raise_value_error(impl, case):
+  params = SamplingParams.make(2)
+  x = {"1d": jnp.zeros((2,)), "3d": jnp.zeros((2, 3, 4)),
+       "int": jnp.zeros((2, 10), jnp.int32), "bool": jnp.zeros((2, 10), bool),
+       "v0": jnp.zeros((2, 0)), "batch": jnp.zeros((3, 10))}[case]
+  with pytest.raises(ValueError):
+    jaxsample.sample(x, params, jax.random.key(0),
+                     config=SamplerConfig(implementation=impl))
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_bad_keys_and_positions_raise_value_error(impl):
+  config = SamplerConfig(implementation=impl)
+  x = jnp.zeros((2, 10))
+  params = SamplingParams.make(2)
+  with pytest.raises(ValueError, match="positions"):
+    jaxsample.sample(x, params, jax.random.key(0), positions=jnp.zeros(2, jnp.int32),
+                     config=config)
+  with pytest.raises(ValueError):
+    jaxsample.sample(x, params, jax.random.split(jax.random.key(0), 3), config=config)
+  with pytest.raises(ValueError):
+    jaxsample.sample(x, params, jax.random.split(jax.random.key(0), 2),
+                     positions=jnp.zeros(3, jnp.int32), config=config)
