@@ -55,7 +55,12 @@ PHILOX_LANES = 512
 PHILOX_TILE = 4 * PHILOX_LANES
 
 _U32 = jnp.uint32
-MulHi = Callable[[jax.Array, jax.Array], jax.Array]
+MulHiLo = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+
+
+def mulhilo(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """High and low words of the 64-bit product of two uint32 arrays."""
+  return lax.mulhi(a, b), a * b
 
 
 def _u32(x) -> jax.Array:
@@ -92,11 +97,11 @@ _PHILOX_W0 = 0x9E3779B9
 _PHILOX_W1 = 0xBB67AE85
 
 
-def philox4x32(k0, k1, c0, c1, c2, c3, *, mulhi: MulHi = lax.mulhi):
+def philox4x32(k0, k1, c0, c1, c2, c3, *, mulhilo: MulHiLo = mulhilo):
   """Philox-4x32 with 10 rounds (Random123 / ``jax.random`` 'philox4x32').
 
-  ``mulhi(a, b)`` must return the high 32 bits of the 64-bit product of two
-  uint32 arrays of one shape; kernels pass a hardware ``mul.hi`` instruction.
+  ``mulhilo(a, b)`` returns the (high, low) words of the 64-bit product of two
+  uint32 arrays of one shape; kernels pass a hardware ``mul.wide`` instruction.
   """
   m0 = jnp.full(jnp.shape(c0), _PHILOX_M0, _U32)
   m1 = jnp.full(jnp.shape(c2), _PHILOX_M1, _U32)
@@ -104,8 +109,8 @@ def philox4x32(k0, k1, c0, c1, c2, c3, *, mulhi: MulHi = lax.mulhi):
     if rnd:
       k0 = k0 + _u32(_PHILOX_W0)
       k1 = k1 + _u32(_PHILOX_W1)
-    hi0, lo0 = mulhi(m0, c0), m0 * c0
-    hi1, lo1 = mulhi(m1, c2), m1 * c2
+    hi0, lo0 = mulhilo(m0, c0)
+    hi1, lo1 = mulhilo(m1, c2)
     c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
   return c0, c1, c2, c3
 
@@ -183,7 +188,7 @@ def row_streams(key, positions, batch_size: int,
 
 
 def tile_bits(generator: str, stream: RowStreams, tile_start, lanes, *,
-              wide: bool = False, mulhi: MulHi = lax.mulhi):
+              wide: bool = False, mulhilo: MulHiLo = mulhilo):
   """Random bits for the vocab ids of one tile, as ``[(offset, bits), ...]``.
 
   ``lanes`` is ``arange(n)`` (uint32), broadcast against ``tile_start`` and the
@@ -207,10 +212,10 @@ def tile_bits(generator: str, stream: RowStreams, tile_start, lanes, *,
     c2 = jnp.broadcast_to(stream.base_hi, shape)
     zero = jnp.zeros_like(counter)
     words = philox4x32(stream.key0, stream.key1, counter, c1, c2, zero,
-                       mulhi=mulhi)
+                       mulhilo=mulhilo)
     if wide:
       low_words = philox4x32(stream.key0, stream.key1, counter, c1, c2,
-                             zero + _u32(1), mulhi=mulhi)
+                             zero + _u32(1), mulhilo=mulhilo)
       words = tuple(zip(words, low_words))
     return [(j * PHILOX_LANES, w) for j, w in enumerate(words)]
   raise ValueError(f"unknown generator {generator!r}; expected one of "

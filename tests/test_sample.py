@@ -95,6 +95,30 @@ def test_pallas_matches_xla_large_batch(gen):
 
 
 @pytest.mark.parametrize("gen", GENERATORS)
+@pytest.mark.parametrize("offset,scale,temperature", [
+    (0.0, 1.0, 0.05), (1000.0, 2.0, 1.0), (-3000.0, 2.0, 1.0),
+    (4100.0, 1.0, 1.0), (-5000.0, 3.0, 1.0), (20.0, 3.0, 0.01), (0.0, 0.01, 1.0)])
+def test_pallas_matches_xla_extreme_magnitudes(gen, offset, scale, temperature):
+  """Large / small tempered logits and near-ties between leaders."""
+  r = np.random.default_rng(int(abs(offset)) + 3)
+  x = (r.standard_normal((B, V)) * scale + offset).astype(np.float32)
+  for b in range(B):  # a few near-tied leaders spread over the row
+    lead = r.choice(V, size=4, replace=False)
+    x[b, lead] = x[b].max() + np.float32([0.0, 0.001, 0.002, 0.5]) * scale
+  params = SamplingParams.make(B, temperature=temperature)
+  key = jax.random.key(int(offset) + 7)
+  a = run_sample(jnp.asarray(x), params, key, impl="pallas", rng=gen)
+  b = run_sample(jnp.asarray(x), params, key, impl="xla", rng=gen)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_array_equal(a.valid, b.valid)
+  # logprob = y_token - logsumexp(y) cancels at large |y|: allow a few ulps of
+  # the tempered logits on top of 1e-5.
+  y_abs = float(np.max(np.abs(x))) / temperature
+  np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0,
+                             atol=1e-5 + 8 * float(np.spacing(np.float32(y_abs))))
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
 @pytest.mark.parametrize("overrides", [dict(block_size=16, num_splits=7),
                                        dict(block_size=128, num_splits=1),
                                        dict(num_splits=2, num_warps=4, num_stages=2)])
@@ -290,6 +314,44 @@ def test_fp64_jit_inside_enable_x64_equals_eager(impl, gen, fp64_case, fp64_eage
   np.testing.assert_array_equal(got.tokens, fp64_eager[impl, gen].tokens)
   np.testing.assert_allclose(got.logprobs, fp64_eager[impl, gen].logprobs,
                              rtol=1e-6, atol=1e-6)
+
+
+# (generator, position, vocab id, vocab, config overrides): per-request
+# streams of jax.random.key(0) where the FP64 draw at ``vocab id`` has its high
+# 32-bit word >= 0xFFFFFF80, i.e. u64 within 2^-25 of 1 and a Gumbel value of
+# ~20; found by scanning the documented stream layout (rng module docstring).
+EXTREME_FP64_DRAWS = [("philox", 28889, 898, 2048, {}),
+                      ("threefry", 2223, 3663, 4096, dict(num_splits=1))]
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("gen,position,v,vocab,overrides", EXTREME_FP64_DRAWS,
+                         ids=[d[0] for d in EXTREME_FP64_DRAWS])
+def test_fp64_extreme_noise_token_wins(impl, gen, position, v, vocab, overrides):
+  """Gumbel-max over the documented FP64 noise picks the token with the
+  largest y + g, also when its noise comes from a u64 extremely close to 1.
+
+  Row: token 0 has logit L, token v has logit 0, the rest -inf; L is set so
+  that v wins by ~2 in fp64 (its Gumbel value ~20 is only reachable with the
+  full 64-bit uniform; the fp32 top word of u caps it at ~15.9).
+  """
+  keys = jax.random.key(0)[None]
+  positions = jnp.array([position], jnp.int32)
+  with jax.enable_x64(True):
+    streams, _ = jaxsample.rng.row_streams(keys, positions, 1, vocab)
+    g = np.asarray(jaxsample.rng.gumbel_noise(gen, streams, vocab, fp64=True))[0]
+  assert g[v] > 19  # the precondition the stream was chosen for
+  x = np.full((1, vocab), -np.inf, np.float32)
+  x[0, 0] = np.float32((g[v] + 16.0) / 2 - g[0])  # race of token 0 ~ 18
+  x[0, v] = 0.0
+  race = x[0].astype(np.float64) + g
+  expected = int(np.argmax(race))
+  assert expected == v
+  out = run_sample(jnp.asarray(x), SamplingParams.make(1), keys,
+                   positions=positions, impl=impl, rng=gen, fp64=True,
+                   **overrides)
+  assert out.tokens[0] == expected, (impl, out.tokens, expected)
+  np.testing.assert_allclose(out.logprobs[0], -x[0, 0], rtol=1e-6)
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)

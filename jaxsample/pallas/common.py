@@ -62,10 +62,11 @@ def make_plan(batch: int, vocab: int, dtype, config: SamplerConfig, *,
               generator: str | None) -> KernelPlan:
   """Heuristic plan on (B, V, dtype), each field overridable by ``config``.
 
-  Splits aim at ~4 programs per SM so small batches still fill the GPU.
+  Splits aim at ~3 programs per SM so small batches still fill the GPU; 4
+  warps per program (tuned on an H100: ``scripts/sweep_gumbel.py``).
   ``generator=None`` plans a kernel that draws no noise.
   """
-  del dtype  # The chunk is sized for 16-byte fp32 loads at 8 warps.
+  del dtype  # fp32 and bf16 tune alike: the kernels are compute-bound.
   if generator == "philox":
     chunk = rng.PHILOX_LANES
     tile = rng.PHILOX_TILE
@@ -73,13 +74,13 @@ def make_plan(batch: int, vocab: int, dtype, config: SamplerConfig, *,
     chunk = config.block_size or 1024
     tile = chunk
   n_tiles = -(-vocab // tile)
-  target_programs = 4 * _SM_COUNT_DEFAULT
+  target_programs = 3 * _SM_COUNT_DEFAULT
   splits = config.num_splits or max(1, min(n_tiles, -(-target_programs // max(batch, 1))))
   splits = min(splits, n_tiles)
   steps = -(-n_tiles // splits)
   splits = -(-n_tiles // steps)  # No split starts past V.
   return KernelPlan(chunk=chunk, tile=tile, num_splits=splits, steps=steps,
-                    num_warps=config.num_warps or 8,
+                    num_warps=config.num_warps or 4,
                     num_stages=config.num_stages or 1,
                     interpret=jax.default_backend() != "gpu")
 
@@ -89,30 +90,38 @@ def make_plan(batch: int, vocab: int, dtype, config: SamplerConfig, *,
 # ---------------------------------------------------------------------------
 
 
-def _asm(instruction: str, constraint: str, dtype, *args):
-  (out,) = plgpu.elementwise_inline_asm(
+def _asm(instruction: str, constraint: str, dtypes, *args):
+  return plgpu.elementwise_inline_asm(
       instruction, args=list(args), constraints=constraint, pack=1,
-      result_shape_dtypes=[jax.ShapeDtypeStruct(args[0].shape, dtype)])
-  return out
+      result_shape_dtypes=[jax.ShapeDtypeStruct(args[0].shape, d)
+                           for d in dtypes])
 
 
-def gpu_mulhi(a: jax.Array, b: jax.Array) -> jax.Array:
-  """High word of a uint32 product via ``mul.hi.u32`` (Triton has no mulhi)."""
+def gpu_mulhilo(a: jax.Array, b: jax.Array):
+  """(high, low) words of a uint32 product by one ``mul.wide.u32`` (IMAD.WIDE).
+
+  Triton lowers no mulhi; inline asm takes int32 operands of one shape.
+  """
   a, b = jnp.broadcast_arrays(a, b)
   to_i32 = lambda v: lax.bitcast_convert_type(v, jnp.int32)
-  hi = _asm("mul.hi.u32 $0, $1, $2;", "=r,r,r", jnp.int32, to_i32(a), to_i32(b))
-  return lax.bitcast_convert_type(hi, jnp.uint32)
+  hi, lo = _asm(
+      "{ .reg .b64 wide; mul.wide.u32 wide, $2, $3; mov.b64 {$1, $0}, wide; }",
+      "=r,=r,r,r", (jnp.int32, jnp.int32), to_i32(a), to_i32(b))
+  to_u32 = lambda v: lax.bitcast_convert_type(v, jnp.uint32)
+  return to_u32(hi), to_u32(lo)
 
 
 def gpu_div(x: jax.Array, t: jax.Array) -> jax.Array:
   """IEEE round-to-nearest fp32 division (Triton's ``/`` is ``div.full``)."""
   x, t = jnp.broadcast_arrays(x, t)
-  return _asm("div.rn.f32 $0, $1, $2;", "=f,f,f", jnp.float32, x, t)
+  (q,) = _asm("div.rn.f32 $0, $1, $2;", "=f,f,f", (jnp.float32,), x, t)
+  return q
 
 
 def gpu_exp2_approx(x: jax.Array) -> jax.Array:
   """``2^x`` by the hardware ``ex2.approx`` (relative error < 2^-22)."""
-  return _asm("ex2.approx.ftz.f32 $0, $1;", "=f,f", jnp.float32, x)
+  (y,) = _asm("ex2.approx.ftz.f32 $0, $1;", "=f,f", (jnp.float32,), x)
+  return y
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,8 +130,8 @@ class KernelMath:
 
   interpret: bool
 
-  def mulhi(self, a, b):
-    return lax.mulhi(a, b) if self.interpret else gpu_mulhi(a, b)
+  def mulhilo(self, a, b):
+    return rng.mulhilo(a, b) if self.interpret else gpu_mulhilo(a, b)
 
   def div(self, x, t):
     return x / t if self.interpret else gpu_div(x, t)
@@ -192,7 +201,7 @@ def chunk_loop(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
       global_start = (tile_start + noise.vocab_offset).astype(jnp.uint32)
       bits = [b for _, b in rng.tile_bits(noise.generator, noise.stream,
                                           global_start, lanes, wide=noise.wide,
-                                          mulhi=math.mulhi)]
+                                          mulhilo=math.mulhilo)]
     for offset, chunk_bits, value in zip(offsets, bits, loaded):
       start = tile_start + offset
       index = start + lanes_i32
