@@ -204,6 +204,24 @@ def test_logprob_precision_at_low_temperature(impl):
 
 
 @pytest.mark.parametrize("gen", GENERATORS)
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_tempered_overflow_rows_stay_valid(impl, gen):
+  """Validity is a property of the logits (finite max), not of x / T: a row of
+  finite logits whose tempered values overflow fp32 is still valid, and its
+  logprob is a log-probability (<= 0, not NaN)."""
+  x = np.array(random_logits(26, B, V, scale=1.0))
+  x[0, 5] = 1e30  # with T = 1e-10: y = +inf for one token (a point mass)
+  x[1, :] = -3e38  # with T = 0.5: every y overflows to -inf
+  params = SamplingParams.make(B, temperature=[1e-10, 0.5, 1.0, 1.0, 1.0])
+  out = run_sample(jnp.asarray(x), params, jax.random.key(26), impl=impl, rng=gen)
+  assert_result_types(out, B, V)
+  np.testing.assert_array_equal(out.valid, True)
+  assert out.tokens[0] == 5
+  assert not np.any(np.isnan(out.logprobs)), out.logprobs
+  assert np.all(out.logprobs <= 0), out.logprobs
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
 def test_input_dtypes(gen, dtype):
   x = random_logits(10, B, V, scale=3.0, dtype=dtype)
