@@ -98,17 +98,16 @@ def _asm(instruction: str, constraint: str, dtypes, *args):
 
 
 def gpu_mulhilo(a: jax.Array, b: jax.Array):
-  """(high, low) words of a uint32 product by one ``mul.wide.u32`` (IMAD.WIDE).
+  """(high, low) words of a uint32 product; the high word by ``mul.hi.u32``.
 
-  Triton lowers no mulhi; inline asm takes int32 operands of one shape.
+  Triton lowers no mulhi; inline asm takes int32 operands of one shape and,
+  in jax 0.11.2's Pallas lowering, yields one result (so no ``mul.wide``).
   """
   a, b = jnp.broadcast_arrays(a, b)
   to_i32 = lambda v: lax.bitcast_convert_type(v, jnp.int32)
-  hi, lo = _asm(
-      "{ .reg .b64 wide; mul.wide.u32 wide, $2, $3; mov.b64 {$1, $0}, wide; }",
-      "=r,=r,r,r", (jnp.int32, jnp.int32), to_i32(a), to_i32(b))
-  to_u32 = lambda v: lax.bitcast_convert_type(v, jnp.uint32)
-  return to_u32(hi), to_u32(lo)
+  (hi,) = _asm("mul.hi.u32 $0, $1, $2;", "=r,r,r", (jnp.int32,), to_i32(a),
+               to_i32(b))
+  return lax.bitcast_convert_type(hi, jnp.uint32), a * b
 
 
 def gpu_div(x: jax.Array, t: jax.Array) -> jax.Array:
