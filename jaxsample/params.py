@@ -88,6 +88,8 @@ class SamplingParams:
       values = _per_request(name, value, batch_size)
       for request, v in enumerate(values):
         _check_value(name, request, v)
+      if name == "top_k":  # Any integer is valid; outside int32 it means off.
+        values = [int(v) if abs(int(v)) < 2**31 else 0 for v in values]
       fields[name] = jnp.asarray(np.asarray(values, dtype=dtype).reshape(
           batch_size))
     return cls(**fields)
@@ -119,10 +121,12 @@ def _per_request(name: str, value, batch_size: int) -> list:
     raise ValueError(f"{name}: expected a number or a sequence; got {value!r}")
   if np.ndim(value) == 0:
     return [value] * batch_size
-  values = list(np.asarray(value).reshape(-1)) if np.ndim(value) == 1 else None
-  if values is None:
+  if np.ndim(value) != 1:
     raise ValueError(f"{name}: expected a scalar or a 1-D sequence; got shape "
                      f"{np.shape(value)}")
+  # Keep the caller's objects (np.asarray would turn True into 1).
+  values = list(value) if isinstance(value, (list, tuple)) else list(
+      np.asarray(value))
   if len(values) != batch_size:
     raise ValueError(f"{name}: got {len(values)} values for batch_size "
                      f"{batch_size}")

@@ -3,13 +3,16 @@
 Processing of one row with logits ``x`` (any float dtype, computed in fp32),
 canonical parameters (``SamplingParams.canonical``) and Gumbel noise ``g``:
 
-1. Sanitize: NaN entries become +inf.  The row is *valid* iff its maximum is
-   finite (no NaN, no +inf, at least one finite entry).
-2. Greedy rows (T = 0) and invalid rows: ``token = argmax(x)`` (smallest index
-   on ties, so the first NaN/+inf entry of an invalid row, or 0 for an all
-   -inf row), no noise.  ``logprob`` is 0 for valid greedy rows (the processed
-   distribution is a point mass) and -inf for invalid rows.
-3. Temperature: ``y = x / T`` (IEEE division in fp32).
+1. Sanitize: NaN entries become +inf.
+2. Temperature: ``y = x / T`` in fp32 (XLA's division: correctly rounded on
+   GPU, where the kernels use ``div.rn.f32``; XLA:CPU's fp32 division may be 1
+   ulp off the correctly rounded quotient).  Greedy rows (T = 0) keep
+   ``y = x``.  The row is *valid* iff ``max(y)`` is finite: no NaN, no +inf,
+   at least one finite entry, and no overflow of ``x / T``.
+3. Greedy rows and invalid rows: ``token = argmax(y)`` (smallest index on
+   ties, so the first NaN/+inf/overflowing entry of an invalid row, or 0 for
+   an all -inf row), no noise.  ``logprob`` is 0 for valid greedy rows (the
+   processed distribution is a point mass) and -inf for invalid rows.
 4. Every filter keeps an upward-closed set ``{i : y_i >= t}`` (ties at a
    threshold are all kept), and -inf entries are never kept:
 
@@ -26,7 +29,9 @@ canonical parameters (``SamplingParams.canonical``) and Gumbel noise ``g``:
    truncation and with one threefry key this is
    ``jax.random.categorical(key, x / T)`` bit for bit.
 6. ``logprob = y_token - logsumexp_{i in K}(y_i)``, the log-probability under
-   the truncated, renormalized distribution.
+   the truncated, renormalized distribution, evaluated as
+   ``(y_token - shift) - log(sum_K exp(y_i - shift))`` for a shift near
+   ``max(y)`` so large tempered logits do not cancel in fp32.
 
 With ``fp64`` the noise and the comparison ``y_i + g_i`` are fp64 (``y`` is
 the fp32 tempered logit, widened).
@@ -89,26 +94,29 @@ def keep_threshold(y: jax.Array, params: SamplingParams) -> jax.Array:
   return jnp.maximum(jnp.maximum(t1, t2), t3)
 
 
-def logsumexp_where(y: jax.Array, keep: jax.Array) -> jax.Array:
-  """``log(sum_{keep} exp(y))`` per row, -inf for empty rows."""
+def logsumexp_where(y: jax.Array, keep: jax.Array):
+  """``(shift, log(sum_{keep} exp(y - shift)))`` per row, shift = kept max."""
   m = jnp.max(jnp.where(keep, y, -jnp.inf), axis=-1, keepdims=True)
   m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
   s = jnp.sum(jnp.where(keep, jnp.exp(y - m_safe), 0.0), axis=-1)
-  return m_safe[:, 0] + jnp.log(s)
+  return m_safe[:, 0], jnp.log(s)
 
 
 def finalize(x_token: jax.Array, params: SamplingParams, tokens: jax.Array,
-             log_normalizer: jax.Array, row_max: jax.Array) -> SampleResult:
-  """Logprobs and validity from per-row statistics (steps 1, 2 and 6).
+             log_normalizer: tuple[jax.Array, jax.Array],
+             row_max: jax.Array) -> SampleResult:
+  """Logprobs and validity from per-row statistics (steps 2, 3 and 6).
 
   ``x_token`` is the sanitized logit of ``tokens`` (already chosen by the
-  greedy / invalid-row rule), ``log_normalizer`` the logsumexp of the kept
-  tempered logits and ``row_max`` the row's max (valid iff finite).
+  greedy / invalid-row rule), ``log_normalizer`` the ``(shift, log_sum)`` pair
+  with ``logsumexp_K(y) = shift + log_sum`` and ``row_max`` the max of the
+  tempered logits (valid iff finite).
   """
   valid = jnp.isfinite(row_max)
   greedy = params.temperature == 0
   t = jnp.where(greedy, 1.0, params.temperature)
-  logprobs = jnp.where(greedy, 0.0, x_token / t - log_normalizer)
+  shift, log_sum = log_normalizer
+  logprobs = jnp.where(greedy, 0.0, (x_token / t - shift) - log_sum)
   logprobs = jnp.where(valid, logprobs, -jnp.inf)
   return SampleResult(tokens, logprobs.astype(jnp.float32), valid)
 
@@ -120,16 +128,16 @@ def sample_reference(logits: jax.Array, params: SamplingParams,
   batch, vocab = logits.shape
   x = sanitize(logits)
   y = temper(x, params.temperature)
-  valid_rows = jnp.isfinite(jnp.max(x, axis=-1, keepdims=True))
+  valid_rows = jnp.isfinite(jnp.max(y, axis=-1, keepdims=True))
   y_safe = jnp.where(valid_rows, y, 0.0)  # keeps the threshold search NaN-free
   threshold = keep_threshold(y_safe, params)
   keep = (y >= threshold[:, None]) & (y > -jnp.inf)
   noise = rng.gumbel_noise(generator, streams, vocab, fp64=fp64)
   race = y.astype(noise.dtype) + noise
   race = jnp.where(keep, race, -jnp.inf)
-  row_max = jnp.max(x, axis=-1)
+  row_max = jnp.max(y, axis=-1)
   plain = (params.temperature == 0) | ~jnp.isfinite(row_max)
-  tokens = jnp.where(plain, jnp.argmax(x, axis=-1),
+  tokens = jnp.where(plain, jnp.argmax(y, axis=-1),
                      jnp.argmax(race, axis=-1)).astype(jnp.int32)
   x_token = jnp.take_along_axis(x, tokens[:, None], axis=-1)[:, 0]
   return finalize(x_token, params, tokens, logsumexp_where(y, keep), row_max)

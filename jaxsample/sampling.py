@@ -89,7 +89,8 @@ def sample(logits: jax.Array,
     return SampleResult(jnp.zeros((0,), jnp.int32), jnp.zeros((0,),
                                                                 jnp.float32),
                         jnp.zeros((0,), bool))
-  with x64_scope(config.use_fp64_gumbel, logits, key):
+  with x64_scope(config.use_fp64_gumbel, logits, key, positions,
+                 *jax.tree.leaves(params)):
     xla = lambda: reference.sample_reference(
         logits, params, streams, generator=config.rng,
         fp64=config.use_fp64_gumbel)

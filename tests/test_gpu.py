@@ -107,3 +107,14 @@ def test_threefry_kernel_matches_jax_random_categorical():
                  key, impl="pallas", rng="threefry")
   want = np.asarray(jax.random.categorical(key, x / temps[:, None]))
   np.testing.assert_array_equal(a.tokens, want)
+
+
+def test_reference_tempering_is_correctly_rounded_on_gpu():
+  """On GPU the reference's x / T is the IEEE quotient (as numpy computes it),
+  the same division the kernel performs with div.rn.f32."""
+  from jaxsample import reference
+  r = np.random.default_rng(12)
+  x = (r.standard_normal((6, 4096)) * 10).astype(np.float32)
+  temps = np.float32([0.7, 0.3, 1.9, 3.3, 0.9, 1e-3])
+  got = np.asarray(jax.jit(reference.temper)(jnp.asarray(x), jnp.asarray(temps)))
+  np.testing.assert_array_equal(got, x / temps[:, None])

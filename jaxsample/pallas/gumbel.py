@@ -13,7 +13,9 @@ then writes per-split partials.  ``combine_partials`` merges partials along
 the split axis, by a max and a rescaled sum; the vocab-parallel sampler merges
 partials of vocab shards the same way.  Greedy rows (T = 0) run a branch with
 no noise and no exp.  Equivalent to ``jaxsample.reference.sample_reference``
-for untruncated rows.
+for untruncated rows: the same tokens bit for bit, and logprobs within 1e-5
+plus a few ulp of the row's largest tempered logit (the sum-exp uses
+``x * (1 / T)``, within ~1 ulp of the reference's ``x / T``).
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ class GumbelPartials:
       returns fp64 as two uint32 words, see ``_split_words``).
     index: its global vocab id (smallest on ties).
     max: the split's reference for ``sumexp``: its best race value in fp32
-      (the max of ``x`` for greedy rows); finite iff the split's logits are
-      (no NaN/+inf, not all -inf).
+      (the max of ``x`` for greedy rows); finite iff the split's tempered
+      logits have a finite max.
     sumexp: ``sum exp(y - max)`` over the split.
   """
 
@@ -54,10 +56,12 @@ class GumbelPartials:
 
 
 def combine_partials(p: GumbelPartials):
-  """Merges partials along the last axis: ``(token, row_max, logsumexp)``.
+  """Merges partials along the last axis: ``(token, row_max, (M, log_sum))``.
 
   The token is the index of the largest race value, the first split winning
-  ties; ``logsumexp = M + log(sum_s sumexp_s * exp(max_s - M))``.
+  ties; ``logsumexp = M + log_sum`` with ``M = max_s max_s`` and
+  ``log_sum = log(sum_s sumexp_s * exp(max_s - M))``.  ``row_max`` is finite
+  iff the row's tempered logits have a finite max (the reference's validity).
   """
   top = jnp.max(p.race, axis=-1, keepdims=True)
   token = jnp.min(jnp.where(p.race == top, p.index, jnp.iinfo(jnp.int32).max),
@@ -65,7 +69,7 @@ def combine_partials(p: GumbelPartials):
   row_max = jnp.max(p.max, axis=-1)
   safe_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
   total = jnp.sum(p.sumexp * jnp.exp(p.max - safe_max[:, None]), axis=-1)
-  return token, row_max, safe_max + jnp.log(total)
+  return token, row_max, (safe_max, jnp.log(total))
 
 
 _LOG2E = 1.4426950408889634
@@ -80,7 +84,8 @@ class GumbelRace:
   ``bound`` and lane-wise ``sumexp = sum exp(y - bound)``.  For each chunk a
   conservative test proves most elements cannot reach ``bound``: with
   ``E = -log(u) >= 1 - u``, ``y + g = y - log(E) < bound`` whenever
-  ``(1 - u) * (1 - slack) > exp(y' - bound)``, where ``y' = x * (1 / T)``
+  ``(1 - u) * (1 - slack) > exp(y' - bound)`` (``1 - u`` from the uniform's
+  top 23 bits, less 2^-23 on the fp64 path), where ``y' = x * (1 / T)``
   approximates ``y`` and ``slack = 2^-12 (|bound| + 32)`` covers every
   approximation error (``y'``, ``ex2.approx``, the rounding of the exact
   race).  Only chunks with a possible winner compute the exact race
@@ -106,9 +111,12 @@ class GumbelRace:
   def step(self, state, chunk: common.Chunk, x):
     best, index, bound, sumexp = state
     x = x.astype(jnp.float32)
-    bits = chunk.bits[0] if isinstance(chunk.bits, tuple) else chunk.bits
+    wide = isinstance(chunk.bits, tuple)
+    bits = chunk.bits[0] if wide else chunk.bits
     one_minus_u = 2.0 - lax.bitcast_convert_type(
         (bits >> jnp.uint32(9)) | jnp.uint32(0x3F800000), jnp.float32)
+    if wide:  # The high word fixes an fp64 uniform only to within 2^-23.
+      one_minus_u = one_minus_u - 2.0**-23
     bound32 = bound.astype(jnp.float32)
     e = self._exp_below(x, bound32)
     margin = 1.0 - _SLACK * (jnp.abs(bound32) + 32.0)
