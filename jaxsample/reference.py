@@ -130,7 +130,10 @@ def sample_reference(logits: jax.Array, params: SamplingParams,
   y = temper(x, params.temperature)
   valid_rows = jnp.isfinite(jnp.max(y, axis=-1, keepdims=True))
   y_safe = jnp.where(valid_rows, y, 0.0)  # keeps the threshold search NaN-free
-  threshold = keep_threshold(y_safe, params)
+  # The sort-based search runs only when some row truncates.
+  threshold = jax.lax.cond(jnp.any(params.truncates()),
+                           lambda: keep_threshold(y_safe, params),
+                           lambda: jnp.full((batch,), -jnp.inf, y.dtype))
   keep = (y >= threshold[:, None]) & (y > -jnp.inf)
   noise = rng.gumbel_noise(generator, streams, vocab, fp64=fp64)
   race = y.astype(noise.dtype) + noise
