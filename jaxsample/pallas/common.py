@@ -3,7 +3,7 @@
 Every kernel walks one row per program over a *split* of the vocabulary
 (grid ``(B, S)``), in steps of one RNG tile made of power-of-2 chunks loaded
 with masks (any ``V`` works).  ``chunk_loop`` is that walk; it hands each
-chunk its vocab ids, its mask and, for sampling kernels, the random bits of
+chunk its vocab ids and, for sampling kernels, the random bits of
 ``jaxsample.rng`` for those ids, so every kernel draws the reference's noise.
 """
 
@@ -147,11 +147,9 @@ class KernelMath:
 
 @dataclasses.dataclass(frozen=True)
 class Chunk:
-  """One chunk of a row: local start, local vocab ids, in-row mask, random bits."""
+  """One chunk of a row: its local vocab ids and their random bits (or None)."""
 
-  start: jax.Array
   index: jax.Array
-  mask: jax.Array
   bits: Any
 
 
@@ -202,9 +200,8 @@ def chunk_loop(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
                                           global_start, lanes, wide=noise.wide,
                                           mulhilo=math.mulhilo)]
     for offset, chunk_bits, value in zip(offsets, bits, loaded):
-      start = tile_start + offset
-      index = start + lanes_i32
-      carry = step(carry, Chunk(start, index, index < vocab, chunk_bits), value)
+      index = tile_start + offset + lanes_i32
+      carry = step(carry, Chunk(index, chunk_bits), value)
     return carry, upcoming
 
   carry, _ = lax.fori_loop(0, plan.steps, body, (carry, load_tile(split_start)))

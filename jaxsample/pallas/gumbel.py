@@ -92,7 +92,7 @@ class GumbelRace:
   ``x / T + g`` (IEEE division, accurate logs: the reference's arithmetic), so
   tokens are the reference's bit for bit; the filter's exponential is also the
   sum-exp term, one exp per element.  Elements below the bound by more than
-  ~30 always pass the filter; ``|bound| >= 4064`` disables it (still exact).
+  ~30 are always proven losers; ``|bound| >= 4064`` disables it (still exact).
   """
 
   math: common.KernelMath
