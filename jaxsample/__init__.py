@@ -3,6 +3,7 @@
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.reference import SampleResult
 from jaxsample.sampling import sample
+from jaxsample import spec
 
 __all__ = ["SampleResult", "SamplerConfig", "SamplingParams", "sample"]
 __version__ = "0.1.0"

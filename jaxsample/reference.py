@@ -121,11 +121,27 @@ def finalize(x_token: jax.Array, params: SamplingParams, tokens: jax.Array,
   return SampleResult(tokens, logprobs.astype(jnp.float32), valid)
 
 
-def sample_reference(logits: jax.Array, params: SamplingParams,
-                     streams: rng.RowStreams, *, generator: str,
-                     fp64: bool = False) -> SampleResult:
-  """The reference sampler (module doc) for canonical params and row streams."""
-  batch, vocab = logits.shape
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Processed:
+  """Steps 1-4 of a batch of rows, plus the log-normalizer of step 6.
+
+  ``x`` sanitized fp32 logits, ``y`` tempered logits, ``keep`` the kept set
+  ``K`` (all ``[B, V]``), ``row_max = max(y)`` (the row is valid iff finite) and
+  ``logsumexp_K(y) = shift + log_sum`` (``[B]`` each).
+  """
+
+  x: jax.Array
+  y: jax.Array
+  keep: jax.Array
+  row_max: jax.Array
+  shift: jax.Array
+  log_sum: jax.Array
+
+
+def process(logits: jax.Array, params: SamplingParams) -> Processed:
+  """Steps 1-4 and the step-6 normalizer for canonical params (no noise)."""
+  batch = logits.shape[0]
   x = sanitize(logits)
   y = temper(x, params.temperature)
   valid_rows = jnp.isfinite(jnp.max(y, axis=-1, keepdims=True))
@@ -135,12 +151,43 @@ def sample_reference(logits: jax.Array, params: SamplingParams,
                            lambda: keep_threshold(y_safe, params),
                            lambda: jnp.full((batch,), -jnp.inf, y.dtype))
   keep = (y >= threshold[:, None]) & (y > -jnp.inf)
-  noise = rng.gumbel_noise(generator, streams, vocab, fp64=fp64)
-  race = y.astype(noise.dtype) + noise
-  race = jnp.where(keep, race, -jnp.inf)
-  row_max = jnp.max(y, axis=-1)
-  plain = (params.temperature == 0) | ~jnp.isfinite(row_max)
-  tokens = jnp.where(plain, jnp.argmax(y, axis=-1),
-                     jnp.argmax(race, axis=-1)).astype(jnp.int32)
-  x_token = jnp.take_along_axis(x, tokens[:, None], axis=-1)[:, 0]
-  return finalize(x_token, params, tokens, logsumexp_where(y, keep), row_max)
+  shift, log_sum = logsumexp_where(y, keep)
+  return Processed(x, y, keep, jnp.max(y, axis=-1), shift, log_sum)
+
+
+def log_probs(proc: Processed, params: SamplingParams) -> jax.Array:
+  """``log q`` ``[B, V]``: log-probabilities of the processed distribution.
+
+  Sampled valid rows: ``(y_i - shift) - log_sum`` on ``K`` and -inf outside
+  (step 6 for every ``i``); valid greedy rows: 0 at ``argmax(y)`` and -inf
+  elsewhere (a point mass); invalid rows: -inf everywhere.
+  """
+  valid = jnp.isfinite(proc.row_max)[:, None]
+  greedy = (params.temperature == 0)[:, None]
+  sampled = jnp.where(proc.keep, (proc.y - proc.shift[:, None]) -
+                      proc.log_sum[:, None], -jnp.inf)
+  is_max = jnp.arange(proc.y.shape[-1]) == jnp.argmax(proc.y, axis=-1)[:, None]
+  point = jnp.where(is_max, jnp.float32(0), jnp.float32(-jnp.inf))
+  return jnp.where(valid, jnp.where(greedy, point, sampled), -jnp.inf)
+
+
+def race_tokens(proc: Processed, params: SamplingParams,
+                noise: jax.Array) -> jax.Array:
+  """Steps 3 and 5: argmax of greedy/invalid rows, Gumbel-max on ``K`` otherwise."""
+  race = proc.y.astype(noise.dtype) + noise
+  race = jnp.where(proc.keep, race, -jnp.inf)
+  plain = (params.temperature == 0) | ~jnp.isfinite(proc.row_max)
+  return jnp.where(plain, jnp.argmax(proc.y, axis=-1),
+                   jnp.argmax(race, axis=-1)).astype(jnp.int32)
+
+
+def sample_reference(logits: jax.Array, params: SamplingParams,
+                     streams: rng.RowStreams, *, generator: str,
+                     fp64: bool = False) -> SampleResult:
+  """The reference sampler (module doc) for canonical params and row streams."""
+  proc = process(logits, params)
+  noise = rng.gumbel_noise(generator, streams, logits.shape[1], fp64=fp64)
+  tokens = race_tokens(proc, params, noise)
+  x_token = jnp.take_along_axis(proc.x, tokens[:, None], axis=-1)[:, 0]
+  return finalize(x_token, params, tokens, (proc.shift, proc.log_sum),
+                  proc.row_max)

@@ -1,0 +1,317 @@
+"""Speculative-decoding rejection sampling (pure-JAX reference).
+
+``rejection_sample`` verifies ``k`` draft tokens per request against the target
+model's logits and emits between 1 and ``k + 1`` tokens per request.  This XLA
+function is the definition a fused kernel must match bit for bit; the fused
+Pallas kernel is not written yet (``implementation="pallas"`` raises
+``NotImplementedError``).
+
+Notation (request ``b``)
+------------------------
+``n = clip(num_draft_b, 0, k)`` drafts are real (slots ``>= n`` are padding),
+``d_i = clip(draft_tokens_{b,i}, 0, V - 1)``, ``p = positions_b``.  Target row
+``i`` (``0 <= i <= k``) and draft row ``i`` (``i < k``) are processed exactly
+like plain sampling with the request's params (``reference.process``:
+sanitize, temperature, min-p, top-k, top-p, in fp32 whatever the input dtype),
+all ``2k + 1`` rows of a request in one batch, so equal target and draft rows
+give equal bits; ``lt_i = log q_t,i`` and ``ld_i = log q_d,i`` are their
+processed log-probabilities (``reference.log_probs``: ``(y - shift) -
+log_sum`` on the kept set, -inf outside).  Without ``draft_logits``, and for a
+draft row that is invalid (NaN, +inf, no finite entry, tempered overflow), the
+draft is one-hot: ``ld_i(d_i) = 0`` and -inf elsewhere (n-gram drafters; the
+theorem holds for any choice of ``d_i``).
+
+Acceptance of slot ``i < n`` (``accept_i``):
+
+* invalid target row ``i``: rejected, in every mode;
+* greedy rows (T = 0): ``d_i == argmax(y_t,i)`` (smallest index on ties);
+* sampled rows: ``log(u_i) < r_i`` in fp32 with ``r_i = lt_i(d_i) -
+  ld_i(d_i)`` if ``ld_i(d_i) > -inf`` and ``r_i = -inf`` otherwise, i.e.
+  accept iff ``u_i < q_t(d_i) / q_d(d_i)``; a token the draft distribution
+  gives no mass is rejected (as vLLM does), and ``q_t == q_d`` always accepts
+  (``r_i = 0 > log u_i``);
+* synthetic mode (``synthetic_rates`` given), every valid row, greedy too:
+  ``u_i < rate_i`` in fp32.  Everything else is computed as in the standard
+  mode (so a kernel's run time matches).
+
+``num_accepted = j``, the number of leading accepted slots (``0 <= j <= n``).
+The token emitted at slot ``j`` is drawn from target row ``j`` with Gumbel
+noise ``g`` of position ``p + j`` (see Randomness):
+
+* ``j < n`` (rejection), sampled valid row: Gumbel-max on the residual
+  ``res ∝ max(q_t,j - q_d,j, 0)``: ``token = argmax_v(log res_v + g_v)`` with
+  ``log res_v = lt_v + log1p(-exp(ld_v - lt_v))`` where ``ld_v < lt_v`` and
+  -inf elsewhere (fp32; with ``use_fp64_gumbel`` the sum is fp64 as in the
+  reference).  If the residual has zero mass (every ``log res_v = -inf``, e.g.
+  ``q_t == q_d`` and ``d_j`` outside the kept set) the draw falls back to the
+  target distribution, as below.
+* otherwise (``j == n``: the bonus token; greedy rows; invalid target row
+  ``j``; zero residual): the plain reference sampler's token for target row
+  ``j`` with that noise: ``argmax_{K}(y + g)``, ``argmax(y)`` for greedy and
+  invalid rows.  This equals ``jaxsample.sample(target_logits[:, j], params,
+  noise_keys, positions=p + j)`` (``noise_keys`` from ``stream_keys``).
+
+Outputs: ``tokens[b] = [d_0 .. d_{j-1}, token, -1, ..]`` (``[B, k + 1]``
+int32, ``j + 1`` tokens emitted); ``logprobs[b, i] = lt_i(tokens[b, i])`` for
+``i <= j``, the log-probability under the processed target distribution (0 for
+a greedy row's argmax, -inf for an invalid row, -inf for a synthetic-mode
+accepted token outside the target's kept set) and 0 for the padding slots
+``i > j`` (so ``logprobs.sum(-1)`` is the log-probability of the emitted
+tokens).  With an invalid target row at ``j`` the request emits that row's
+reference token (its first NaN/+inf index, or 0) with logprob -inf and stops;
+invalid rows after the stop are never read.
+
+Randomness
+----------
+Request keys: the ``b``-th of ``[B]`` per-request keys, or
+``fold_in(key, b)`` for one batch key.  Each request key ``r_b`` gives two
+purpose keys, ``noise_b = fold_in(r_b, 0)`` and ``accept_b = fold_in(r_b, 1)``
+(``jax.random.fold_in`` on the key data wrapped as a threefry2x32 key, so typed
+keys and their raw uint32 data agree; ``stream_keys`` returns both as raw
+``[B, 2]`` uint32).  Both feed ``jaxsample.rng`` per-request streams with
+``SamplerConfig.rng`` as generator (counter base ``(p + i) mod 2^32`` in the
+high word):
+
+* ``u_i = rng.uniform(bits)`` (fp32 in ``[2^-126, 1)``, also with
+  ``use_fp64_gumbel``), ``bits`` = the 32 bits of vocab index 0 of the stream
+  ``(accept_b, position p + i)`` (``rng.tile_bits(.., tile_start=0,
+  lanes=0)``, first chunk), for ``0 <= i < k``;
+* ``g = rng.gumbel_noise`` of the stream ``(noise_b, position p + j)`` over the
+  vocabulary (only the emission slot ``j`` draws noise).
+
+With per-request keys a request's outputs depend only on its own inputs, key
+and position, never on the batch's size, order or other requests (XLA:CPU may
+round reductions differently in the last ulp between compiled programs; the
+tests compare logprobs across programs to 1e-5).
+
+Bad input: shape / dtype errors raise ``ValueError`` (as do concrete
+``num_draft`` outside ``[0, k]``); under ``jit`` ``num_draft`` and draft tokens
+are clamped as above.  ``B = 0`` returns empty outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsample import reference, rng
+from jaxsample.params import SamplerConfig, SamplingParams
+from jaxsample.sampling import x64_scope
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SpecResult:
+  """Emitted ``tokens`` ``[B, k + 1]`` int32 (-1 padded), ``num_accepted``
+  ``[B]`` int32 and ``logprobs`` ``[B, k + 1]`` fp32 (0 padded)."""
+
+  tokens: jax.Array
+  num_accepted: jax.Array
+  logprobs: jax.Array
+
+
+def stream_keys(key, batch_size: int) -> tuple[jax.Array, jax.Array]:
+  """``(noise_keys, accept_keys)``, raw ``[B, 2]`` uint32 (module doc)."""
+  data = rng.key_words(key)
+  if data.ndim == 1:
+    base = jax.random.wrap_key_data(data, impl="threefry2x32")
+    requests = jax.vmap(jax.random.fold_in, (None, 0))(
+        base, jnp.arange(batch_size, dtype=jnp.uint32))
+  elif data.shape == (batch_size, 2):
+    requests = jax.random.wrap_key_data(data, impl="threefry2x32")
+  else:
+    raise ValueError(f"key must be one key or {batch_size} per-request keys; "
+                     f"got key data of shape {data.shape}")
+  purpose = lambda i: jax.random.key_data(
+      jax.vmap(jax.random.fold_in, (0, None))(requests, i))
+  return purpose(0), purpose(1)
+
+
+def _check_inputs(target_logits, draft_tokens, num_draft, params, draft_logits,
+                  synthetic_rates, positions) -> None:
+  if target_logits.ndim != 3 or target_logits.shape[1] < 1:
+    raise ValueError("target_logits must be [B, k + 1, V] with k >= 0; got "
+                     f"shape {target_logits.shape}")
+  if not jnp.issubdtype(target_logits.dtype, jnp.floating):
+    raise ValueError(f"target_logits must be floating point; got "
+                     f"{target_logits.dtype}")
+  batch, k1, vocab = target_logits.shape
+  k = k1 - 1
+  if vocab == 0:
+    raise ValueError("target_logits must have a non-empty vocabulary (V >= 1)")
+  checks = [("draft_tokens", draft_tokens, (batch, k), jnp.integer),
+            ("num_draft", num_draft, (batch,), jnp.integer)]
+  if positions is not None:
+    checks.append(("positions", positions, (batch,), jnp.integer))
+  if draft_logits is not None:
+    checks.append(("draft_logits", draft_logits, (batch, k, vocab),
+                   jnp.floating))
+  if synthetic_rates is not None:
+    checks.append(("synthetic_rates", synthetic_rates, (k,), jnp.floating))
+  for name, a, shape, kind in checks:
+    if a.shape != shape or not jnp.issubdtype(a.dtype, kind):
+      raise ValueError(
+          f"{name} must be {kind.__name__} of shape {shape} (B={batch}, "
+          f"k={k}, V={vocab} from target_logits [B, k + 1, V]); got "
+          f"{a.dtype}{list(a.shape)}")
+  if params.batch_size != batch:
+    raise ValueError(f"params have batch size {params.batch_size} but "
+                     f"target_logits have {batch} requests")
+  if not isinstance(num_draft, jax.core.Tracer):
+    n = np.asarray(num_draft)
+    if n.size and (n.min() < 0 or n.max() > k):
+      raise ValueError(f"num_draft must be in [0, k={k}]; got values in "
+                       f"[{n.min()}, {n.max()}]")
+
+
+def _gather(a: jax.Array, index: jax.Array) -> jax.Array:
+  """``a[b, i, index[b, i]]`` for ``a`` ``[B, m, V]`` and ``index`` ``[B, m]``."""
+  return jnp.take_along_axis(a, index[..., None], axis=-1)[..., 0]
+
+
+def _at(a: jax.Array, j: jax.Array) -> jax.Array:
+  """Slot ``j[b]`` of each request of ``a`` ``[B, m, ...]``."""
+  j = j.reshape(j.shape + (1,) * (a.ndim - 1))
+  return jnp.take_along_axis(a, j, axis=1)[:, 0]
+
+
+def _process(logits, params):
+  """``reference.process`` and ``log_probs`` of ``[B, m, V]`` rows, in one
+  batch (equal target and draft rows get equal results)."""
+  batch, m, vocab = logits.shape
+  rows = jax.tree.map(lambda a: jnp.repeat(a, m), params)
+  proc = reference.process(logits.reshape(batch * m, vocab), rows)
+  lq = reference.log_probs(proc, rows)
+  return jax.tree.map(lambda a: a.reshape((batch, m) + a.shape[1:]),
+                      (proc, lq))
+
+
+def _reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,
+                synthetic_rates, positions, generator, fp64) -> SpecResult:
+  batch, k1, vocab = target_logits.shape
+  k = k1 - 1
+  slots = jnp.arange(k)
+  d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
+  greedy = params.temperature == 0
+  noise_keys, accept_keys = stream_keys(key, batch)
+  positions = positions.astype(jnp.uint32)
+
+  one_hot = jnp.where(jnp.arange(vocab) == d[..., None], jnp.float32(0),
+                      jnp.float32(-jnp.inf))
+  if draft_logits is None:
+    target, lt = _process(target_logits, params)
+    ld = one_hot
+  else:
+    both, lq = _process(jnp.concatenate([target_logits.astype(jnp.float32),
+                                         draft_logits.astype(jnp.float32)],
+                                        axis=1), params)
+    target, lt = jax.tree.map(lambda a: a[:, :k1], (both, lq))
+    valid_d = jnp.isfinite(both.row_max[:, k1:])
+    ld = jnp.where(valid_d[..., None], lq[:, k1:], one_hot)
+  valid_t = jnp.isfinite(target.row_max)  # [B, k + 1]
+
+  # Acceptance uniforms: vocab index 0 of stream (accept_b, p + i).
+  streams, _ = rng.row_streams(
+      jnp.repeat(accept_keys, k, axis=0),
+      (positions[:, None] + slots.astype(jnp.uint32)).reshape(-1),
+      batch * k, vocab)
+  ((_, bits), *_) = rng.tile_bits(generator, streams, 0, jnp.uint32(0))
+  u = rng.uniform(bits).reshape(batch, k)
+
+  lt_d = _gather(lt[:, :k], d)
+  ld_d = _gather(ld, d)
+  if synthetic_rates is None:
+    ratio = jnp.where(ld_d > -jnp.inf, lt_d - ld_d, -jnp.inf)
+    stochastic = jnp.log(u) < ratio
+    argmax = jnp.argmax(target.y[:, :k], axis=-1)
+    accept = jnp.where(greedy[:, None], d == argmax, stochastic)
+  else:
+    accept = u < synthetic_rates.astype(jnp.float32)
+  accept &= valid_t[:, :k] & (slots < n[:, None])
+  j = jnp.sum(jnp.cumprod(accept, axis=1), axis=1).astype(jnp.int32)
+
+  # Emission at slot j: residual draw after a rejection, else plain sampling.
+  streams, _ = rng.row_streams(noise_keys, positions + j.astype(jnp.uint32),
+                               batch, vocab)
+  noise = rng.gumbel_noise(generator, streams, vocab, fp64=fp64)
+  target_j = jax.tree.map(lambda a: _at(a, j), target)
+  plain = reference.race_tokens(target_j, params, noise)
+  lt_j = _at(lt, j)
+  ld_j = _at(ld, jnp.minimum(j, k - 1)) if k else jnp.full_like(lt_j, -jnp.inf)
+  log_res = jnp.where(ld_j < lt_j, lt_j + jnp.log1p(-jnp.exp(ld_j - lt_j)),
+                      -jnp.inf)
+  residual = jnp.argmax(log_res.astype(noise.dtype) + noise, axis=-1)
+  use_residual = ((j < n) & ~greedy & jnp.isfinite(target_j.row_max) &
+                  jnp.any(log_res > -jnp.inf, axis=-1))
+  token = jnp.where(use_residual, residual, plain).astype(jnp.int32)
+
+  all_slots = jnp.arange(k1)
+  tokens = jnp.concatenate([d, jnp.zeros((batch, 1), jnp.int32)], axis=1)
+  tokens = jnp.where(all_slots == j[:, None], token[:, None], tokens)
+  logprobs = _gather(lt, tokens)
+  emitted = all_slots <= j[:, None]
+  return SpecResult(jnp.where(emitted, tokens, -1), j,
+                    jnp.where(emitted, logprobs, 0.0).astype(jnp.float32))
+
+
+def rejection_sample(target_logits: jax.Array,
+                     draft_tokens: jax.Array,
+                     num_draft: jax.Array,
+                     params: SamplingParams,
+                     key: jax.Array,
+                     *,
+                     draft_logits: jax.Array | None = None,
+                     synthetic_rates: jax.Array | None = None,
+                     positions: jax.Array | None = None,
+                     config: SamplerConfig | None = None) -> SpecResult:
+  """Verifies draft tokens against the target model (module doc: exact math).
+
+  Args:
+    target_logits: ``[B, k + 1, V]`` fp32/bf16/fp16 target logits; row ``i``
+      scores the token at sequence position ``positions + i``.
+    draft_tokens: ``[B, k]`` integer draft tokens (clamped to ``[0, V)``).
+    num_draft: ``[B]`` integer count of real drafts per request (``[0, k]``;
+      clamped under ``jit``, ``ValueError`` when concrete).
+    params: per-request ``SamplingParams`` (canonicalized), used for both the
+      target and the draft distributions.
+    key: one key for the batch (request ``b`` uses ``fold_in(key, b)``) or
+      ``[B]`` per-request keys; typed keys or raw uint32 key data.
+    draft_logits: ``[B, k, V]`` draft-model logits, or None for one-hot drafts.
+    synthetic_rates: ``[k]`` per-slot conditional acceptance probabilities
+      (benchmarking), or None for real verification.
+    positions: ``[B]`` integer sequence position of the first draft token
+      (default 0); it sets the random stream's counters.
+    config: static ``SamplerConfig``; ``rng`` picks the generator and
+      ``use_fp64_gumbel`` the fp64 Gumbel race.  ``implementation`` "auto" and
+      "xla" run this reference; "pallas" raises ``NotImplementedError``.
+
+  Returns:
+    ``SpecResult``.
+  """
+  config = config or SamplerConfig()
+  if config.implementation == "pallas":
+    raise NotImplementedError("the fused rejection kernel is not written yet")
+  arrays = [jnp.asarray(a) if a is not None else None
+            for a in (target_logits, draft_tokens, num_draft, draft_logits,
+                      synthetic_rates, positions)]
+  target_logits, draft_tokens, num_draft, draft_logits, synthetic_rates, \
+      positions = arrays
+  _check_inputs(target_logits, draft_tokens, num_draft, params, draft_logits,
+                synthetic_rates, positions)
+  batch, k1, vocab = target_logits.shape
+  if batch == 0:
+    stream_keys(key, 0)  # validates the key
+    return SpecResult(jnp.zeros((0, k1), jnp.int32), jnp.zeros((0,), jnp.int32),
+                      jnp.zeros((0, k1), jnp.float32))
+  if positions is None:
+    positions = jnp.zeros((batch,), jnp.int32)
+  n = jnp.clip(num_draft, 0, k1 - 1).astype(jnp.int32)
+  params = params.canonical(vocab)
+  with x64_scope(config.use_fp64_gumbel, target_logits, key, positions,
+                 *jax.tree.leaves(params)):
+    return _reject_xla(target_logits, draft_tokens, n, params, key,
+                       draft_logits, synthetic_rates, positions, config.rng,
+                       config.use_fp64_gumbel)

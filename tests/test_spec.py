@@ -1,0 +1,595 @@
+"""jaxsample.spec.rejection_sample: speculative sampling (spec.py docstring).
+
+Statistics: the token emitted at slot ``i`` (given the request reached ``i``)
+is distributed as the processed target distribution (numpy float64 oracle of
+conftest.py), over many independent requests with per-request keys.
+Bit-level checks pin the random layout: the bonus / fallback draw is
+``jaxsample.sample``'s with the noise keys, the acceptance uniform is the
+documented stream's, the residual draw is Gumbel-max on the residual.
+
+Tokens must match exactly across programs; logprobs within 1e-5 (XLA:CPU
+reductions may differ in the last ulp between programs, as in test_sample.py).
+Most tests share the shape ``[B, k + 1, V] = [64, 4, 16]`` to reuse
+compilations.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxsample
+from conftest import assert_chi2_fits, make_params, oracle_keep, run_sample
+from jaxsample import SamplerConfig, SamplingParams, rng, spec
+
+B, K, V = 64, 3, 16  # the shared workhorse shape
+_jitted = jax.jit(spec.rejection_sample, static_argnames=("config",))
+
+
+def run(target, drafts, num_draft, params, key, *, draft_logits=None,
+        rates=None, positions=None, gen="philox", jit=True, **config_kw):
+  """``rejection_sample`` as numpy; jitted with explicit positions (default
+  0) unless ``jit=False``."""
+  if jit and positions is None:
+    positions = np.zeros(len(num_draft))
+  fn = _jitted if jit else spec.rejection_sample
+  out = fn(jnp.asarray(target), jnp.asarray(drafts, jnp.int32),
+           jnp.asarray(num_draft, jnp.int32), params, key,
+           draft_logits=None if draft_logits is None else jnp.asarray(
+               draft_logits),
+           synthetic_rates=None if rates is None else jnp.float32(rates),
+           positions=None if positions is None else jnp.asarray(
+               positions, jnp.int32),
+           config=SamplerConfig(rng=gen, implementation="xla", **config_kw))
+  return jax.tree.map(np.asarray, out)
+
+
+def assert_same(a, b):
+  """Tokens and counts identical, logprobs within 1e-5 (module doc)."""
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_array_equal(a.num_accepted, b.num_accepted)
+  np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+
+
+def probs_np(x, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+  """Processed distribution of one row (float64 oracle; point mass if greedy)."""
+  x = np.asarray(x, np.float32)
+  if temperature == 0:
+    return np.eye(x.size)[np.argmax(x)]
+  y = (x / np.float32(temperature)).astype(np.float32)
+  o = oracle_keep(y, top_k, top_p, min_p)
+  assert not o.near_boundary
+  return o.probs(y)
+
+
+def assert_rate(hits, n, p, sigmas=4.0):
+  """Binomial check: ``hits`` of ``n`` trials at probability ``p``."""
+  assert abs(hits / n - p) <= sigmas * math.sqrt(p * (1 - p) / n), (hits, n, p)
+
+
+def assert_padding(out, num_accepted):
+  """``num_accepted`` as given; emitted slots hold tokens, the rest -1 / 0."""
+  pad = np.arange(out.tokens.shape[1])[None] > num_accepted[:, None]
+  np.testing.assert_array_equal(out.num_accepted, num_accepted)
+  assert np.all(out.tokens[pad] == -1) and np.all(out.tokens[~pad] >= 0)
+  assert np.all(out.logprobs[pad] == 0)
+
+
+def keys(n, seed=0):
+  return jax.random.split(jax.random.key(seed), n)
+
+
+def logits(seed, *shape, scale=1.0):
+  return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(
+      np.float32)
+
+
+# ---------------------------------------------------------------------------
+# The speculative-sampling theorem, statistically.
+# ---------------------------------------------------------------------------
+
+N, SK = 8192, 2  # requests per case, draft slots
+CASES = {
+    "plain": dict(temperature=1.0),
+    "truncated": dict(temperature=0.8, top_k=6, top_p=0.9, min_p=0.02),
+    "top_p_hot": dict(temperature=1.6, top_p=0.7),
+}
+FULL = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+
+
+@pytest.fixture(scope="module", params=["draft_logits", "one_hot"])
+def theorem(request):
+  """N requests per case on fixed logits; drafts sampled by numpy."""
+  r = np.random.default_rng(7)
+  target = logits(7, SK + 1, V, scale=2.5)
+  draft = target[:SK] + logits(8, SK, V)
+  with_logits = request.param == "draft_logits"
+  expect, ds, cols = {}, [], {f: [] for f in FULL}
+  for name, cfg in CASES.items():
+    cfg = dict(FULL, **cfg)
+    pt = [probs_np(target[i], **cfg) for i in range(SK + 1)]
+    # With draft logits the drafts follow the processed draft distribution;
+    # one-hot drafts may follow any distribution: the untruncated cold target.
+    pd = [probs_np(draft[i], **cfg) if with_logits else
+          probs_np(target[i], temperature=0.5) for i in range(SK)]
+    ds.append(np.stack([r.choice(V, size=N, p=p) for p in pd], axis=1))
+    expect[name] = (pt, pd)
+    for f in cols:
+      cols[f] += [cfg[f]] * N
+  batch = N * len(CASES)
+  res = run(np.broadcast_to(target, (batch, SK + 1, V)), np.concatenate(ds),
+            np.full(batch, SK), SamplingParams.make(batch, **cols),
+            keys(batch, 11),
+            draft_logits=np.broadcast_to(draft, (batch, SK, V))
+            if with_logits else None)
+  out = {name: jax.tree.map(lambda a: a[c * N:(c + 1) * N], res)
+         for c, name in enumerate(CASES)}
+  return with_logits, out, expect, (target, draft, np.concatenate(ds),
+                                     keys(batch, 11))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_emitted_tokens_follow_the_target_distribution(theorem, name):
+  with_logits, out, expect, _ = theorem
+  out, (pt, pd) = out[name], expect[name]
+  assert_padding(out, out.num_accepted)
+  for i in range(SK + 1):
+    rows = out.num_accepted >= i
+    assert rows.sum() >= 300, (i, rows.sum())  # enough draws to test
+    tok = out.tokens[rows, i]
+    assert_chi2_fits(tok, pt[i])
+    np.testing.assert_allclose(out.logprobs[rows, i], np.log(pt[i][tok]),
+                               rtol=0, atol=2e-5)
+  # Acceptance at slot 0: sum min(p_t, p_d), or E_{d ~ q}[p_t(d)] one-hot.
+  alpha = (np.minimum(pt[0], pd[0]).sum() if with_logits else pd[0] @ pt[0])
+  assert_rate(int((out.num_accepted >= 1).sum()), N, alpha)
+  counts = np.bincount(out.num_accepted, minlength=SK + 1)
+  assert np.all(counts >= 200), counts  # rejections at every slot: not vacuous
+
+
+def test_residual_draw_is_gumbel_max_on_the_residual(theorem):
+  """After a rejection at slot 0 ("plain" case): argmax(log max(p_t - p_d, 0)
+  + g), g the Gumbel noise of stream (fold_in(r_b, 0), position 0)."""
+  with_logits, out, expect, (target, draft, drafts, ks) = theorem
+  pt, pd = expect["plain"][0][0], probs_np(draft[0])
+  rejected = np.flatnonzero(out["plain"].num_accepted == 0)[:400]
+  assert rejected.size == 400
+  noise_keys, _ = spec.stream_keys(ks[rejected], rejected.size)
+  streams, _ = rng.row_streams(noise_keys, None, rejected.size, V)
+  g = np.asarray(rng.gumbel_noise("philox", streams, V), np.float64)
+  ties = 0
+  for row, b in enumerate(rejected):
+    p_d = pd if with_logits else np.eye(V)[drafts[b, 0]]
+    with np.errstate(divide="ignore"):
+      race = np.log(np.maximum(pt - p_d, 0)) + g[row]
+    top2 = np.sort(race)[-2:]
+    if top2[1] - top2[0] < 1e-4:  # too close to call in fp32
+      ties += 1
+    else:
+      assert out["plain"].tokens[b, 0] == np.argmax(race), b
+  assert ties <= 2
+
+
+def test_greedy_rows_accept_while_draft_is_the_argmax():
+  r = np.random.default_rng(3)
+  target = r.integers(0, 4, (B, K + 1, V)).astype(np.float32)  # many ties
+  am = np.argmax(target, axis=-1)
+  drafts = np.where(r.random((B, K)) < 0.7, am[:, :K],
+                    r.integers(0, V, (B, K)))
+  num_draft = r.integers(0, K + 1, B)
+  temps = np.where(np.arange(B) % 4 == 3, 0.9, 0.0)  # mixed with sampled rows
+  params = SamplingParams.make(B, temperature=temps, top_k=2, top_p=0.5)
+  out = run(target, drafts, num_draft, params, keys(B),
+            draft_logits=logits(3, B, K, V))
+  for b in np.flatnonzero(temps == 0):
+    j = 0
+    while j < num_draft[b] and drafts[b, j] == am[b, j]:
+      j += 1
+    want = list(drafts[b, :j]) + [am[b, j]] + [-1] * (K - j)
+    np.testing.assert_array_equal(out.tokens[b], want, err_msg=str(b))
+    assert out.num_accepted[b] == j
+    np.testing.assert_array_equal(out.logprobs[b], 0.0)
+  assert len(set(out.num_accepted[temps == 0])) == K + 1
+
+
+# ---------------------------------------------------------------------------
+# Synthetic acceptance.
+# ---------------------------------------------------------------------------
+
+SYN = 4096  # requests in the synthetic-mode batch
+
+
+def test_synthetic_rates_are_the_conditional_acceptance_rates():
+  rates = [0.85, 0.5, 0.25]
+  r = np.random.default_rng(5)
+  target = logits(5, SYN, K + 1, V, scale=2.0)
+  draft = target[:, :K] * 0.5
+  drafts = r.integers(0, V, (SYN, K))
+  temps = np.where(np.arange(SYN) % 8 == 0, 0.0, 1.0)
+  out = run(target, drafts, np.full(SYN, K),
+            SamplingParams.make(SYN, temperature=temps), keys(SYN, 2),
+            draft_logits=draft, rates=rates)
+  assert_padding(out, out.num_accepted)
+  for i, rate in enumerate(rates):
+    reached = out.num_accepted >= i
+    assert_rate(int((out.num_accepted[reached] > i).sum()), int(reached.sum()),
+                rate)
+  # Rejected sampled rows emit from the residual max(p_t - p_d, 0), with the
+  # token's target logprob; accepted drafts keep theirs.
+  sampled = temps > 0
+  for b in np.flatnonzero((out.num_accepted == 0) & sampled)[:100]:
+    pt, pd = probs_np(target[b, 0]), probs_np(draft[b, 0])
+    t = out.tokens[b, 0]
+    assert pt[t] > pd[t]
+    assert out.logprobs[b, 0] == pytest.approx(math.log(pt[t]), abs=2e-5)
+  for b in np.flatnonzero((out.num_accepted >= 1) & sampled)[:100]:
+    assert out.logprobs[b, 0] == pytest.approx(
+        math.log(probs_np(target[b, 0])[drafts[b, 0]]), abs=2e-5)
+
+
+def test_synthetic_rates_zero_and_one():
+  r = np.random.default_rng(6)
+  target = logits(6, SYN, K + 1, V)
+  drafts = r.integers(0, V, (SYN, K))
+  params = SamplingParams.make(SYN, temperature=[0.0, 1.0] * (SYN // 2))
+  n = r.integers(0, K + 1, SYN)
+  out = run(target, drafts, n, params, keys(SYN), draft_logits=target[:, :K],
+            rates=[1.0, 1.0, 1.0])
+  assert_padding(out, n)
+  real = np.arange(K)[None] < n[:, None]
+  np.testing.assert_array_equal(out.tokens[:, :K][real], drafts[real])
+  out = run(target, drafts, n, params, keys(SYN), draft_logits=target[:, :K],
+            rates=[0.0, 1.0, 1.0])
+  assert_padding(out, np.zeros(SYN, int))
+
+
+# ---------------------------------------------------------------------------
+# Bit-level definitions: plain-sampling draws and the random layout.
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gen", ["philox", "threefry"])
+def test_zero_drafts_emit_the_plain_sample(gen):
+  r = np.random.default_rng(8)
+  target = logits(8, B, K + 1, V, scale=2.0)
+  target[r.random(target.shape) < 0.2] = -np.inf
+  params = SamplingParams.make(B, temperature=r.choice([0.0, 0.7, 1.2], B),
+                               top_k=r.choice([0, 5], B),
+                               top_p=r.choice([1.0, 0.8], B))
+  pos = r.integers(0, 2**31 - 1, B)
+  pos[0] = 2**31 - 1
+  ks = keys(B, 4)
+  out = run(target, r.integers(0, V, (B, K)), np.zeros(B), params, ks,
+            draft_logits=logits(9, B, K, V), positions=pos, gen=gen)
+  assert_padding(out, np.zeros(B, int))
+  noise_keys, _ = spec.stream_keys(ks, B)
+  want = run_sample(jnp.asarray(target[:, 0]), params, noise_keys,
+                    positions=jnp.asarray(pos, jnp.int32), rng=gen)
+  np.testing.assert_array_equal(out.tokens[:, 0], want.tokens)
+  np.testing.assert_allclose(out.logprobs[:, 0], want.logprobs, rtol=1e-5,
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize("cfg", [dict(temperature=1.0),
+                                 dict(temperature=0.5, top_k=4),
+                                 dict(temperature=2.0, top_p=0.6, min_p=0.1)])
+def test_all_accepted_when_draft_equals_target(cfg):
+  """q_t == q_d: the ratio is exactly 1 > u; the bonus is the plain sample at
+  position p + n."""
+  r = np.random.default_rng(9)
+  target = logits(9, B, K + 1, V, scale=1.5)
+  full = dict(FULL, **cfg)
+  drafts = np.array([[r.choice(V, p=probs_np(target[b, i], **full))
+                      for i in range(K)] for b in range(B)])
+  n = r.integers(0, K + 1, B)
+  pos = r.integers(0, 10**6, B)
+  params = SamplingParams.make(B, **cfg)
+  ks = keys(B, 5)
+  out = run(target, drafts, n, params, ks, draft_logits=target[:, :K],
+            positions=pos)
+  assert_padding(out, n)
+  real = np.arange(K)[None] < n[:, None]
+  np.testing.assert_array_equal(out.tokens[:, :K][real], drafts[real])
+  noise_keys, _ = spec.stream_keys(ks, B)
+  rows = np.arange(B)
+  want = run_sample(jnp.asarray(target[rows, n]), params, noise_keys,
+                    positions=jnp.asarray(pos + n, jnp.int32))
+  np.testing.assert_array_equal(out.tokens[rows, n], want.tokens)
+  np.testing.assert_allclose(out.logprobs[rows, n], want.logprobs, rtol=1e-5,
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize("gen", ["philox", "threefry"])
+def test_acceptance_uniforms_follow_the_documented_stream(gen):
+  """u_i is vocab index 0 of stream (fold_in(r_b, 1), p + i); one-hot drafts
+  accept iff log u_i < log q_t(d_i)."""
+  r = np.random.default_rng(10)
+  target = logits(10, B, K + 1, V)
+  target[:, :K] = target[:, :1]  # the same q_t(d) at every slot
+  drafts = np.repeat(r.integers(0, V, (B, 1)), K, axis=1)
+  pos = r.integers(0, 1000, B) * (gen == "philox")  # threefry: position 0
+  ks = keys(B, 6)
+  out = run(target, drafts, np.full(B, K), SamplingParams.make(B), ks,
+            positions=pos, gen=gen)
+  accept_keys = jax.random.key_data(
+      jax.vmap(jax.random.fold_in, (0, None))(ks, 1))
+  lt = np.float32([math.log(probs_np(target[b, 0])[drafts[b, 0]])
+                   for b in range(B)])
+  u = []
+  for i in range(K):
+    streams, _ = rng.row_streams(accept_keys, jnp.asarray(pos + i, jnp.int32),
+                                 B, V)
+    u.append(np.asarray(rng.uniform(rng.tile_bits(gen, streams, 0,
+                                                   jnp.uint32(0))[0][1])))
+  u = np.stack(u, axis=1)
+  if gen == "threefry":  # position 0 is jax.random's own uniform
+    u0 = [float(jax.random.uniform(jax.random.wrap_key_data(a), (1,),
+                                   minval=rng.FP32_TINY, maxval=1.0)[0])
+          for a in accept_keys]
+    np.testing.assert_array_equal(u[:, 0], u0)
+  near = np.abs(np.log(u) - lt[:, None]) < 1e-5
+  assert near.sum() <= 1
+  want = np.sum(np.cumprod(np.log(u) < lt[:, None], axis=1), axis=1)
+  ok = ~near.any(axis=1)
+  np.testing.assert_array_equal(out.num_accepted[ok], want[ok])
+  assert 0 < want.sum() < K * B
+
+
+# ---------------------------------------------------------------------------
+# Edge cases.
+# ---------------------------------------------------------------------------
+
+
+def test_k1_equals_longer_k_with_padding():
+  """Slots >= num_draft are padding: their tokens and logits change nothing."""
+  r = np.random.default_rng(12)
+  target = logits(12, B, K + 1, V)
+  draft = logits(13, B, K, V)
+  drafts = r.integers(0, V, (B, K))
+  n = r.integers(0, 2, B)
+  params = SamplingParams.make(B, temperature=[0.0, 0.9, 1.0, 1.3] * (B // 4))
+  ks = keys(B, 8)
+  short = run(target[:, :2], drafts[:, :1], n, params, ks,
+              draft_logits=draft[:, :1])
+  target[:, 2:] = np.nan  # garbage padding
+  drafts[:, 1:] = -5
+  long = run(target, drafts, n, params, ks, draft_logits=draft)
+  assert short.tokens.shape == (B, 2)
+  assert 0 < short.num_accepted.sum() < n.sum()
+  assert_same(jax.tree.map(lambda a: a[:, :2] if a.ndim == 2 else a, long),
+              short)
+  assert np.all(long.tokens[:, 2:] == -1)
+
+
+@pytest.mark.parametrize("zero", ["target", "draft", "one_hot_target"])
+def test_drafts_with_zero_probability_are_rejected(zero):
+  """q_t(d) = 0 (by -inf or by top-k) or q_d(d) = 0: always rejected."""
+  r = np.random.default_rng(13)
+  target = logits(13, B, K + 1, V)
+  draft = logits(14, B, K, V)
+  drafts = r.integers(0, V, (B, K))
+  rows = np.arange(B)
+  x = draft if zero == "draft" else target
+  x[rows[::2], 0, drafts[::2, 0]] = -np.inf
+  x[rows[1::2], 0, drafts[1::2, 0]] = -50.0
+  out = run(target, drafts, np.full(B, K), SamplingParams.make(B, top_k=4),
+            keys(B), draft_logits=None if zero == "one_hot_target" else draft)
+  assert_padding(out, np.zeros(B, int))
+  if zero != "draft":
+    assert np.all(out.tokens[:, 0] != drafts[:, 0])
+  for b in range(B):
+    pt = probs_np(target[b, 0], top_k=4)
+    assert out.logprobs[b, 0] == pytest.approx(
+        math.log(pt[out.tokens[b, 0]]), abs=2e-5)
+
+
+def test_zero_residual_falls_back_to_the_target():
+  """q_t == q_d and d outside the kept set: rejected, zero residual, so the
+  emitted token is the plain sample of the target row."""
+  target = logits(14, B, K + 1, V)
+  drafts = np.argsort(target[:, :K], axis=-1)[..., 0]  # the least likely
+  params = SamplingParams.make(B, temperature=0.8, top_k=3)
+  ks = keys(B, 9)
+  out = run(target, drafts, np.full(B, K), params, ks,
+            draft_logits=target[:, :K])
+  assert_padding(out, np.zeros(B, int))
+  noise_keys, _ = spec.stream_keys(ks, B)
+  want = run_sample(jnp.asarray(target[:, 0]), params, noise_keys,
+                    positions=jnp.zeros(B, jnp.int32))
+  np.testing.assert_array_equal(out.tokens[:, 0], want.tokens)
+  np.testing.assert_allclose(out.logprobs[:, 0], want.logprobs, rtol=1e-5,
+                             atol=1e-5)
+
+
+def test_invalid_rows():
+  base = np.linspace(-1, 1, V, dtype=np.float32)
+  target = np.tile(base, (B, K + 1, 1))
+  drafts = np.full((B, K), 3)
+  draft = np.tile(base, (B, K, 1))
+  target[0, 1, 5] = np.nan  # slot 0 accepted (q_t == q_d), slot 1 invalid
+  target[1, 0] = -np.inf  # greedy row without a finite logit at slot 0
+  target[2, 0] = -np.inf  # invalid draft row: one-hot fallback, and ...
+  target[2, 0, 3] = 0.0  # ... q_t(d) = 1: always accepted
+  draft[2, 0] = np.nan
+  target[3, 0, 6] = np.inf  # invalid slot 0 of a sampled row
+  target[4, 2] = np.nan  # invalid beyond the stop: no effect
+  target[4, 0, 3] = -np.inf
+  target[5, 0, 3] = np.nan  # greedy: d is the invalid row's argmax, rejected
+  temps = np.ones(B)
+  temps[[1, 5]] = 0.0
+  params = SamplingParams.make(B, temperature=temps)
+  out = run(target, drafts, np.full(B, K), params, keys(B), draft_logits=draft)
+  np.testing.assert_array_equal(out.tokens[0, :3], [3, 5, -1])
+  assert out.num_accepted[0] == 1 and out.logprobs[0, 1] == -np.inf
+  np.testing.assert_array_equal(out.tokens[1], [0, -1, -1, -1])
+  assert out.logprobs[1, 0] == -np.inf
+  assert out.num_accepted[2] == K and out.logprobs[2, 0] == 0
+  np.testing.assert_array_equal(out.tokens[3], [6, -1, -1, -1])
+  assert out.logprobs[3, 0] == -np.inf
+  assert out.num_accepted[4] == 0 and np.isfinite(out.logprobs[4, 0])
+  target[4, 2] = base
+  again = run(target, drafts, np.full(B, K), params, keys(B),
+              draft_logits=draft)
+  np.testing.assert_array_equal(again.tokens[4], out.tokens[4])
+  np.testing.assert_array_equal(out.tokens[5], [3, -1, -1, -1])
+  assert out.logprobs[5, 0] == -np.inf
+  np.testing.assert_array_equal(out.num_accepted[6:], K)  # untouched rows
+
+
+def test_k0_is_plain_sampling():
+  target = logits(22, B, 1, V)
+  params = SamplingParams.make(B, temperature=[0.0, 0.8] * (B // 2), top_k=5)
+  ks = keys(B, 13)
+  out = run(target, np.zeros((B, 0)), np.zeros(B), params, ks)
+  assert out.tokens.shape == (B, 1)
+  noise_keys, _ = spec.stream_keys(ks, B)
+  want = run_sample(jnp.asarray(target[:, 0]), params, noise_keys,
+                    positions=jnp.zeros(B, jnp.int32))
+  np.testing.assert_array_equal(out.tokens[:, 0], want.tokens)
+  np.testing.assert_array_equal(out.num_accepted, 0)
+
+
+def test_empty_batch():
+  for key in (jax.random.key(0), keys(0)):
+    out = spec.rejection_sample(jnp.zeros((0, 3, 8)),
+                                jnp.zeros((0, 2), jnp.int32),
+                                jnp.zeros((0,), jnp.int32),
+                                SamplingParams.make(0), key)
+    assert out.tokens.shape == (0, 3) and out.tokens.dtype == jnp.int32
+    assert out.num_accepted.shape == (0,)
+    assert out.logprobs.shape == (0, 3) and out.logprobs.dtype == jnp.float32
+
+
+def test_bf16_logits_equal_their_fp32_upcast():
+  r = np.random.default_rng(15)
+  target = jnp.asarray(logits(15, B, K + 1, V, scale=3.0), jnp.bfloat16)
+  draft = jnp.asarray(logits(16, B, K, V, scale=3.0), jnp.bfloat16)
+  drafts = r.integers(0, V, (B, K))
+  params = SamplingParams.make(B, temperature=[0.0, 0.7, 1.0, 1.5] * (B // 4),
+                               top_k=[0, 5] * (B // 2))
+  n = r.integers(0, K + 1, B)
+  low = run(target, drafts, n, params, keys(B), draft_logits=draft)
+  high = run(target.astype(jnp.float32), drafts, n, params, keys(B),
+             draft_logits=draft.astype(jnp.float32))
+  assert_same(low, high)
+  assert 0 < low.num_accepted.sum() < n.sum()
+
+
+def test_batch_invariance_with_per_request_keys():
+  r = np.random.default_rng(16)
+  target = logits(16, B, K + 1, V, scale=2.0)
+  draft = target[:, :K] + logits(17, B, K, V)
+  drafts = np.argmax(draft, -1)
+  n = r.integers(0, K + 1, B)
+  pos = r.integers(0, 10**6, B)
+  params = make_params(B, temperature=r.choice([0.0, 0.6, 1.0], B),
+                       top_k=r.choice([0, 4], B), top_p=r.choice([1.0, 0.7], B))
+  ks = keys(B, 10)
+
+  def sub(idx):
+    return run(target[idx], drafts[idx], n[idx],
+               jax.tree.map(lambda a: a[idx], params), ks[idx],
+               draft_logits=draft[idx], positions=pos[idx])
+
+  full = sub(np.arange(B))
+  assert 0 < full.num_accepted.sum() < n.sum()
+  perm = r.permutation(B)
+  assert_same(jax.tree.map(lambda a: a[perm], full), sub(perm))
+  for b in (0, 5, 11):
+    assert_same(jax.tree.map(lambda a: a[[b]], full), sub(np.array([b])))
+
+
+def test_stream_keys_are_fold_ins():
+  ks = keys(5, 21)
+  fold = lambda k, i: jax.random.key_data(jax.random.fold_in(k, i))
+  for got, i in zip(spec.stream_keys(ks, 5), (0, 1)):
+    np.testing.assert_array_equal(got, [fold(k, i) for k in ks])
+  key = jax.random.key(22)
+  noise, accept = spec.stream_keys(jax.random.key_data(key), 5)
+  for b in range(5):
+    request = jax.random.fold_in(key, b)
+    np.testing.assert_array_equal(noise[b], fold(request, 0))
+    np.testing.assert_array_equal(accept[b], fold(request, 1))
+
+
+def test_batch_key_is_fold_in_per_request_and_raw_equals_typed():
+  r = np.random.default_rng(17)
+  target = logits(17, B, K + 1, V)
+  drafts = r.integers(0, V, (B, K))
+  args = (target, drafts, np.full(B, K), SamplingParams.make(B))
+  kw = dict(draft_logits=target[:, :K] + 0.5 * logits(18, B, K, V))
+  key = jax.random.key(18)
+  one = run(*args, key, **kw)
+  per = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(B))
+  assert_same(one, run(*args, per, **kw))
+  assert_same(one, run(*args, jax.random.key_data(per), **kw))
+  assert_same(one, run(*args, jax.random.key_data(key), **kw))
+
+
+def test_jit_equals_eager_and_clamps_out_of_range():
+  r = np.random.default_rng(19)
+  target = logits(19, B, K + 1, V)
+  drafts = r.integers(0, V, (B, K))
+  n = r.integers(0, K + 1, B)
+  params = SamplingParams.make(B, temperature=[0.0, 1.0] * (B // 2))
+  kw = dict(draft_logits=logits(20, B, K, V))
+  eager = run(target, drafts, n, params, keys(B), jit=False, **kw)  # positions None
+  assert_same(eager, run(target, drafts, n, params, keys(B), **kw))
+  wild_n = np.where(n == K, 99, np.where(n == 0, -3, n))
+  wild_d = np.where(drafts == 0, -7, np.where(drafts == V - 1, 10**6, drafts))
+  assert (drafts == 0).any() and (drafts == V - 1).any()
+  assert_same(eager, run(target, wild_d, wild_n, params, keys(B), **kw))
+
+
+def test_fp64_gumbel_bonus_is_the_fp64_plain_sample():
+  target = logits(21, 8, 2, 64)
+  params = SamplingParams.make(8, temperature=0.9)
+  ks = keys(8, 12)
+  out = run(target, np.zeros((8, 1)), np.zeros(8), params, ks, jit=False,
+            use_fp64_gumbel=True)
+  noise_keys, _ = spec.stream_keys(ks, 8)
+  want = run_sample(jnp.asarray(target[:, 0]), params, noise_keys, fp64=True,
+                    jit=False)
+  np.testing.assert_array_equal(out.tokens[:, 0], want.tokens)
+
+
+def _bad(**over):
+  b, k, v = 2, 3, 8
+  args = dict(target_logits=jnp.zeros((b, k + 1, v)),
+              draft_tokens=jnp.zeros((b, k), jnp.int32),
+              num_draft=jnp.full((b,), k, jnp.int32),
+              params=SamplingParams.make(b), key=jax.random.key(0))
+  args.update(over)
+  return args
+
+
+@pytest.mark.parametrize("over,match", [
+    (dict(target_logits=jnp.zeros((2, 8))), "target_logits"),
+    (dict(target_logits=jnp.zeros((2, 4, 8), jnp.int32)), "floating"),
+    (dict(target_logits=jnp.zeros((2, 4, 0))), "vocabulary"),
+    (dict(draft_tokens=jnp.zeros((2, 2), jnp.int32)), "draft_tokens"),
+    (dict(draft_tokens=jnp.zeros((2, 3))), "draft_tokens"),
+    (dict(num_draft=jnp.zeros((3,), jnp.int32)), "num_draft"),
+    (dict(num_draft=jnp.int32([0, 4])), r"num_draft must be in \[0, k=3\]"),
+    (dict(num_draft=jnp.int32([-1, 0])), r"num_draft must be in"),
+    (dict(draft_logits=jnp.zeros((2, 3, 7))), "draft_logits"),
+    (dict(draft_logits=jnp.zeros((2, 4, 8))), "draft_logits"),
+    (dict(synthetic_rates=jnp.zeros((4,))), "synthetic_rates"),
+    (dict(positions=jnp.zeros((2,))), "positions"),
+    (dict(params=SamplingParams.make(3)), "batch size"),
+    (dict(key=keys(3)), "per-request keys"),
+])
+def test_bad_inputs_raise_value_error(over, match):
+  with pytest.raises(ValueError, match=match):
+    spec.rejection_sample(**_bad(**over))
+
+
+def test_pallas_is_not_written_yet():
+  with pytest.raises(NotImplementedError, match="not written yet"):
+    spec.rejection_sample(**_bad(),
+                          config=SamplerConfig(implementation="pallas"))
+  assert jaxsample.spec is spec
