@@ -1,9 +1,11 @@
 """jaxsample: exact, reproducible LLM token samplers for JAX with Pallas GPU kernels."""
 
+from jaxsample.mask import SamplingMask, extract_sampling_mask
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.reference import SampleResult
 from jaxsample.sampling import sample
 from jaxsample import spec
 
-__all__ = ["SampleResult", "SamplerConfig", "SamplingParams", "sample"]
+__all__ = ["SampleResult", "SamplerConfig", "SamplingMask", "SamplingParams",
+           "extract_sampling_mask", "sample"]
 __version__ = "0.1.0"

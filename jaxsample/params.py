@@ -163,6 +163,8 @@ class SamplerConfig:
     num_splits: vocab splits per row (programs per row); None: heuristic.
     num_warps: Triton warps per program; None: heuristic.
     num_stages: Triton pipelining stages; None: heuristic.
+    max_mask_ids: ``K_cap``, the static width of ``SamplingMask.ids`` (kept
+      ids listed per row; see ``jaxsample.mask``), >= 1.
   """
 
   rng: str = "philox"
@@ -172,6 +174,7 @@ class SamplerConfig:
   num_splits: int | None = None
   num_warps: int | None = None
   num_stages: int | None = None
+  max_mask_ids: int = 1024
 
   def __post_init__(self):
     if self.rng not in rng.GENERATORS:
@@ -187,3 +190,7 @@ class SamplerConfig:
       value = getattr(self, name)
       if value is not None and value < 1:
         raise ValueError(f"{name} must be >= 1; got {value}")
+    if isinstance(self.max_mask_ids, bool) or not isinstance(
+        self.max_mask_ids, (int, np.integer)) or self.max_mask_ids < 1:
+      raise ValueError(f"max_mask_ids must be an int >= 1; got "
+                       f"{self.max_mask_ids!r}")

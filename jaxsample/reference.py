@@ -183,9 +183,14 @@ def race_tokens(proc: Processed, params: SamplingParams,
 
 def sample_reference(logits: jax.Array, params: SamplingParams,
                      streams: rng.RowStreams, *, generator: str,
-                     fp64: bool = False) -> SampleResult:
-  """The reference sampler (module doc) for canonical params and row streams."""
-  proc = process(logits, params)
+                     fp64: bool = False,
+                     proc: Processed | None = None) -> SampleResult:
+  """The reference sampler (module doc) for canonical params and row streams.
+
+  ``proc``: ``process(logits, params)`` if the caller has it already
+  (``sample(..., return_mask=True)`` shares it with the mask).
+  """
+  proc = process(logits, params) if proc is None else proc
   noise = rng.gumbel_noise(generator, streams, logits.shape[1], fp64=fp64)
   tokens = race_tokens(proc, params, noise)
   x_token = jnp.take_along_axis(proc.x, tokens[:, None], axis=-1)[:, 0]

@@ -7,7 +7,7 @@ import contextlib
 import jax
 import jax.numpy as jnp
 
-from jaxsample import reference, rng
+from jaxsample import mask, reference, rng
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.reference import SampleResult
 
@@ -55,7 +55,9 @@ def sample(logits: jax.Array,
            key: jax.Array,
            *,
            positions: jax.Array | None = None,
-           config: SamplerConfig | None = None) -> SampleResult:
+           config: SamplerConfig | None = None,
+           return_mask: bool = False
+           ) -> SampleResult | tuple[SampleResult, mask.SamplingMask]:
   """Samples one token per row of ``logits`` ``[B, V]``.
 
   Equivalent to the reference in ``jaxsample.reference``: temperature, then
@@ -73,11 +75,18 @@ def sample(logits: jax.Array,
     config: static ``SamplerConfig``.  With ``use_fp64_gumbel`` inside your
       own ``jax.jit``, call the jitted function under
       ``with jax.enable_x64(True):`` (a clear error says so otherwise).
+    return_mask: static; also return the ``SamplingMask`` of the kept sets the
+      tokens were drawn from (``jaxsample.mask``; ``config.max_mask_ids``
+      wide).  The mask is always computed by the XLA path from the
+      ``reference.process`` result the XLA sampler draws with; with
+      ``implementation="pallas"`` the tokens still come from the kernel, whose
+      tokens are bit-identical to the reference's.
 
   Returns:
     ``SampleResult`` with ``tokens`` ``[B]`` int32 (always in ``[0, V)``),
     ``logprobs`` ``[B]`` fp32 under the processed distribution and ``valid``
-    ``[B]`` (False for rows with NaN, +inf or no finite logit).
+    ``[B]`` (False for rows with NaN, +inf or no finite logit); with
+    ``return_mask``, the pair ``(SampleResult, SamplingMask)``.
   """
   config = config or SamplerConfig()
   logits = jnp.asarray(logits)
@@ -85,17 +94,23 @@ def sample(logits: jax.Array,
   batch, vocab = logits.shape
   streams, _ = rng.row_streams(key, positions, batch, vocab)
   params = params.canonical(vocab)
+  proc = reference.process(logits, params) if return_mask else None
   if batch == 0:
-    return SampleResult(jnp.zeros((0,), jnp.int32), jnp.zeros((0,),
-                                                                jnp.float32),
-                        jnp.zeros((0,), bool))
-  with x64_scope(config.use_fp64_gumbel, logits, key, positions,
-                 *jax.tree.leaves(params)):
-    xla = lambda: reference.sample_reference(
-        logits, params, streams, generator=config.rng,
-        fp64=config.use_fp64_gumbel)
-    if not use_pallas(config):
-      return xla()
-    from jaxsample.pallas import gumbel  # pylint: disable=g-import-not-at-top
-    kernel = lambda: gumbel.sample_untruncated(logits, params, streams, config)
-    return jax.lax.cond(jnp.any(params.truncates()), xla, kernel)
+    result = SampleResult(jnp.zeros((0,), jnp.int32),
+                          jnp.zeros((0,), jnp.float32), jnp.zeros((0,), bool))
+  else:
+    with x64_scope(config.use_fp64_gumbel, logits, key, positions,
+                   *jax.tree.leaves(params)):
+      xla = lambda: reference.sample_reference(
+          logits, params, streams, generator=config.rng,
+          fp64=config.use_fp64_gumbel, proc=proc)
+      if use_pallas(config):
+        from jaxsample.pallas import gumbel  # pylint: disable=g-import-not-at-top
+        kernel = lambda: gumbel.sample_untruncated(logits, params, streams,
+                                                   config)
+        result = jax.lax.cond(jnp.any(params.truncates()), xla, kernel)
+      else:
+        result = xla()
+  if not return_mask:
+    return result
+  return result, mask.from_processed(proc, params, config.max_mask_ids)

@@ -1,0 +1,154 @@
+"""Sampling masks: the kept set each row was sampled from, with its mass.
+
+For request ``b`` with tempered logits ``y = logits / T`` and kept set ``K``
+(``jaxsample.reference``, steps 2 and 4; ``reference.process`` computes both
+for the sampler and for this module), ``SamplingMask`` holds, with shapes fixed
+by ``K_cap = SamplerConfig.max_mask_ids``:
+
+* ``ids`` ``[B, K_cap]`` int32: ``K`` by descending ``y`` (descending
+  probability), the smallest id first among equal values, padded with -1;
+  when ``|K| > K_cap`` the first ``K_cap`` ids of that order;
+* ``count`` ``[B]`` int32: ``|K|``, exact even past ``K_cap``;
+* ``lse`` ``[B]`` fp32: ``logsumexp(y)`` over the finite entries;
+* ``logz`` ``[B]`` fp32: ``log`` of ``K``'s mass under ``softmax(y)``, i.e.
+  ``logsumexp_K(y) - lse``;
+* ``truncated`` ``[B]`` bool: ``ids`` lists ``K``.  False exactly when the row
+  is valid, sampled (``T > 0``) and ``K`` is every finite entry (no filter
+  removed anything): then ``ids`` is all -1, ``logz`` is 0 and the host form
+  is ``None``, never a full-vocabulary list;
+* ``overflow`` ``[B]`` bool: ``truncated & (count > K_cap)`` (``ids`` is then
+  incomplete; ``count`` and ``logz`` still describe all of ``K``).
+
+The truncated, renormalized log-probability of a kept id ``i`` is ``y_i - lse -
+logz`` (``= log_softmax(y)[i] - logz``); for the sampled token it is the
+sampler's ``SampleResult.logprobs``.
+
+Rows the sampler treats specially:
+
+* greedy rows (``T = 0``, where ``y = logits``): ``K = {argmax(y)}``, the
+  sampler's token (smallest id on ties).  ``count = 1``, ``truncated = True``,
+  ``logz = 0`` and ``lse = max(y)``, so the rebuilt distribution is the point
+  mass on that id (``y_i - lse - logz = 0``, the sampler's logprob): the
+  ``T -> 0`` limit of ``softmax(y / T)`` with ties broken as the sampler does.
+* invalid rows (``valid = False``: NaN, +inf, no finite entry or tempered
+  overflow): ``K`` is empty, matching the sampler's logprob of -inf.
+  ``count = 0``, ``ids`` all -1, ``truncated = True`` (host form ``[]``, not
+  ``None``, which would claim the full distribution), ``overflow = False`` and
+  ``logz = lse = -inf``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsample import reference
+from jaxsample.params import SamplerConfig, SamplingParams
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplingMask:
+  """Kept sets of a batch (module doc); every field may carry a leading token
+  axis ``[T, B, ...]`` (one mask per emitted token, e.g. from ``jax.vmap`` over
+  speculative-decoding target rows, or ``jax.tree.map(lambda *a:
+  jnp.stack(a), *masks)`` for a list of masks)."""
+
+  ids: jax.Array
+  count: jax.Array
+  logz: jax.Array
+  lse: jax.Array
+  truncated: jax.Array
+  overflow: jax.Array
+
+  def to_lists(self) -> list:
+    """Per request, in request order, ``(ids, logz)``: the kept ids as a list
+    of ints (``None`` where not truncated; the first ``K_cap`` on overflow) and
+    ``logz`` as a float.  With a leading token axis: per request, a list of
+    ``T`` such pairs."""
+    host = jax.tree.map(np.asarray, jax.device_get(self))
+    if host.count.ndim == 1:
+      return [(host.ids[b, :host.count[b]].tolist()
+               if host.truncated[b] else None, float(host.logz[b]))
+              for b in range(host.count.shape[0])]
+    steps = [jax.tree.map(lambda a, t=t: a[t], host).to_lists()
+             for t in range(host.count.shape[0])]
+    return [[step[b] for step in steps] for b in range(host.count.shape[1])]
+
+  def to_json(self) -> list:
+    """FastDeploy's OpenAI-style ``sampling_mask`` field of each request.
+
+    Per request, in request order, a list with one entry per generated token:
+    the kept ids (a list of ints, ``to_lists``'s) or ``None`` (JSON ``null``)
+    where not truncated.  A one-step mask gives one entry per request; a mask
+    with a leading token axis gives ``T`` (speculative decoding: keep request
+    ``b``'s first ``num_emitted[b]``).  Extend each response's list with its
+    request's entries; ``json.dumps`` serializes them.  ``logz`` is not part
+    of the field (see ``to_lists``).
+    """
+    pairs = self.to_lists()
+    if self.count.ndim == 1:
+      pairs = [[pair] for pair in pairs]
+    return [[ids for ids, _ in steps] for steps in pairs]
+
+
+def from_processed(proc: reference.Processed, params: SamplingParams,
+                   max_ids: int) -> SamplingMask:
+  """The mask of rows processed by ``reference.process`` (canonical params).
+
+  The top-``max_ids`` selection runs only when some sampled row truncates.
+  """
+  batch, vocab = proc.y.shape
+  valid = jnp.isfinite(proc.row_max)
+  greedy = params.temperature == 0
+  finite = proc.y > -jnp.inf
+  argmax = jnp.argmax(proc.y, axis=-1).astype(jnp.int32)
+  keep = jnp.where(greedy[:, None], jnp.arange(vocab) == argmax[:, None],
+                   proc.keep) & valid[:, None]
+  count = jnp.sum(keep, axis=-1, dtype=jnp.int32)
+  truncated = ~valid | greedy | (count < jnp.sum(finite, axis=-1,
+                                                dtype=jnp.int32))
+  shift, log_sum = reference.logsumexp_where(proc.y, finite)
+  # logsumexp_K(y) - logsumexp(y), shifts apart so large y do not cancel.
+  logz = (proc.shift - shift) + (proc.log_sum - log_sum)
+  logz = jnp.where(truncated & ~greedy, logz, 0.0)
+  lse = jnp.where(greedy, proc.row_max, shift + log_sum)
+  logz, lse = (jnp.where(valid, v, -jnp.inf) for v in (logz, lse))
+
+  width = min(max_ids, vocab)
+  # Stable top-k: equal values keep their index order (smallest id first).
+  top = lambda: jax.lax.top_k(jnp.where(keep, proc.y, -jnp.inf), width,
+                              is_stable=True)[1]
+  # Otherwise every truncated row is greedy or invalid (count <= 1).
+  ids = jax.lax.cond(jnp.any(truncated & valid & ~greedy), top,
+                     lambda: jnp.broadcast_to(argmax[:, None], (batch, width)))
+  listed = (jnp.arange(width) < count[:, None]) & truncated[:, None]
+  ids = jnp.where(listed, ids.astype(jnp.int32), -1)
+  ids = jnp.pad(ids, ((0, 0), (0, max_ids - width)), constant_values=-1)
+  return SamplingMask(ids, count, logz.astype(jnp.float32),
+                      lse.astype(jnp.float32), truncated,
+                      truncated & (count > max_ids))
+
+
+def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
+                          config: SamplerConfig | None = None) -> SamplingMask:
+  """The sampling mask of ``logits`` ``[B, V]`` under ``params``, no sampling.
+
+  Equal to the mask of ``jaxsample.sample(logits, params, key,
+  return_mask=True, config=config)`` for any key: both come from
+  ``reference.process``.  Only ``config.max_mask_ids`` is read.
+
+  Raises:
+    ValueError: for logits that ``jaxsample.sample`` rejects.
+  """
+  # sampling imports this module.
+  from jaxsample import sampling  # pylint: disable=g-import-not-at-top
+  config = config or SamplerConfig()
+  logits = jnp.asarray(logits)
+  sampling.check_logits(logits, params)
+  params = params.canonical(logits.shape[1])
+  return from_processed(reference.process(logits, params), params,
+                        config.max_mask_ids)
