@@ -226,6 +226,20 @@ def assert_chi2_fits(tokens, probs, *, alpha: float = 1e-3):
                         f"{np.round(probs * tokens.size, 1).tolist()}")
 
 
+# Shared statistical settings: one row of STAT_VOCAB tokens drawn STAT_DRAWS
+# times per configuration (chi-square against the exact distribution).
+STAT_VOCAB = 16
+STAT_DRAWS = 4096
+STAT_CONFIGS = {
+    "plain": dict(temperature=1.0),
+    "cold": dict(temperature=0.6),
+    "top_k": dict(temperature=1.0, top_k=4),
+    "top_p": dict(temperature=1.0, top_p=0.7),
+    "min_p": dict(temperature=1.0, min_p=0.15),
+    "combined": dict(temperature=1.4, top_k=10, top_p=0.9, min_p=0.02),
+}
+
+
 def make_params(batch, **kw):
   """``SamplingParams`` built directly from arrays (no validation): the traced
   path, where out-of-range values follow ``SamplingParams.canonical``."""

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 import jaxsample
-from conftest import (IMPLEMENTATIONS, assert_chi2_fits, chi2_critical,
-                      chi2_statistic, oracle_keep)
+from conftest import (IMPLEMENTATIONS, STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB,
+                      assert_chi2_fits, chi2_critical, chi2_statistic,
+                      oracle_keep)
 from jaxsample import SamplerConfig, SamplingMask, SamplingParams
 from test_reference import KINDS, M_VALUES, P_VALUES, k_values, make_row
 
@@ -269,16 +270,7 @@ def test_sampled_token_in_mask_with_consistent_logprob(impl, truncating):
                                  result.logprobs[b], rtol=1e-5, atol=1e-5)
 
 
-STAT_VOCAB = 16
-STAT_DRAWS = 4096
-STAT_CONFIGS = {  # the untruncated ones run the Pallas kernel
-    "plain": dict(temperature=1.0),
-    "cold": dict(temperature=0.6),
-    "top_k": dict(temperature=1.0, top_k=4),
-    "top_p": dict(temperature=1.0, top_p=0.7),
-    "min_p": dict(temperature=1.0, min_p=0.15),
-    "combined": dict(temperature=1.4, top_k=10, top_p=0.9, min_p=0.02),
-}
+# STAT_CONFIGS (conftest): the untruncated ones run the Pallas kernel.
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import (assert_chi2_fits, chi2_critical, chi2_statistic,
-                      make_params, oracle_keep)
+from conftest import (STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB, assert_chi2_fits,
+                      chi2_critical, chi2_statistic, make_params, oracle_keep)
 from jaxsample import SamplingParams, reference, rng
 
 
@@ -240,16 +240,6 @@ def test_threefry_per_request_keys_position0_match_categorical():
 # Statistics: sampled frequencies vs the exact processed distribution.
 # ---------------------------------------------------------------------------
 
-STAT_VOCAB = 16
-STAT_DRAWS = 4096
-STAT_CONFIGS = {
-    "plain": dict(temperature=1.0),
-    "cold": dict(temperature=0.6),
-    "top_k": dict(temperature=1.0, top_k=4),
-    "top_p": dict(temperature=1.0, top_p=0.7),
-    "min_p": dict(temperature=1.0, min_p=0.15),
-    "combined": dict(temperature=1.4, top_k=10, top_p=0.9, min_p=0.02),
-}
 
 
 @pytest.fixture(scope="module")
