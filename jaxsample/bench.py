@@ -86,7 +86,8 @@ def measure_bandwidth(gib: float = 2.0) -> float:
   return 2 * n * 4 / (t * 1e-6)
 
 
-def _inputs(batch, vocab, dtype, seed=0):
+def rotating_inputs(batch, vocab, dtype, seed=0):
+  """Distinct random logits buffers, enough to exceed 2x the L2 (at most 64)."""
   n_bytes = batch * vocab * jnp.dtype(dtype).itemsize
   count = int(min(64, max(2, -(-2 * L2_BYTES // max(n_bytes, 1)))))
   keys = jax.random.split(jax.random.key(seed), count)
@@ -172,7 +173,7 @@ def main(argv=None) -> int:
   print(header)
   for dtype in args.dtypes.split(","):
     for batch in [int(b) for b in args.batch.split(",")]:
-      inputs = _inputs(batch, args.vocab, jnp.dtype(dtype))
+      inputs = rotating_inputs(batch, args.vocab, jnp.dtype(dtype))
       floor_us = batch * args.vocab * jnp.dtype(dtype).itemsize / bandwidth * 1e6
       for name, fn in ops(batch, args.temperature, args.fp64).items():
         if selected and not any(s in name for s in selected):

@@ -18,7 +18,7 @@ def main() -> int:
   bandwidth = bench.measure_bandwidth()
   print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
   for dtype, batch in itertools.product(["float32", "bfloat16"], [1, 32, 128, 256, 512]):
-    inputs = bench._inputs(batch, vocab, jnp.dtype(dtype))
+    inputs = bench.rotating_inputs(batch, vocab, jnp.dtype(dtype))
     floor = batch * vocab * jnp.dtype(dtype).itemsize / bandwidth * 1e6
     params = js.SamplingParams.make(batch, temperature=0.7)
     key = jax.random.key(1)
