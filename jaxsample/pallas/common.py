@@ -163,20 +163,54 @@ class Noise:
   wide: bool
 
 
-def chunk_loop(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
-               load: Callable[[jax.Array, jax.Array], Any],
-               step: Callable[[Any, Chunk, Any], Any], carry, *,
-               noise: Noise | None = None):
-  """Folds ``step(carry, chunk, loaded)`` over the chunks of one split.
+@dataclasses.dataclass(frozen=True)
+class Tile:
+  """One loop step of ``tile_loop``: ``len(starts)`` chunks of one RNG tile.
+
+  ``bits()`` emits the generator's code for the tile's random bits where it
+  is called, so a step can draw noise only inside the branch that needs it.
+  """
+
+  start: jax.Array
+  lanes: jax.Array
+  chunk: int
+  num_chunks: int
+  noise: Noise | None
+  math: KernelMath
+
+  def index(self, c: int) -> jax.Array:
+    """Local vocab ids of chunk ``c``."""
+    return self.start + c * self.chunk + self.lanes.astype(jnp.int32)
+
+  def bits(self) -> list:
+    """Per-chunk random bits of the tile's global ids (``Noise`` required)."""
+    noise = self.noise
+    global_start = (self.start + noise.vocab_offset).astype(jnp.uint32)
+    return [b for _, b in rng.tile_bits(noise.generator, noise.stream,
+                                        global_start, self.lanes,
+                                        wide=noise.wide,
+                                        mulhilo=self.math.mulhilo)]
+
+  def chunks(self) -> list[Chunk]:
+    """The tile's chunks with their bits (drawn here when ``noise`` is set)."""
+    bits = self.bits() if self.noise else [None] * self.num_chunks
+    return [Chunk(self.index(c), b) for c, b in enumerate(bits)]
+
+
+def tile_loop(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
+              load: Callable[[jax.Array, jax.Array], Any],
+              step: Callable[[Any, Tile, tuple], Any], carry, *,
+              noise: Noise | None = None):
+  """Folds ``step(carry, tile, loaded)`` over the RNG tiles of one split.
 
   ``load(start, mask)`` reads one chunk (masked lanes filled by the caller's
-  choice).  Loads run one tile ahead of the compute: each step issues the next
-  tile's loads before it processes the current tile, so a program keeps two
-  tiles of reads in flight (the loop body holds data-dependent branches that
-  Triton's pipeliner does not reorder).  ``vocab`` is the local row length
-  (loads past it are masked).  With ``noise``, each chunk carries the random
-  bits of its global vocab ids (``vocab_offset`` + local id, ``vocab_offset`` a
-  multiple of the tile).
+  choice); ``loaded`` holds the tile's chunks.  Loads run one tile ahead of
+  the compute: each step issues the next tile's loads before it processes the
+  current tile, so a program keeps two tiles of reads in flight (the loop body
+  holds data-dependent branches that Triton's pipeliner does not reorder).
+  ``vocab`` is the local row length (loads past it are masked).  With
+  ``noise``, ``tile.bits()`` are the random bits of the global vocab ids
+  (``vocab_offset`` + local id, ``vocab_offset`` a multiple of the tile).
   """
   lanes = jnp.arange(plan.chunk, dtype=jnp.uint32)
   lanes_i32 = lanes.astype(jnp.int32)
@@ -192,20 +226,27 @@ def chunk_loop(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
     carry, loaded = state
     tile_start = split_start + i * plan.tile
     upcoming = load_tile(tile_start + plan.tile)
-    if noise is None:
-      bits = [None] * len(offsets)
-    else:
-      global_start = (tile_start + noise.vocab_offset).astype(jnp.uint32)
-      bits = [b for _, b in rng.tile_bits(noise.generator, noise.stream,
-                                          global_start, lanes, wide=noise.wide,
-                                          mulhilo=math.mulhilo)]
-    for offset, chunk_bits, value in zip(offsets, bits, loaded):
-      index = tile_start + offset + lanes_i32
-      carry = step(carry, Chunk(index, chunk_bits), value)
-    return carry, upcoming
+    tile = Tile(tile_start, lanes, plan.chunk, len(offsets), noise, math)
+    return step(carry, tile, loaded), upcoming
 
   carry, _ = lax.fori_loop(0, plan.steps, body, (carry, load_tile(split_start)))
   return carry
+
+
+def chunk_loop(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
+               load: Callable[[jax.Array, jax.Array], Any],
+               step: Callable[[Any, Chunk, Any], Any], carry, *,
+               noise: Noise | None = None):
+  """``tile_loop`` folding ``step(carry, chunk, loaded)`` chunk by chunk
+  (every chunk's bits drawn up front)."""
+
+  def tile_step(carry, tile, loaded):
+    for chunk, value in zip(tile.chunks(), loaded):
+      carry = step(carry, chunk, value)
+    return carry
+
+  return tile_loop(plan, math, split_start, vocab, load, tile_step, carry,
+                   noise=noise)
 
 
 def row_chunk_loader(x_ref, row, size: int, fill=-jnp.inf):
