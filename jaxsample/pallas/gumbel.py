@@ -252,10 +252,15 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
 
 def sample_untruncated(logits: jax.Array, params: SamplingParams,
                        streams: rng.RowStreams,
-                       config: SamplerConfig) -> SampleResult:
-  """Kernel sampling for canonical params with no filter on (any row)."""
+                       config: SamplerConfig):
+  """Kernel sampling of every row as if no filter were on.
+
+  Returns ``(SampleResult, row_max, lse)``: ``row_max = max(y)`` and ``lse =
+  logsumexp(y)`` of each row (``y = x / T``; ``y = x`` on greedy rows).
+  """
   partials = gumbel_partials(logits, params.temperature, streams, config)
   token, row_max, lse = combine_partials(partials)
   x_token = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
-  return reference.finalize(reference.sanitize(x_token), params, token, lse,
-                            row_max)
+  result = reference.finalize(reference.sanitize(x_token), params, token, lse,
+                              row_max)
+  return result, row_max, lse[0] + lse[1]
