@@ -95,42 +95,54 @@ class SamplingMask:
     return [[ids for ids, _ in steps] for steps in pairs]
 
 
-def from_processed(proc: reference.Processed, params: SamplingParams,
-                   max_ids: int) -> SamplingMask:
-  """The mask of rows processed by ``reference.process`` (canonical params).
+def assemble(*, valid, greedy, token, count, finite, logz, lse, row_max,
+             ordered_ids, max_ids: int) -> SamplingMask:
+  """Builds the mask from per-row facts (``[B]`` each) of any sampler path.
 
-  The top-``max_ids`` selection runs only when some sampled row truncates.
+  ``count``/``logz``/``lse``: ``|K|``, ``logsumexp_K(y) - lse`` and
+  ``logsumexp(y)`` of sampled rows; ``finite`` the row's number of finite
+  entries; ``token`` the sampler's token (greedy rows' ``K``); ``row_max =
+  max(y)``.  ``ordered_ids()`` gives ``K`` by descending ``y`` (smallest id
+  first on ties), ``[B, w]`` with ``w <= max_ids``; it runs only when some
+  sampled row truncates.
   """
-  batch, vocab = proc.y.shape
-  valid = jnp.isfinite(proc.row_max)
-  greedy = params.temperature == 0
-  finite = proc.y > -jnp.inf
-  argmax = jnp.argmax(proc.y, axis=-1).astype(jnp.int32)
-  keep = jnp.where(greedy[:, None], jnp.arange(vocab) == argmax[:, None],
-                   proc.keep) & valid[:, None]
-  count = jnp.sum(keep, axis=-1, dtype=jnp.int32)
-  truncated = ~valid | greedy | (count < jnp.sum(finite, axis=-1,
-                                                dtype=jnp.int32))
-  shift, log_sum = reference.logsumexp_where(proc.y, finite)
-  # logsumexp_K(y) - logsumexp(y), shifts apart so large y do not cancel.
-  logz = (proc.shift - shift) + (proc.log_sum - log_sum)
+  count = jnp.where(valid, jnp.where(greedy, 1, count), 0).astype(jnp.int32)
+  truncated = ~valid | greedy | (count < finite)
   logz = jnp.where(truncated & ~greedy, logz, 0.0)
-  lse = jnp.where(greedy, proc.row_max, shift + log_sum)
-  logz, lse = (jnp.where(valid, v, -jnp.inf) for v in (logz, lse))
-
-  width = min(max_ids, vocab)
-  # Stable top-k: equal values keep their index order (smallest id first).
-  top = lambda: jax.lax.top_k(jnp.where(keep, proc.y, -jnp.inf), width,
-                              is_stable=True)[1]
-  # Otherwise every truncated row is greedy or invalid (count <= 1).
-  ids = jax.lax.cond(jnp.any(truncated & valid & ~greedy), top,
-                     lambda: jnp.broadcast_to(argmax[:, None], (batch, width)))
+  lse = jnp.where(greedy, row_max, lse)
+  logz, lse = (jnp.where(valid, v, -jnp.inf).astype(jnp.float32)
+               for v in (logz, lse))
+  width = jax.eval_shape(ordered_ids).shape[1]
+  points = jnp.broadcast_to(token[:, None], (token.shape[0], width))
+  ids = jax.lax.cond(jnp.any(truncated & valid & ~greedy),
+                     lambda: jnp.where(greedy[:, None], points, ordered_ids()),
+                     lambda: points)
   listed = (jnp.arange(width) < count[:, None]) & truncated[:, None]
   ids = jnp.where(listed, ids.astype(jnp.int32), -1)
   ids = jnp.pad(ids, ((0, 0), (0, max_ids - width)), constant_values=-1)
-  return SamplingMask(ids, count, logz.astype(jnp.float32),
-                      lse.astype(jnp.float32), truncated,
+  return SamplingMask(ids, count, logz, lse, truncated,
                       truncated & (count > max_ids))
+
+
+def from_processed(proc: reference.Processed, params: SamplingParams,
+                   max_ids: int) -> SamplingMask:
+  """The mask of rows processed by ``reference.process`` (canonical params)."""
+  vocab = proc.y.shape[1]
+  finite = proc.y > -jnp.inf
+  shift, log_sum = reference.logsumexp_where(proc.y, finite)
+  # logsumexp_K(y) - logsumexp(y), shifts apart so large y do not cancel.
+  logz = (proc.shift - shift) + (proc.log_sum - log_sum)
+  width = min(max_ids, vocab)
+  # Stable top-k: equal values keep their index order (smallest id first).
+  ordered = lambda: jax.lax.top_k(jnp.where(proc.keep, proc.y, -jnp.inf),
+                                  width, is_stable=True)[1]
+  return assemble(
+      valid=jnp.isfinite(proc.row_max), greedy=params.temperature == 0,
+      token=jnp.argmax(proc.y, axis=-1).astype(jnp.int32),
+      count=jnp.sum(proc.keep, axis=-1, dtype=jnp.int32),
+      finite=jnp.sum(finite, axis=-1, dtype=jnp.int32), logz=logz,
+      lse=shift + log_sum, row_max=proc.row_max, ordered_ids=ordered,
+      max_ids=max_ids)
 
 
 def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,

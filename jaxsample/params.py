@@ -165,6 +165,9 @@ class SamplerConfig:
     num_stages: Triton pipelining stages; None: heuristic.
     max_mask_ids: ``K_cap``, the static width of ``SamplingMask.ids`` (kept
       ids listed per row; see ``jaxsample.mask``), >= 1.
+    max_candidates: candidate buffer per row of the truncated-sampling
+      kernels (a power of 2 >= 16); rows whose kept set is larger are
+      resampled by the sort-based XLA reference.
   """
 
   rng: str = "philox"
@@ -175,6 +178,7 @@ class SamplerConfig:
   num_warps: int | None = None
   num_stages: int | None = None
   max_mask_ids: int = 1024
+  max_candidates: int = 4096
 
   def __post_init__(self):
     if self.rng not in rng.GENERATORS:
@@ -182,10 +186,10 @@ class SamplerConfig:
     if self.implementation not in IMPLEMENTATIONS:
       raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}; got "
                        f"{self.implementation!r}")
-    if self.block_size is not None and (
-        self.block_size < 16 or self.block_size & (self.block_size - 1)):
-      raise ValueError(f"block_size must be a power of 2 >= 16; got "
-                       f"{self.block_size}")
+    for name in ("block_size", "max_candidates"):
+      value = getattr(self, name)
+      if value is not None and (value < 16 or value & (value - 1)):
+        raise ValueError(f"{name} must be a power of 2 >= 16; got {value}")
     for name in ("num_splits", "num_warps", "num_stages"):
       value = getattr(self, name)
       if value is not None and value < 1:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -94,23 +95,103 @@ def sample(logits: jax.Array,
   batch, vocab = logits.shape
   streams, _ = rng.row_streams(key, positions, batch, vocab)
   params = params.canonical(vocab)
-  proc = reference.process(logits, params) if return_mask else None
   if batch == 0:
     result = SampleResult(jnp.zeros((0,), jnp.int32),
                           jnp.zeros((0,), jnp.float32), jnp.zeros((0,), bool))
-  else:
-    with x64_scope(config.use_fp64_gumbel, logits, key, positions,
-                   *jax.tree.leaves(params)):
-      xla = lambda: reference.sample_reference(
-          logits, params, streams, generator=config.rng,
-          fp64=config.use_fp64_gumbel, proc=proc)
-      if use_pallas(config):
-        from jaxsample.pallas import gumbel  # pylint: disable=g-import-not-at-top
-        kernel = lambda: gumbel.sample_untruncated(logits, params, streams,
-                                                   config)
-        result = jax.lax.cond(jnp.any(params.truncates()), xla, kernel)
-      else:
-        result = xla()
+    empty = mask.from_processed(reference.process(logits, params), params,
+                                config.max_mask_ids)
+    return (result, empty) if return_mask else result
+  with x64_scope(config.use_fp64_gumbel, logits, key, positions,
+                 *jax.tree.leaves(params)):
+    if use_pallas(config):
+      return _sample_pallas(logits, params, streams, config, return_mask)
+    proc = reference.process(logits, params)
+    result = reference.sample_reference(
+        logits, params, streams, generator=config.rng,
+        fp64=config.use_fp64_gumbel, proc=proc)
   if not return_mask:
     return result
   return result, mask.from_processed(proc, params, config.max_mask_ids)
+
+
+def _rows(where: jax.Array, a, b):
+  """Per-row choice between two pytrees of ``[B, ...]`` arrays."""
+  return jax.tree.map(
+      lambda u, v: jnp.where(where.reshape((-1,) + (1,) * (u.ndim - 1)), u, v),
+      a, b)
+
+
+def _reference_rows(needed, logits, params, streams, config, return_mask):
+  """The reference's result (and mask), computed only if any row ``needed`` it."""
+
+  def run():
+    proc = reference.process(logits, params)
+    result = reference.sample_reference(
+        logits, params, streams, generator=config.rng,
+        fp64=config.use_fp64_gumbel, proc=proc)
+    if not return_mask:
+      return result, None
+    return result, mask.from_processed(proc, params, config.max_mask_ids)
+
+  zeros = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                               jax.eval_shape(run))
+  return jax.lax.cond(jnp.any(needed), run, zeros)
+
+
+def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
+                   config: SamplerConfig, return_mask: bool):
+  """The kernel path (``sample``'s result, with the mask if asked).
+
+  Rows with no filter, greedy rows and invalid rows take the Gumbel kernel;
+  sampled rows with a filter take the truncated kernels
+  (``jaxsample.pallas.threshold``); rows whose kept set overflows the
+  candidate buffer, and truncating rows on the FP64 path, take the sort-based
+  reference (under ``lax.cond``: only when some row needs it).
+  """
+  # pylint: disable=g-import-not-at-top
+  from jaxsample.pallas import gumbel, threshold
+  sampled = params.temperature > 0
+  truncating = params.truncates() & sampled
+  plain, plain_max, plain_lse = gumbel.sample_untruncated(logits, params,
+                                                          streams, config)
+  if config.use_fp64_gumbel:
+    complete = jnp.zeros_like(truncating)
+    trunc = None
+  else:
+    trunc = threshold.sample_truncated(logits, params, truncating, streams,
+                                       config)
+    complete = trunc.complete
+  fallback = truncating & plain.valid & ~complete
+  slow, slow_mask = _reference_rows(fallback, logits, params, streams, config,
+                                    return_mask)
+  fast = plain
+  if trunc is not None:
+    fast = SampleResult(jnp.where(complete, trunc.token, plain.tokens),
+                        jnp.where(complete, trunc.logprob, plain.logprobs),
+                        plain.valid)
+  result = _rows(fallback, slow, fast)
+  if not return_mask:
+    return result
+
+  # |K| of untruncated sampled rows: their finite entries (an XLA count, only
+  # when some such row exists).
+  untruncated = sampled & ~truncating & plain.valid
+  finite = jax.lax.cond(
+      jnp.any(untruncated),
+      lambda: jnp.sum(logits > -jnp.inf, axis=-1, dtype=jnp.int32),
+      lambda: jnp.zeros(truncating.shape, jnp.int32))
+  count, logz, lse, ordered = finite, jnp.zeros_like(plain_lse), plain_lse, (
+      lambda: jnp.zeros((logits.shape[0], 1), jnp.int32))
+  if trunc is not None:
+    count = jnp.where(complete, trunc.count, count)
+    finite = jnp.where(complete, trunc.candidates.finite, finite)
+    logz = jnp.where(complete, (trunc.row_max + trunc.log_kept) - trunc.lse,
+                     logz)
+    lse = jnp.where(complete, trunc.lse, lse)
+    ordered = functools.partial(threshold.kept_ids_by_probability, trunc,
+                                config.max_mask_ids)
+  fast_mask = mask.assemble(
+      valid=plain.valid, greedy=~sampled, token=plain.tokens, count=count,
+      finite=finite, logz=logz, lse=lse, row_max=plain_max,
+      ordered_ids=ordered, max_ids=config.max_mask_ids)
+  return result, _rows(fallback, slow_mask, fast_mask)

@@ -47,9 +47,15 @@ def sample_with_mask(logits, params, key, *, impl, positions=None, **config_kw):
                        config=config))
 
 
-def assert_masks_equal(a, b):
+def assert_masks_equal(a, b, *, exact_floats=True):
+  """Equal kept sets; ``logz``/``lse`` bit-equal, or within 1e-5 when the
+  masses come from a kernel's own summation order (``exact_floats=False``)."""
   for f in FIELDS:
-    np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+    if f in ("logz", "lse") and not exact_floats:
+      np.testing.assert_allclose(getattr(a, f), getattr(b, f), rtol=1e-5,
+                                 atol=1e-5, err_msg=f)
+    else:
+      np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
 
 
 def assert_mask_types(m, batch, cap):
@@ -261,7 +267,8 @@ def test_sampled_token_in_mask_with_consistent_logprob(impl, truncating):
   assert expected.truncated.sum() >= (batch // 2 if truncating else 5)
   for seed in range(8):
     result, m = sample_with_mask(x, params, jax.random.key(seed), impl=impl)
-    assert_masks_equal(m, expected)  # one kept set per row, whatever the key
+    # One kept set per row, whatever the key.
+    assert_masks_equal(m, expected, exact_floats=impl == "xla")
     assert result.valid.all()
     for b in range(batch):
       y, token = tempered(x[b], temps[b]), result.tokens[b]
@@ -285,8 +292,10 @@ def test_tokens_follow_the_rebuilt_distribution(impl, name):
   x = np.broadcast_to(logits, (STAT_DRAWS, STAT_VOCAB))
   params = SamplingParams.make(STAT_DRAWS, **cfg)
   result, m = sample_with_mask(x, params, jax.random.key(1234), impl=impl)
-  for f in FIELDS:  # identical rows, identical masks
-    assert np.all(getattr(m, f) == getattr(m, f)[:1]), f
+  # Identical rows, identical masks (the kernel's sum-exp shares the noisy
+  # race's reference point: its lse varies by an ulp or so with the noise).
+  assert_masks_equal(m, jax.tree.map(lambda a: np.broadcast_to(a[:1], a.shape), m),
+                     exact_floats=impl == "xla")
   y = tempered(logits, cfg["temperature"])
   kept = mask_kept(m, 0, y)
   probs = np.where(kept, np.exp(y.astype(np.float64) - m.lse[0] - m.logz[0]), 0.0)
@@ -392,8 +401,8 @@ def test_invalid_rows_keep_nothing(impl):
   assert m.to_json()[:7] == [[[]]] * 7
   # The valid row's mask is the one it has alone.
   alone = extract(x[7:], jax.tree.map(lambda a: a[7:], params))
-  for f in FIELDS:
-    np.testing.assert_array_equal(getattr(m, f)[7:], getattr(alone, f), err_msg=f)
+  assert_masks_equal(jax.tree.map(lambda a: a[7:], m), alone,
+                     exact_floats=impl == "xla")
   np.testing.assert_array_equal(listed(m, 7), np.argsort(-x[7], kind="stable")[:4])
 
 

@@ -1,0 +1,475 @@
+"""Sorting-free truncated sampling: exact top-k / top-p / min-p kept sets.
+
+Design (the pass count is fixed: two passes over each truncating row, one
+small selection over a bounded candidate buffer; rows whose kept set does not
+fit the buffer are reported ``complete = False`` and the caller resamples
+them with the sort-based XLA reference):
+
+1. ``stats`` pass (grid ``(B, S)``): per vocab split, the max of the
+   sanitized logits ``x``, ``sum exp(y - max)`` (``y = x / T``) and *group
+   maxima*: the max of ``x`` over each of ``G`` lane groups.  The group maxima
+   are actual row elements, so every bound computed from them is
+   conservative: the ``k``-th largest group maximum is ``<=`` the row's
+   ``k``-th largest value, and a value whose group-maxima mass already reaches
+   ``p * Z`` is ``<=`` the top-p threshold.
+2. ``select`` on the group maxima (bound mode) gives a per-row lower bound
+   ``L <= max(t1, t2, t3)`` of the kept set's threshold, so the kept set is
+   contained in the *candidates* ``{y >= L}``.
+3. ``compact`` pass (grid ``(B, S)``): every candidate ``y`` is written with
+   its vocab id and its Gumbel race value ``y + g`` (the reference's noise,
+   drawn only in tiles that hold a candidate) to the split's slice of a
+   candidate buffer, in vocab order; the pass also sums the mass of the
+   min-p survivors below ``L`` (top-p's normalizer when top-k is off).
+4. ``select`` on the candidates (final mode) finds the exact thresholds by a
+   32-step bisection on the order-preserving integer keys of ``y``: the
+   ``k``-th largest survivor (``t2``) and the largest value whose upper mass
+   reaches ``p`` times the survivors' mass (``t3``), then the kept count and
+   mass.  The token is the largest race value among kept candidates (smallest
+   id on ties: the buffer is in vocab order).
+
+Every partial result is a max, a sum or a list of candidates in vocab order,
+so the vocab-parallel sampler combines shards exactly as it combines splits:
+a max/sum of the stats, one candidate buffer per shard concatenated in shard
+order.
+
+Arithmetic: ``y`` and the race are the reference's bit for bit (IEEE division,
+the same noise), so ``t1``, ``t2``, ties and tokens match exactly.  Masses are
+fp32 sums in a different order than the reference's sorted cumsum: a row whose
+top-p crossing lies within fp32 rounding of ``p`` times its mass may keep an
+adjacent threshold (tests treat such rows with the oracle's admissible sets).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from jaxsample import rng
+from jaxsample.pallas import common
+from jaxsample.params import SamplerConfig, SamplingParams
+
+_LOG2E = 1.4426950408889634
+# Top-p bounds from group maxima aim this much above ``p * Z`` so fp32 sums
+# never place the bound above the exact threshold.
+_BOUND_MARGIN = 2.0**-10
+# |x * (1 / T) - x / T| <= 2 ulp: the filter widens the candidate test by this.
+_FILTER_SLACK = 2.0**-21
+_GROUP_ELEMENTS = 4096  # group maxima per row (about), before padding
+
+
+def _sanitize(x):
+  x = x.astype(jnp.float32)
+  return jnp.where(x != x, jnp.inf, x)
+
+
+# ---------------------------------------------------------------------------
+# Pass 1: stats.
+# ---------------------------------------------------------------------------
+
+
+def _stats_kernel(temp_ref, active_ref, x_ref, max_ref, sumexp_ref,
+                  groups_ref, *, plan: common.KernelPlan, vocab: int,
+                  groups: int):
+  row, split = pl.program_id(0), pl.program_id(1)
+
+  @pl.when(active_ref[row] != 0)
+  def _():
+    math = common.KernelMath(plan.interpret)
+    split_start = split * plan.split_len
+    scale = _LOG2E / temp_ref[row]
+
+    def step(carry, chunk, x):
+      lane_max, top, sumexp = carry
+      x = _sanitize(x)
+      lane_max = jnp.maximum(lane_max, x)
+      new_top = jnp.maximum(top, jnp.max(x))
+      ref = jnp.where(new_top == -jnp.inf, 0.0, new_top)
+      rescale = jnp.where(new_top == top, 1.0, jnp.exp2((top - ref) * scale))
+      e = math.exp2_approx((x - ref) * scale)
+      return lane_max, new_top, sumexp * rescale + e
+
+    init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32),
+            jnp.full((), -jnp.inf, jnp.float32),
+            jnp.zeros((plan.chunk,), jnp.float32))
+    lane_max, top, sumexp = common.chunk_loop(
+        plan, math, split_start, vocab,
+        common.row_chunk_loader(x_ref, row, plan.chunk), step, init)
+    max_ref[row, split] = top
+    sumexp_ref[row, split] = jnp.sum(sumexp)
+    groups_ref[row, split, :] = jnp.max(
+        lane_max.reshape(groups, plan.chunk // groups), axis=1)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RowStats:
+  """Per-row results of the stats pass (``[B]`` each, ``groups`` ``[B, N]``).
+
+  ``row_max = max(y)`` (valid iff finite), ``lse = logsumexp(y)`` and
+  ``groups`` the tempered group maxima (-inf padded).
+  """
+
+  row_max: jax.Array
+  lse: jax.Array
+  log_mass: jax.Array  # log sum exp(y - row_max)
+  groups: jax.Array
+
+
+def row_stats(logits, temperature, active, config: SamplerConfig) -> RowStats:
+  """Runs the stats pass on the ``active`` rows (``temperature > 0`` there)."""
+  batch, vocab = logits.shape
+  plan = common.make_plan(batch, vocab, logits.dtype, config,
+                          generator=config.rng)
+  groups = max(8, min(plan.chunk,
+                      _pow2_floor(_GROUP_ELEMENTS // plan.num_splits)))
+  shape = (batch, plan.num_splits)
+  kernel = functools.partial(_stats_kernel, plan=plan, vocab=vocab,
+                             groups=groups)
+  top, sumexp, group_max = pl.pallas_call(
+      kernel,
+      out_shape=[jax.ShapeDtypeStruct(shape, jnp.float32),
+                 jax.ShapeDtypeStruct(shape, jnp.float32),
+                 jax.ShapeDtypeStruct(shape + (groups,), jnp.float32)],
+      grid=shape, compiler_params=plan.compiler_params(),
+      interpret=plan.interpret, name="jaxsample_row_stats")(
+          temperature, active.astype(jnp.int32), logits)
+  t = jnp.where(active, temperature, 1.0)
+  x_max = jnp.where(active[:, None], top, -jnp.inf)
+  row_x_max = jnp.max(x_max, axis=-1)
+  row_max = row_x_max / t
+  ref = jnp.where(jnp.isfinite(row_x_max), row_x_max, 0.0)
+  mass = jnp.sum(jnp.where(x_max > -jnp.inf,
+                           sumexp * jnp.exp((x_max - ref[:, None]) / t[:, None]),
+                           0.0), axis=-1)
+  log_mass = jnp.log(mass)
+  group_y = group_max.reshape(batch, -1) / t[:, None]
+  width = _pow2_ceil(group_y.shape[1])
+  group_y = jnp.pad(group_y, ((0, 0), (0, width - group_y.shape[1])),
+                    constant_values=-jnp.inf)
+  return RowStats(row_max, row_max + log_mass, log_mass, group_y)
+
+
+def _pow2_floor(n: int) -> int:
+  return 1 << max(n, 1).bit_length() - 1
+
+
+def _pow2_ceil(n: int) -> int:
+  return 1 << max(n - 1, 0).bit_length()
+
+
+# ---------------------------------------------------------------------------
+# The exact threshold search over a small buffer of values.
+# ---------------------------------------------------------------------------
+
+
+def order_key(y: jax.Array) -> jax.Array:
+  """uint32 keys ordered like the fp32 values (-0.0 and +0.0 share a key)."""
+  bits = lax.bitcast_convert_type(y + 0.0, jnp.uint32)
+  negative = (bits >> jnp.uint32(31)) != 0
+  return jnp.where(negative, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def key_value(key: jax.Array) -> jax.Array:
+  """Inverse of ``order_key``."""
+  positive = (key >> jnp.uint32(31)) != 0
+  bits = jnp.where(positive, key & jnp.uint32(0x7FFFFFFF), ~key)
+  return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _largest_key(reaches) -> tuple[jax.Array, jax.Array]:
+  """``(v, found)``: the largest uint32 ``v`` with ``reaches(v)`` (monotone:
+  true below some point), built bit by bit in 32 steps; ``found`` is
+  ``reaches(0)``."""
+
+  def body(i, v):
+    candidate = v | (jnp.uint32(1) << (jnp.uint32(31) - i.astype(jnp.uint32)))
+    return jnp.where(reaches(candidate), candidate, v)
+
+  v = lax.fori_loop(0, 32, body, jnp.uint32(0))
+  return v, reaches(jnp.uint32(0))
+
+
+def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
+                   threshold_ref, count_ref, kept_mass_ref, certified_ref, *,
+                   bound: bool):
+  row = pl.program_id(0)
+  y = y_ref[row, :]
+  finite = y > -jnp.inf
+  key = order_key(y)
+  e = jnp.where(finite, jnp.exp(y - row_max_ref[row]), 0.0)
+  t1 = t1_ref[row]
+  survives = finite & (y >= t1)
+  k = k_ref[row]
+  p = p_ref[row]
+
+  def count_from(v):
+    return jnp.sum(jnp.where(survives & (key >= v), 1, 0))
+
+  def at_least_k(v):
+    return count_from(v) >= k
+
+  k_key, k_found = _largest_key(at_least_k)
+  t2 = jnp.where((k > 0) & k_found, key_value(k_key), -jnp.inf)
+  survives = survives & (y >= t2)
+  mass = mass_ref[row]
+  if bound:
+    total = mass
+  else:  # Survivors of top-k all lie in the buffer.
+    total = jnp.sum(jnp.where(survives, e, 0.0)) + jnp.where(
+        t2 > -jnp.inf, 0.0, mass)
+  target = p * total
+
+  def reaches_p(v):
+    return jnp.sum(jnp.where(survives & (key >= v), e, 0.0)) >= target
+
+  p_key, p_found = _largest_key(reaches_p)
+  t3 = jnp.where((p < 1) & p_found, key_value(p_key), -jnp.inf)
+  threshold = jnp.maximum(jnp.maximum(t1, t2), t3)
+  kept = finite & (y >= threshold)
+  threshold_ref[row] = threshold
+  count_ref[row] = jnp.sum(jnp.where(kept, 1, 0))
+  kept_mass_ref[row] = jnp.sum(jnp.where(kept, e, 0.0))
+  certified_ref[row] = jnp.where((k <= 0) | k_found, 1, 0)
+
+
+def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
+                     bound: bool, interpret: bool):
+  """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded).
+
+  Final mode: the reference's ``max(t1, t2, t3)`` for a row whose min-p
+  survivors outside ``y`` have mass ``mass`` (relative to ``row_max``), exact
+  whenever the kept set lies inside ``y``.  Bound mode: a lower bound of the
+  row's threshold when ``y`` is a subset of the row and ``mass`` is at least
+  the mass of the row's min-p survivors (``t2``/``t3`` are -inf where ``y``
+  cannot certify them).  Returns ``(threshold, kept count, kept mass,
+  certified)``: ``certified`` is False where top-k is on and ``y`` holds
+  fewer than ``k`` survivors.
+  """
+  batch, width = y.shape
+  kernel = functools.partial(_select_kernel, bound=bound)
+  return pl.pallas_call(
+      kernel,
+      out_shape=[jax.ShapeDtypeStruct((batch,), jnp.float32),
+                 jax.ShapeDtypeStruct((batch,), jnp.int32),
+                 jax.ShapeDtypeStruct((batch,), jnp.float32),
+                 jax.ShapeDtypeStruct((batch,), jnp.int32)],
+      grid=(batch,),
+      compiler_params=plgpu.CompilerParams(num_warps=8 if width > 2048 else 4,
+                                           num_stages=1),
+      interpret=interpret, name="jaxsample_select_threshold")(
+          y, row_max, t1, params.top_k, params.top_p, mass)
+
+
+# ---------------------------------------------------------------------------
+# Pass 2: candidates.
+# ---------------------------------------------------------------------------
+
+
+def _compact_kernel(temp_ref, active_ref, bound_ref, t1_ref, row_max_ref,
+                    key0_ref, key1_ref, base_hi_ref, base_lo_ref, x_ref,
+                    y_out, id_out, race_out, count_out, outside_out,
+                    finite_out, *,
+                    plan: common.KernelPlan, vocab: int, generator: str,
+                    capacity: int):
+  row, split = pl.program_id(0), pl.program_id(1)
+
+  @pl.when(active_ref[row] != 0)
+  def _():
+    math = common.KernelMath(plan.interpret)
+    split_start = split * plan.split_len
+    t = temp_ref[row]
+    inv_t = 1.0 / t
+    bound = bound_ref[row]
+    t1 = t1_ref[row]
+    ref = row_max_ref[row] * _LOG2E
+    filter_bound = bound - _FILTER_SLACK * jnp.abs(bound)
+    stream = rng.RowStreams(key0_ref[row], key1_ref[row], base_hi_ref[row],
+                            base_lo_ref[row])
+    noise = common.Noise(generator, stream, 0, wide=False)
+
+    def step(carry, tile, loaded):
+      count, outside, finite = carry
+      xs = [_sanitize(x) for x in loaded]
+      finite = finite + functools.reduce(
+          jnp.add, [jnp.where(x > -jnp.inf, 1, 0) for x in xs])
+      approx = [x * inv_t for x in xs]
+      maybe = functools.reduce(jnp.maximum, [
+          jnp.max(jnp.where(a >= filter_bound, 1, 0)) for a in approx]) > 0
+      masses = [math.exp2_approx(a * _LOG2E - ref) for a in approx]
+
+      def exact(_):
+        count_, outside_ = count, outside
+        for chunk, x, e in zip(tile.chunks(), xs, masses):
+          y = math.div(x, t)
+          candidate = (y >= bound) & (y > -jnp.inf)
+          flag = jnp.where(candidate, 1, 0)
+          position = count_ + jnp.cumsum(flag) - flag
+          store = candidate & (position < capacity)
+          at = lambda out: out.at[row, split, position]
+          plgpu.store(at(y_out), y, mask=store)
+          plgpu.store(at(id_out), chunk.index, mask=store)
+          plgpu.store(at(race_out), y + rng.gumbel(rng.uniform(chunk.bits)),
+                      mask=store)
+          count_ = count_ + jnp.sum(flag)
+          outside_ = outside_ + jnp.where(~candidate & (y >= t1), e, 0.0)
+        return count_, outside_, finite
+
+      def fast(_):
+        below = [jnp.where((a >= t1) & (a > -jnp.inf), e, 0.0)
+                 for a, e in zip(approx, masses)]
+        return count, outside + functools.reduce(jnp.add, below), finite
+
+      return lax.cond(maybe, exact, fast, None)
+
+    init = (jnp.zeros((), jnp.int32), jnp.zeros((plan.chunk,), jnp.float32),
+            jnp.zeros((plan.chunk,), jnp.int32))
+    count, outside, finite = common.tile_loop(
+        plan, math, split_start, vocab,
+        common.row_chunk_loader(x_ref, row, plan.chunk), step, init,
+        noise=noise)
+    count_out[row, split] = count
+    outside_out[row, split] = jnp.sum(outside)
+    finite_out[row, split] = jnp.sum(finite)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Candidates:
+  """The candidate buffer of each row, in vocab order, ``[B, C]`` each
+  (padding: ``y = race = -inf``, ``id = -1``), with ``count`` ``[B]`` (exact,
+  possibly above ``C``) and ``outside_mass`` ``[B]``: the mass relative to
+  ``row_max`` of min-p survivors below the bound, and ``finite`` ``[B]``: the
+  row's number of finite entries."""
+
+  y: jax.Array
+  ids: jax.Array
+  race: jax.Array
+  count: jax.Array
+  outside_mass: jax.Array
+  finite: jax.Array
+
+
+def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
+                       streams: rng.RowStreams,
+                       config: SamplerConfig) -> Candidates:
+  """Runs the compact pass and packs each row's candidates into ``C`` slots."""
+  batch, vocab = logits.shape
+  capacity = config.max_candidates
+  plan = common.make_plan(batch, vocab, logits.dtype, config,
+                          generator=config.rng)
+  splits = plan.num_splits
+  shape = (batch, splits)
+  kernel = functools.partial(_compact_kernel, plan=plan, vocab=vocab,
+                             generator=config.rng, capacity=capacity)
+  buffer = shape + (capacity,)
+  y, ids, race, count, outside, finite = pl.pallas_call(
+      kernel,
+      out_shape=[jax.ShapeDtypeStruct(buffer, jnp.float32),
+                 jax.ShapeDtypeStruct(buffer, jnp.int32),
+                 jax.ShapeDtypeStruct(buffer, jnp.float32),
+                 jax.ShapeDtypeStruct(shape, jnp.int32),
+                 jax.ShapeDtypeStruct(shape, jnp.float32),
+                 jax.ShapeDtypeStruct(shape, jnp.int32)],
+      grid=shape, compiler_params=plan.compiler_params(),
+      interpret=plan.interpret, name="jaxsample_collect_candidates")(
+          temperature, active.astype(jnp.int32), lower_bound, t1, row_max,
+          streams.key0, streams.key1, streams.base_hi, streams.base_lo,
+          logits)
+  count = jnp.where(active[:, None], count, 0)
+  written = jnp.minimum(count, capacity)
+  starts = jnp.cumsum(written, axis=-1) - written  # [B, S]
+  slot = jnp.arange(capacity, dtype=jnp.int32)
+  # Slot j of a row holds entry j - starts[s] of the last split s starting at
+  # or before j.
+  source = jnp.sum((starts[:, None, :] <= slot[None, :, None]).astype(
+      jnp.int32), axis=-1) - 1
+  start = jnp.take_along_axis(starts, source, axis=-1)
+  flat = source * capacity + slot[None, :] - start
+  filled = slot[None, :] < jnp.sum(written, axis=-1, keepdims=True)
+  gather = lambda a, fill: jnp.where(
+      filled, jnp.take_along_axis(a.reshape(batch, -1), flat, axis=-1), fill)
+  outside = jnp.sum(jnp.where(active[:, None], outside, 0.0), axis=-1)
+  finite = jnp.sum(jnp.where(active[:, None], finite, 0), axis=-1)
+  return Candidates(gather(y, -jnp.inf), gather(ids, -1),
+                    gather(race, -jnp.inf), jnp.sum(count, axis=-1), outside,
+                    finite)
+
+
+# ---------------------------------------------------------------------------
+# The truncated sampler.
+# ---------------------------------------------------------------------------
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Truncation:
+  """Per-row result of the truncated sampler (``[B]`` each unless noted).
+
+  ``token``/``logprob`` are meaningful where ``complete``; ``complete`` is
+  False for inactive and invalid rows and for rows whose kept set did not fit
+  the candidate buffer.  ``row_max``, ``lse``: of the tempered row;
+  ``threshold``, ``count``: the kept set ``{y >= threshold}`` and its size;
+  ``log_kept`` = ``log sum_K exp(y - row_max)``; ``candidates`` holds ``K``
+  (``y >= threshold`` entries) for masks.
+  """
+
+  token: jax.Array
+  logprob: jax.Array
+  complete: jax.Array
+  row_max: jax.Array
+  lse: jax.Array
+  threshold: jax.Array
+  count: jax.Array
+  log_kept: jax.Array
+  candidates: Candidates
+
+
+def sample_truncated(logits, params: SamplingParams, active,
+                     streams: rng.RowStreams,
+                     config: SamplerConfig) -> Truncation:
+  """Truncated Gumbel-max for canonical params on rows where ``active``
+  (sampled rows with a filter on; fp32 noise)."""
+  interpret = jax.default_backend() != "gpu"
+  t = params.temperature
+  stats = row_stats(logits, t, active, config)
+  valid = active & jnp.isfinite(stats.row_max)
+  safe_max = jnp.where(valid, stats.row_max, 0.0)
+  t1 = jnp.where(params.min_p > 0, safe_max + jnp.log(params.min_p), -jnp.inf)
+  bound, *_ = select_threshold(
+      stats.groups, safe_max, t1, params,
+      jnp.exp(stats.log_mass) * (1 + _BOUND_MARGIN), bound=True,
+      interpret=interpret)
+  candidates = collect_candidates(logits, t, valid, bound, t1, safe_max,
+                                  streams, config)
+  threshold, count, kept_mass, certified = select_threshold(
+      candidates.y, safe_max, t1, params, candidates.outside_mass, bound=False,
+      interpret=interpret)
+  kept = candidates.y >= threshold[:, None]
+  race = jnp.where(kept, candidates.race, -jnp.inf)
+  slot = jnp.argmax(race, axis=-1)
+  take = lambda a: jnp.take_along_axis(a, slot[:, None], axis=-1)[:, 0]
+  log_kept = jnp.log(kept_mass)
+  logprob = (take(candidates.y) - safe_max) - log_kept
+  # Exact iff every kept element and every top-k survivor is a candidate
+  # (bound == t1: the candidates are all min-p survivors).
+  complete = (valid & (candidates.count <= config.max_candidates) &
+              (threshold >= bound) & ((certified != 0) | (bound == t1)))
+  return Truncation(take(candidates.ids), logprob, complete, stats.row_max,
+                    stats.lse, threshold, count, log_kept, candidates)
+
+
+def kept_ids_by_probability(truncation: Truncation, max_ids: int) -> jax.Array:
+  """Kept ids ``[B, min(max_ids, C)]`` by descending ``y``, smallest id first
+  among equal values (the buffer is in vocab order), -1 past the kept set."""
+  c = truncation.candidates
+  width = min(max_ids, c.y.shape[1])
+  kept = c.y >= truncation.threshold[:, None]
+  _, slots = lax.top_k(jnp.where(kept, c.y, -jnp.inf), width, is_stable=True)
+  ids = jnp.take_along_axis(c.ids, slots, axis=-1)
+  return jnp.where(jnp.arange(width) < truncation.count[:, None], ids, -1)
