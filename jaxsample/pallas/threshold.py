@@ -230,6 +230,8 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
 
   p_key, p_found = _largest_key(reaches_p)
   t3 = jnp.where((p < 1) & p_found, key_value(p_key), -jnp.inf)
+  if bound:  # With top-k on, every top-k survivor must stay a candidate.
+    t3 = jnp.where(k > 0, -jnp.inf, t3)
   threshold = jnp.maximum(jnp.maximum(t1, t2), t3)
   kept = finite & (y >= threshold)
   threshold_ref[row] = threshold
@@ -247,7 +249,7 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
   whenever the kept set lies inside ``y``.  Bound mode: a lower bound of the
   row's threshold when ``y`` is a subset of the row and ``mass`` is at least
   the mass of the row's min-p survivors (``t2``/``t3`` are -inf where ``y``
-  cannot certify them).  Returns ``(threshold, kept count, kept mass,
+  cannot certify them), and no higher than the row's ``t2`` when top-k is on.  Returns ``(threshold, kept count, kept mass,
   certified)``: ``certified`` is False where top-k is on and ``y`` holds
   fewer than ``k`` survivors.
   """

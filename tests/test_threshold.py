@@ -1,0 +1,158 @@
+"""The truncated-sampling kernels (``jaxsample.pallas.threshold``) in interpret mode.
+
+Kept sets against the numpy sort-based oracle, the exactness certificate
+(``complete``), tokens against the XLA reference, and the reference fallback
+for rows whose kept set overflows the candidate buffer.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import oracle_keep, run_sample
+from jaxsample import SamplerConfig, SamplingParams, reference, rng
+from jaxsample.pallas import threshold
+from test_reference import KINDS, M_VALUES, P_VALUES, k_values, make_row
+
+
+def truncate(x, params, config=SamplerConfig(), key=jax.random.key(0)):
+  batch, vocab = x.shape
+  canon = params.canonical(vocab)
+  streams, _ = rng.row_streams(key, None, batch, vocab)
+  active = canon.truncates() & (canon.temperature > 0)
+  fn = jax.jit(functools.partial(threshold.sample_truncated, config=config))
+  return jax.tree.map(np.asarray, fn(jnp.asarray(x), canon, active, streams))
+
+
+def test_order_key_is_monotone_and_invertible():
+  values = np.float32([-np.inf, -3e38, -1.5, -1e-30, -0.0, 0.0, 1e-30, 2.5,
+                       3e38, np.inf])
+  keys = np.asarray(threshold.order_key(jnp.asarray(values)))
+  assert np.all(np.diff(keys.astype(np.int64)) >= 0)
+  assert keys[4] == keys[5]  # -0.0 == +0.0
+  back = np.asarray(threshold.key_value(jnp.asarray(keys)))
+  np.testing.assert_array_equal(back, values + np.float32(0.0))
+
+
+@pytest.mark.parametrize("vocab", [16, 1007])
+def test_kept_sets_match_oracle(vocab):
+  """Every kind of row x p x k x min-p: complete rows keep the oracle's set
+  (an admissible one on a rounding boundary), with its count and mass."""
+  r = np.random.default_rng(vocab + 1)
+  combos = list(itertools.product(P_VALUES, k_values(vocab), M_VALUES[:3]))
+  rows, ks, ps, ms = [], [], [], []
+  for kind in KINDS:
+    for p, k, m in combos:
+      rows.append(make_row(kind, r, vocab))
+      ks.append(k)
+      ps.append(p)
+      ms.append(m)
+  y = np.asarray(rows, np.float32)
+  params = SamplingParams.make(len(rows), top_k=ks, top_p=ps, min_p=ms)
+  tr = truncate(y, params)
+  truncating = np.asarray(params.canonical(vocab).truncates())
+  assert not tr.complete[~truncating].any()
+  assert tr.complete[truncating].mean() > 0.9
+  for i in np.flatnonzero(tr.complete):
+    o = oracle_keep(y[i], ks[i], ps[i], ms[i])
+    kept = (y[i] >= tr.threshold[i]) & (y[i] > -np.inf)
+    ctx = f"row {i} kind={KINDS[i // len(combos)]} k={ks[i]} p={ps[i]} m={ms[i]}"
+    if o.near_boundary:
+      assert any(np.array_equal(kept, a) for a in o.admissible), ctx
+    else:
+      np.testing.assert_array_equal(kept, o.kept, err_msg=ctx)
+    assert tr.count[i] == kept.sum(), ctx
+    mass = np.sum(np.exp(y[i][kept].astype(np.float64) - y[i].max()))
+    np.testing.assert_allclose(tr.log_kept[i], np.log(mass), rtol=1e-5,
+                               atol=1e-5, err_msg=ctx)
+    assert kept[tr.token[i]], ctx
+
+
+def test_small_kept_sets_are_always_certified():
+  """top-k <= 50 and peaked top-p rows never need the fallback."""
+  vocab = 5000
+  r = np.random.default_rng(3)
+  x = r.standard_normal((12, vocab)).astype(np.float32) * 2
+  x[6:] *= 4  # peaked
+  params = SamplingParams.make(12, top_k=[1, 2, 50, 50, 7, 0] * 2,
+                               top_p=[1, 1, 1, 0.9, 0.5, 0.3] * 2,
+                               min_p=[0, 0, 0, 0, 0, 0.2] * 2)
+  tr = truncate(x, params)
+  assert tr.complete.all()
+
+
+def test_overflowing_rows_are_not_certified():
+  vocab = 3000
+  x = np.random.default_rng(4).standard_normal((3, vocab)).astype(np.float32)
+  params = SamplingParams.make(3, top_k=[100, 0, 5], top_p=[1, 0.99, 1])
+  tr = truncate(x, params, SamplerConfig(max_candidates=64))
+  np.testing.assert_array_equal(tr.complete, [False, False, True])
+
+
+@pytest.mark.parametrize("max_candidates", [16, 4096])
+@pytest.mark.parametrize("gen", ["philox", "threefry"])
+def test_sample_matches_reference_with_fallback_rows(gen, max_candidates):
+  """Kernel rows, fallback rows (overflow), plain, greedy and invalid rows in
+  one batch: tokens and validity equal the reference's."""
+  batch, vocab = 10, 2000 + 3
+  r = np.random.default_rng(5)
+  x = r.standard_normal((batch, vocab)).astype(np.float32) * 3
+  x[3, 17] = np.nan
+  x[4, :] = -np.inf
+  x[5, 100:] = -np.inf
+  params = SamplingParams.make(
+      batch, temperature=[1, 0.7, 0, 1, 1, 1.3, 1, 0.9, 1, 2],
+      top_k=[50, 0, 5, 3, 0, 20, 0, 1, 500, 0],
+      top_p=[1, 0.9, 1, 1, 0.5, 0.8, 1, 1, 0.95, 0.999999],
+      min_p=[0, 0, 0, 0, 0, 0, 0, 0, 0, 0.01])
+  key = jax.random.key(8)
+  a = run_sample(x, params, key, impl="pallas", rng=gen,
+                 max_candidates=max_candidates)
+  b = run_sample(x, params, key, impl="xla", rng=gen)
+  np.testing.assert_array_equal(a.valid, b.valid)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+  y = np.asarray(reference.temper(reference.sanitize(jnp.asarray(x)),
+                                  params.temperature))
+  for row in np.flatnonzero(b.valid & (np.asarray(params.temperature) > 0)):
+    o = oracle_keep(y[row], int(params.top_k[row]), float(params.top_p[row]),
+                    float(params.min_p[row]))
+    assert o.kept[a.tokens[row]], row
+
+
+def test_per_request_keys_are_batch_invariant():
+  batch, vocab = 6, 3000
+  x = np.random.default_rng(6).standard_normal((batch, vocab)).astype(np.float32)
+  params = SamplingParams.make(batch, top_k=[40, 0, 3, 10, 0, 50],
+                               top_p=[0.9, 0.8, 1, 0.5, 0.95, 1])
+  keys = jax.random.split(jax.random.key(6), batch)
+  positions = jnp.arange(batch, dtype=jnp.int32) * 7
+  a = run_sample(x, params, keys, positions=positions, impl="pallas")
+  b = run_sample(x, params, keys, positions=positions, impl="xla")
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  for row in (0, 3):
+    alone = run_sample(x[row:row + 1], jax.tree.map(lambda v: v[row:row + 1],
+                                                    params),
+                       keys[row:row + 1], positions=positions[row:row + 1],
+                       impl="pallas")
+    assert alone.tokens[0] == a.tokens[row]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16],
+                         ids=lambda d: jnp.dtype(d).name)
+def test_low_precision_logits(dtype):
+  batch, vocab = 4, 1500
+  x = jnp.asarray(np.random.default_rng(7).standard_normal((batch, vocab)) * 2,
+                  dtype)
+  params = SamplingParams.make(batch, top_k=[5, 0, 50, 2],
+                               top_p=[1, 0.9, 0.9, 1], min_p=[0, 0, 0, 0.3])
+  key = jax.random.key(9)
+  a = run_sample(x, params, key, impl="pallas")
+  b = run_sample(x.astype(jnp.float32), params, key, impl="xla")
+  np.testing.assert_array_equal(a.tokens, b.tokens)
