@@ -39,6 +39,7 @@ fp64; both equal ``jax.random.uniform(key, minval=tiny, maxval=1)``'s.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Literal
 
@@ -220,6 +221,31 @@ def tile_bits(generator: str, stream: RowStreams, tile_start, lanes, *,
     return [(j * PHILOX_LANES, w) for j, w in enumerate(words)]
   raise ValueError(f"unknown generator {generator!r}; expected one of "
                    f"{GENERATORS}")
+
+
+def bits_at(generator: str, stream: RowStreams, ids, *, wide: bool = False,
+            mulhilo: MulHiLo = mulhilo):
+  """The bits ``tile_bits`` gives vocab ids ``ids`` (any shape, broadcast
+  against the stream's arrays): noise for a sparse set of ids."""
+  ids = _u32(ids)
+  if generator == "threefry":
+    ((_, bits),) = tile_bits(generator, stream, 0, ids, wide=wide,
+                             mulhilo=mulhilo)
+    return bits
+  if generator != "philox":
+    raise ValueError(f"unknown generator {generator!r}; expected one of "
+                     f"{GENERATORS}")
+  lane = ids & _u32(PHILOX_LANES - 1)
+  tile_start = ids & ~_u32(PHILOX_TILE - 1)
+  chunks = tile_bits(generator, stream, tile_start, lane, wide=wide,
+                     mulhilo=mulhilo)
+  word = (ids >> _u32(PHILOX_LANES.bit_length() - 1)) & _u32(3)
+  pick = lambda words: functools.reduce(
+      lambda acc, j: jnp.where(word == j, words[j], acc), range(1, 4),
+      words[0])
+  if wide:
+    return tuple(pick([bits[i] for _, bits in chunks]) for i in range(2))
+  return pick([bits for _, bits in chunks])
 
 
 FP32_TINY = float(np.finfo(np.float32).tiny)  # 2^-126

@@ -15,11 +15,12 @@ them with the sort-based XLA reference):
 2. ``select`` on the group maxima (bound mode) gives a per-row lower bound
    ``L <= max(t1, t2, t3)`` of the kept set's threshold, so the kept set is
    contained in the *candidates* ``{y >= L}``.
-3. ``compact`` pass (grid ``(B, S)``): every candidate ``y`` is written with
-   its vocab id and its Gumbel race value ``y + g`` (the reference's noise,
-   drawn only in tiles that hold a candidate) to the split's slice of a
-   candidate buffer, in vocab order; the pass also sums the mass of the
-   min-p survivors below ``L`` (top-p's normalizer when top-k is off).
+3. ``compact`` pass (grid ``(B, S)``): every candidate is written with its
+   vocab id to the split's slice of a candidate buffer, in vocab order (a
+   cheap filter admits a few elements just below ``L``, dropped afterwards);
+   the pass also sums the mass of the min-p survivors below ``L`` (top-p's
+   normalizer when top-k is off).  The candidates' Gumbel noise is then drawn
+   for their ids alone (``rng.bits_at``), so no RNG runs over the row.
 4. ``select`` on the candidates (final mode) finds the exact thresholds by a
    32-step bisection on the order-preserving integer keys of ``y``: the
    ``k``-th largest survivor (``t2``) and the largest value whose upper mass
@@ -274,67 +275,46 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
 
 
 def _compact_kernel(temp_ref, active_ref, bound_ref, t1_ref, row_max_ref,
-                    key0_ref, key1_ref, base_hi_ref, base_lo_ref, x_ref,
-                    y_out, id_out, race_out, count_out, outside_out,
-                    finite_out, *,
-                    plan: common.KernelPlan, vocab: int, generator: str,
-                    capacity: int):
+                    x_ref, x_out, id_out, count_out, outside_out, finite_out, *,
+                    plan: common.KernelPlan, vocab: int, capacity: int):
+  """Writes the split's elements with ``x * (1 / T) >= L - slack`` (a superset
+  of ``{y >= L}``: ``collect_candidates`` drops the rest) in vocab order and
+  sums the mass of the other min-p survivors."""
   row, split = pl.program_id(0), pl.program_id(1)
 
   @pl.when(active_ref[row] != 0)
   def _():
     math = common.KernelMath(plan.interpret)
-    split_start = split * plan.split_len
-    t = temp_ref[row]
-    inv_t = 1.0 / t
+    inv_t = 1.0 / temp_ref[row]
     bound = bound_ref[row]
     t1 = t1_ref[row]
     ref = row_max_ref[row] * _LOG2E
     filter_bound = bound - _FILTER_SLACK * jnp.abs(bound)
-    stream = rng.RowStreams(key0_ref[row], key1_ref[row], base_hi_ref[row],
-                            base_lo_ref[row])
-    noise = common.Noise(generator, stream, 0, wide=False)
 
-    def step(carry, tile, loaded):
+    def step(carry, chunk, x):
       count, outside, finite = carry
-      xs = [_sanitize(x) for x in loaded]
-      finite = finite + functools.reduce(
-          jnp.add, [jnp.where(x > -jnp.inf, 1, 0) for x in xs])
-      approx = [x * inv_t for x in xs]
-      maybe = functools.reduce(jnp.maximum, [
-          jnp.max(jnp.where(a >= filter_bound, 1, 0)) for a in approx]) > 0
-      masses = [math.exp2_approx(a * _LOG2E - ref) for a in approx]
+      x = _sanitize(x)
+      approx = x * inv_t
+      flag = jnp.where(approx >= filter_bound, 1, 0)
+      e = math.exp2_approx(approx * _LOG2E - ref)
+      outside = outside + jnp.where((flag == 0) & (approx >= t1), e, 0.0)
+      finite = finite + jnp.where(x > -jnp.inf, 1, 0)
+      found = jnp.sum(flag)
 
-      def exact(_):
-        count_, outside_ = count, outside
-        for chunk, x, e in zip(tile.chunks(), xs, masses):
-          y = math.div(x, t)
-          candidate = (y >= bound) & (y > -jnp.inf)
-          flag = jnp.where(candidate, 1, 0)
-          position = count_ + jnp.cumsum(flag) - flag
-          store = candidate & (position < capacity)
-          at = lambda out: out.at[row, split, position]
-          plgpu.store(at(y_out), y, mask=store)
-          plgpu.store(at(id_out), chunk.index, mask=store)
-          plgpu.store(at(race_out), y + rng.gumbel(rng.uniform(chunk.bits)),
-                      mask=store)
-          count_ = count_ + jnp.sum(flag)
-          outside_ = outside_ + jnp.where(~candidate & (y >= t1), e, 0.0)
-        return count_, outside_, finite
+      def write():
+        position = count + jnp.cumsum(flag) - flag
+        store = (flag != 0) & (position < capacity)
+        plgpu.store(x_out.at[row, split, position], x, mask=store)
+        plgpu.store(id_out.at[row, split, position], chunk.index, mask=store)
 
-      def fast(_):
-        below = [jnp.where((a >= t1) & (a > -jnp.inf), e, 0.0)
-                 for a, e in zip(approx, masses)]
-        return count, outside + functools.reduce(jnp.add, below), finite
-
-      return lax.cond(maybe, exact, fast, None)
+      pl.when(found > 0)(write)
+      return count + found, outside, finite
 
     init = (jnp.zeros((), jnp.int32), jnp.zeros((plan.chunk,), jnp.float32),
             jnp.zeros((plan.chunk,), jnp.int32))
-    count, outside, finite = common.tile_loop(
-        plan, math, split_start, vocab,
-        common.row_chunk_loader(x_ref, row, plan.chunk), step, init,
-        noise=noise)
+    count, outside, finite = common.chunk_loop(
+        plan, math, split * plan.split_len, vocab,
+        common.row_chunk_loader(x_ref, row, plan.chunk), step, init)
     count_out[row, split] = count
     outside_out[row, split] = jnp.sum(outside)
     finite_out[row, split] = jnp.sum(finite)
@@ -363,25 +343,21 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
   """Runs the compact pass and packs each row's candidates into ``C`` slots."""
   batch, vocab = logits.shape
   capacity = config.max_candidates
-  plan = common.make_plan(batch, vocab, logits.dtype, config,
-                          generator=config.rng)
-  splits = plan.num_splits
-  shape = (batch, splits)
+  plan = common.make_plan(batch, vocab, logits.dtype, config, generator=None)
+  shape = (batch, plan.num_splits)
   kernel = functools.partial(_compact_kernel, plan=plan, vocab=vocab,
-                             generator=config.rng, capacity=capacity)
+                             capacity=capacity)
   buffer = shape + (capacity,)
-  y, ids, race, count, outside, finite = pl.pallas_call(
+  x, ids, count, outside, finite = pl.pallas_call(
       kernel,
       out_shape=[jax.ShapeDtypeStruct(buffer, jnp.float32),
                  jax.ShapeDtypeStruct(buffer, jnp.int32),
-                 jax.ShapeDtypeStruct(buffer, jnp.float32),
                  jax.ShapeDtypeStruct(shape, jnp.int32),
                  jax.ShapeDtypeStruct(shape, jnp.float32),
                  jax.ShapeDtypeStruct(shape, jnp.int32)],
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_collect_candidates")(
           temperature, active.astype(jnp.int32), lower_bound, t1, row_max,
-          streams.key0, streams.key1, streams.base_hi, streams.base_lo,
           logits)
   count = jnp.where(active[:, None], count, 0)
   written = jnp.minimum(count, capacity)
@@ -394,13 +370,22 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
   start = jnp.take_along_axis(starts, source, axis=-1)
   flat = source * capacity + slot[None, :] - start
   filled = slot[None, :] < jnp.sum(written, axis=-1, keepdims=True)
-  gather = lambda a, fill: jnp.where(
-      filled, jnp.take_along_axis(a.reshape(batch, -1), flat, axis=-1), fill)
-  outside = jnp.sum(jnp.where(active[:, None], outside, 0.0), axis=-1)
+  gather = lambda a: jnp.take_along_axis(a.reshape(batch, -1), flat, axis=-1)
+  t = jnp.where(active, temperature, 1.0)[:, None]
+  y = jnp.where(filled, gather(x) / t, -jnp.inf)  # the reference's division
+  ids = jnp.where(filled, gather(ids), 0)
+  # The filter's extra elements (y < L) rejoin the outside mass.
+  inside = y >= lower_bound[:, None]
+  extra = jnp.where(~inside & (y >= t1[:, None]),
+                    jnp.exp(y - row_max[:, None]), 0.0)
+  outside = jnp.where(active[:, None], outside, 0.0)
+  outside = jnp.sum(outside, axis=-1) + jnp.sum(extra, axis=-1)
+  y = jnp.where(inside, y, -jnp.inf)
+  noise = rng.gumbel(rng.uniform(rng.bits_at(
+      config.rng, jax.tree.map(lambda a: a[:, None], streams), ids)))
   finite = jnp.sum(jnp.where(active[:, None], finite, 0), axis=-1)
-  return Candidates(gather(y, -jnp.inf), gather(ids, -1),
-                    gather(race, -jnp.inf), jnp.sum(count, axis=-1), outside,
-                    finite)
+  return Candidates(y, jnp.where(inside, ids, -1), y + noise,
+                    jnp.sum(count, axis=-1), outside, finite)
 
 
 # ---------------------------------------------------------------------------
