@@ -178,7 +178,7 @@ class SamplerConfig:
   num_warps: int | None = None
   num_stages: int | None = None
   max_mask_ids: int = 1024
-  max_candidates: int = 4096
+  max_candidates: int = 1024
 
   def __post_init__(self):
     if self.rng not in rng.GENERATORS:

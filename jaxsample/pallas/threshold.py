@@ -21,9 +21,8 @@ them with the sort-based XLA reference):
    the pass also sums the mass of the min-p survivors below ``L`` (top-p's
    normalizer when top-k is off).  The candidates' Gumbel noise is then drawn
    for their ids alone (``rng.bits_at``), so no RNG runs over the row.
-4. ``select`` on the candidates (final mode) finds the exact thresholds by an
-   8-step radix search (one hex digit per step) on the order-preserving
-   integer keys of ``y``: the
+4. ``select`` on the candidates (final mode) finds the exact thresholds by a
+   32-step bisection on the order-preserving integer keys of ``y``: the
    ``k``-th largest survivor (``t2``) and the largest value whose upper mass
    reaches ``p`` times the survivors' mass (``t3``), then the kept count and
    mass.  The token is the largest race value among kept candidates (smallest
@@ -87,21 +86,26 @@ def _stats_kernel(temp_ref, active_ref, x_ref, max_ref, sumexp_ref,
     scale = _LOG2E / temp_ref[row]
 
     def step(carry, chunk, x):
-      lane_max, top, sumexp = carry
+      del chunk
+      lane_max, sumexp = carry
       x = _sanitize(x)
-      lane_max = jnp.maximum(lane_max, x)
-      new_top = jnp.maximum(top, jnp.max(x))
-      ref = jnp.where(new_top == -jnp.inf, 0.0, new_top)
-      rescale = jnp.where(new_top == top, 1.0, jnp.exp2((top - ref) * scale))
-      e = math.exp2_approx((x - ref) * scale)
-      return lane_max, new_top, sumexp * rescale + e
+      # Lane-wise online sum-exp, one exp per element: the larger of x and
+      # the lane max becomes the reference.
+      e = math.exp2_approx(-jnp.abs(x - lane_max) * scale)
+      grows = x > lane_max
+      e = jnp.where(x == -jnp.inf, 0.0, jnp.where(x == lane_max, 1.0, e))
+      sumexp = jnp.where(grows, sumexp * e + 1.0, sumexp + e)
+      return jnp.maximum(lane_max, x), sumexp
 
     init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32),
-            jnp.full((), -jnp.inf, jnp.float32),
             jnp.zeros((plan.chunk,), jnp.float32))
-    lane_max, top, sumexp = common.chunk_loop(
+    lane_max, sumexp = common.chunk_loop(
         plan, math, split_start, vocab,
         common.row_chunk_loader(x_ref, row, plan.chunk), step, init)
+    top = jnp.max(lane_max)
+    ref = jnp.where(top == -jnp.inf, 0.0, top)
+    sumexp = jnp.where(lane_max > -jnp.inf,
+                       sumexp * math.exp2_approx((lane_max - ref) * scale), 0.0)
     max_ref[row, split] = top
     sumexp_ref[row, split] = jnp.sum(sumexp)
     groups_ref[row, split, :] = jnp.max(
@@ -126,8 +130,7 @@ class RowStats:
 def row_stats(logits, temperature, active, config: SamplerConfig) -> RowStats:
   """Runs the stats pass on the ``active`` rows (``temperature > 0`` there)."""
   batch, vocab = logits.shape
-  plan = common.make_plan(batch, vocab, logits.dtype, config,
-                          generator=config.rng)
+  plan = common.make_plan(batch, vocab, logits.dtype, config, generator=None)
   groups = max(8, min(plan.chunk,
                       _pow2_floor(_GROUP_ELEMENTS // plan.num_splits)))
   shape = (batch, plan.num_splits)
@@ -184,80 +187,61 @@ def key_value(key: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type(bits, jnp.float32)
 
 
-_DIGIT_BITS = 4  # the search fixes 4 bits of the key per step: 8 steps
-_SELECT_BLOCK = 1024  # buffer elements per load in the select kernel
+def _largest_key(reaches) -> tuple[jax.Array, jax.Array]:
+  """``(v, found)``: the largest uint32 ``v`` with ``reaches(v)`` (monotone:
+  true below some point), built bit by bit in 32 steps; ``found`` is
+  ``reaches(0)``."""
 
+  def body(i, v):
+    candidate = v | (jnp.uint32(1) << (jnp.uint32(31) - i.astype(jnp.uint32)))
+    return jnp.where(reaches(candidate), candidate, v)
 
-def _largest_key(measure, target) -> tuple[jax.Array, jax.Array]:
-  """``(v, found)``: the largest uint32 ``v`` with ``measure(v) >= target``.
-
-  ``measure`` maps a vector of pivots to a vector of (count or mass) sums of
-  the elements whose key is ``>= pivot``, non-increasing in the pivot.  The
-  key is fixed one hex digit per step (16 pivots at once: 8 dependent
-  reductions instead of 32); ``found`` is ``measure(0) >= target``.
-  """
-  radix = 1 << _DIGIT_BITS
-  digits = jnp.arange(radix, dtype=jnp.uint32)
-
-  def body(i, state):
-    v, found = state
-    shift = jnp.uint32(32 - _DIGIT_BITS) - i.astype(jnp.uint32) * _DIGIT_BITS
-    reached = jnp.where(measure(v | (digits << shift)) >= target, 1, 0)
-    digit = jnp.sum(reached) - 1  # reached is true on a prefix of digits
-    found = jnp.where(i == 0, digit >= 0, found)
-    return v | (jnp.maximum(digit, 0).astype(jnp.uint32) << shift), found
-
-  return lax.fori_loop(0, 32 // _DIGIT_BITS, body,
-                       (jnp.uint32(0), jnp.bool_(False)))
+  v = lax.fori_loop(0, 32, body, jnp.uint32(0))
+  return v, reaches(jnp.uint32(0))
 
 
 def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
                    threshold_ref, count_ref, kept_mass_ref, certified_ref, *,
-                   bound: bool, block: int):
+                   bound: bool):
   row = pl.program_id(0)
-  row_max = row_max_ref[row]
+  y = y_ref[row, :]
+  finite = y > -jnp.inf
+  key = order_key(y)
+  e = jnp.where(finite, jnp.exp(y - row_max_ref[row]), 0.0)
   t1 = t1_ref[row]
+  survives = finite & (y >= t1)
   k = k_ref[row]
   p = p_ref[row]
 
-  def total(fn):
-    """Sum over the buffer, block by block, of ``fn(y, key, e)`` (arrays)."""
-    parts = []
-    for start in range(0, y_ref.shape[1], block):
-      y = y_ref[row, pl.ds(start, block)]
-      # -inf (padding, never kept) fails every ``y >= t`` test below.
-      e = jnp.where(y > -jnp.inf, jnp.exp(y - row_max), 0.0)
-      parts.append(fn(y, order_key(y), e))
-    return functools.reduce(jnp.add, parts)
+  def count_from(v):
+    return jnp.sum(jnp.where(survives & (key >= v), 1, 0))
 
-  def above(keep, weight):
-    """``measure`` for ``_largest_key``: weight of ``keep`` elements per pivot."""
-    return lambda pivots: total(lambda y, key, e: jnp.sum(
-        jnp.where(keep(y)[:, None] & (key[:, None] >= pivots[None, :]),
-                  weight(e)[:, None], 0), axis=0))
+  def at_least_k(v):
+    return count_from(v) >= k
 
-  min_p_kept = lambda y: (y >= t1) & (y > -jnp.inf)
-  k_key, k_found = _largest_key(
-      above(min_p_kept, lambda e: jnp.ones_like(e, jnp.int32)), k)
+  k_key, k_found = _largest_key(at_least_k)
   t2 = jnp.where((k > 0) & k_found, key_value(k_key), -jnp.inf)
-  top_k_kept = lambda y: min_p_kept(y) & (y >= t2)
+  survives = survives & (y >= t2)
   mass = mass_ref[row]
   if bound:
-    normalizer = mass
+    total = mass
   else:  # Survivors of top-k all lie in the buffer.
-    normalizer = total(lambda y, key, e: jnp.sum(jnp.where(
-        top_k_kept(y), e, 0.0))) + jnp.where(t2 > -jnp.inf, 0.0, mass)
-  p_key, p_found = _largest_key(above(top_k_kept, lambda e: e),
-                                p * normalizer)
+    total = jnp.sum(jnp.where(survives, e, 0.0)) + jnp.where(
+        t2 > -jnp.inf, 0.0, mass)
+  target = p * total
+
+  def reaches_p(v):
+    return jnp.sum(jnp.where(survives & (key >= v), e, 0.0)) >= target
+
+  p_key, p_found = _largest_key(reaches_p)
   t3 = jnp.where((p < 1) & p_found, key_value(p_key), -jnp.inf)
   if bound:  # With top-k on, every top-k survivor must stay a candidate.
     t3 = jnp.where(k > 0, -jnp.inf, t3)
   threshold = jnp.maximum(jnp.maximum(t1, t2), t3)
-  kept = lambda y: (y >= threshold) & (y > -jnp.inf)
+  kept = finite & (y >= threshold)
   threshold_ref[row] = threshold
-  count_ref[row] = total(lambda y, key, e: jnp.sum(jnp.where(kept(y), 1, 0)))
-  kept_mass_ref[row] = total(lambda y, key, e: jnp.sum(
-      jnp.where(kept(y), e, 0.0)))
+  count_ref[row] = jnp.sum(jnp.where(kept, 1, 0))
+  kept_mass_ref[row] = jnp.sum(jnp.where(kept, e, 0.0))
   certified_ref[row] = jnp.where((k <= 0) | k_found, 1, 0)
 
 
@@ -275,8 +259,7 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
   fewer than ``k`` survivors.
   """
   batch, width = y.shape
-  kernel = functools.partial(_select_kernel, bound=bound,
-                             block=min(width, _SELECT_BLOCK))
+  kernel = functools.partial(_select_kernel, bound=bound)
   return pl.pallas_call(
       kernel,
       out_shape=[jax.ShapeDtypeStruct((batch,), jnp.float32),

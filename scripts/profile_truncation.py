@@ -1,0 +1,56 @@
+"""Per-kernel device times of the truncated sampler (one configuration).
+
+    PYTHONPATH=. python3 scripts/profile_truncation.py [B] [dtype]
+"""
+import glob
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+
+import jaxsample
+from jaxsample import SamplerConfig, SamplingParams, rng
+from jaxsample.pallas import threshold
+
+batch = int(sys.argv[1]) if len(sys.argv) > 1 else 128
+dtype = jnp.dtype(sys.argv[2] if len(sys.argv) > 2 else "float32")
+vocab = 151936
+xs = [(jax.random.normal(jax.random.key(i), (batch, vocab)) * s).astype(dtype)
+      for i, s in enumerate([1, 1, 5, 5])]
+
+
+def profile(label, fn):
+  for x in xs:
+    jax.block_until_ready(fn(x))
+  with tempfile.TemporaryDirectory() as d:
+    jax.profiler.start_trace(d)
+    for i in range(20):
+      out = fn(xs[i % 4])
+    jax.block_until_ready(out)
+    jax.profiler.stop_trace()
+    data = jax.profiler.ProfileData.from_file(
+        glob.glob(f"{d}/**/*.xplane.pb", recursive=True)[0])
+  per = {}
+  for plane in data.planes:
+    if plane.name.startswith("/device:GPU"):
+      for line in plane.lines:
+        if line.name.startswith("Stream"):
+          for e in line.events:
+            per[e.name] = per.get(e.name, 0) + e.duration_ns / 1e3 / 20
+  print(f"== {label}: total {sum(per.values()):.1f} us")
+  for k, v in sorted(per.items(), key=lambda kv: -kv[1])[:6]:
+    print(f"   {v:8.1f}  {k[:90]}")
+
+
+for name, kw in [("top_k50+top_p0.9", dict(top_k=50, top_p=0.9)),
+                 ("top_p0.9", dict(top_p=0.9)), ("min_p0.05", dict(min_p=0.05))]:
+  params = SamplingParams.make(batch, **kw).canonical(vocab)
+  streams, _ = rng.row_streams(jax.random.key(0), None, batch, vocab)
+  profile(f"sample_truncated {name} B={batch} {dtype.name}", jax.jit(
+      lambda x: threshold.sample_truncated(
+          x, params, params.truncates(), streams, SamplerConfig()).token))
+  profile(f"jaxsample.sample {name} B={batch} {dtype.name}", jax.jit(
+      lambda x: jaxsample.sample(
+          x, params, jax.random.key(0),
+          config=SamplerConfig(implementation="pallas")).tokens))
