@@ -121,10 +121,40 @@ def _rows(where: jax.Array, a, b):
       a, b)
 
 
-def _reference_rows(needed, logits, params, streams, config, return_mask):
-  """The reference's result (and mask), computed only if any row ``needed`` it."""
+def _only_if(needed: jax.Array, fn):
+  """``fn()`` if any of ``needed``, else zeros of its shapes (``lax.cond``)."""
+  zeros = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                               jax.eval_shape(fn))
+  return jax.lax.cond(jnp.any(needed), fn, zeros)
 
-  def run():
+
+def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
+                   config: SamplerConfig, return_mask: bool):
+  """The kernel path (``sample``'s result, with the mask if asked).
+
+  Rows with no filter (greedy rows included) take the Gumbel kernel; sampled
+  rows with a filter take the truncated kernels
+  (``jaxsample.pallas.threshold``); invalid truncating rows, rows whose kept
+  set overflows the candidate buffer, and truncating rows on the FP64 path
+  take the sort-based reference.  Each path runs only when some row needs it
+  (``lax.cond``).
+  """
+  # pylint: disable=g-import-not-at-top
+  from jaxsample.pallas import gumbel, threshold
+  sampled = params.temperature > 0
+  truncating = params.truncates() & sampled
+  plain, plain_max, plain_lse = _only_if(
+      ~truncating,
+      lambda: gumbel.sample_untruncated(logits, params, streams, config))
+  if config.use_fp64_gumbel:
+    trunc, complete = None, jnp.zeros_like(truncating)
+  else:
+    trunc = _only_if(truncating, lambda: threshold.sample_truncated(
+        logits, params, truncating, streams, config))
+    complete = trunc.complete
+  fallback = truncating & ~complete
+
+  def reference_rows():
     proc = reference.process(logits, params)
     result = reference.sample_reference(
         logits, params, streams, generator=config.rng,
@@ -133,53 +163,20 @@ def _reference_rows(needed, logits, params, streams, config, return_mask):
       return result, None
     return result, mask.from_processed(proc, params, config.max_mask_ids)
 
-  zeros = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                               jax.eval_shape(run))
-  return jax.lax.cond(jnp.any(needed), run, zeros)
-
-
-def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
-                   config: SamplerConfig, return_mask: bool):
-  """The kernel path (``sample``'s result, with the mask if asked).
-
-  Rows with no filter, greedy rows and invalid rows take the Gumbel kernel;
-  sampled rows with a filter take the truncated kernels
-  (``jaxsample.pallas.threshold``); rows whose kept set overflows the
-  candidate buffer, and truncating rows on the FP64 path, take the sort-based
-  reference (under ``lax.cond``: only when some row needs it).
-  """
-  # pylint: disable=g-import-not-at-top
-  from jaxsample.pallas import gumbel, threshold
-  sampled = params.temperature > 0
-  truncating = params.truncates() & sampled
-  plain, plain_max, plain_lse = gumbel.sample_untruncated(logits, params,
-                                                          streams, config)
-  if config.use_fp64_gumbel:
-    complete = jnp.zeros_like(truncating)
-    trunc = None
-  else:
-    trunc = threshold.sample_truncated(logits, params, truncating, streams,
-                                       config)
-    complete = trunc.complete
-  fallback = truncating & plain.valid & ~complete
-  slow, slow_mask = _reference_rows(fallback, logits, params, streams, config,
-                                    return_mask)
+  slow, slow_mask = _only_if(fallback, reference_rows)
   fast = plain
   if trunc is not None:
     fast = SampleResult(jnp.where(complete, trunc.token, plain.tokens),
                         jnp.where(complete, trunc.logprob, plain.logprobs),
-                        plain.valid)
+                        plain.valid | complete)
   result = _rows(fallback, slow, fast)
   if not return_mask:
     return result
 
   # |K| of untruncated sampled rows: their finite entries (an XLA count, only
   # when some such row exists).
-  untruncated = sampled & ~truncating & plain.valid
-  finite = jax.lax.cond(
-      jnp.any(untruncated),
-      lambda: jnp.sum(logits > -jnp.inf, axis=-1, dtype=jnp.int32),
-      lambda: jnp.zeros(truncating.shape, jnp.int32))
+  finite = _only_if(sampled & ~truncating, lambda: jnp.sum(
+      logits > -jnp.inf, axis=-1, dtype=jnp.int32))
   count, logz, lse, ordered = finite, jnp.zeros_like(plain_lse), plain_lse, (
       lambda: jnp.zeros((logits.shape[0], 1), jnp.int32))
   if trunc is not None:
@@ -191,7 +188,7 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     ordered = functools.partial(threshold.kept_ids_by_probability, trunc,
                                 config.max_mask_ids)
   fast_mask = mask.assemble(
-      valid=plain.valid, greedy=~sampled, token=plain.tokens, count=count,
+      valid=result.valid, greedy=~sampled, token=plain.tokens, count=count,
       finite=finite, logz=logz, lse=lse, row_max=plain_max,
       ordered_ids=ordered, max_ids=config.max_mask_ids)
   return result, _rows(fallback, slow_mask, fast_mask)

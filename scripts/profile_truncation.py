@@ -1,6 +1,6 @@
 """Per-kernel device times of the truncated sampler (one configuration).
 
-    PYTHONPATH=. python3 scripts/profile_truncation.py [B] [dtype]
+    PYTHONPATH=. python3 scripts/profile_truncation.py [B] [dtype] [KNOB=int ...]
 """
 import glob
 import sys
@@ -15,6 +15,10 @@ from jaxsample.pallas import threshold
 
 batch = int(sys.argv[1]) if len(sys.argv) > 1 else 128
 dtype = jnp.dtype(sys.argv[2] if len(sys.argv) > 2 else "float32")
+for setting in sys.argv[3:]:  # module knobs, e.g. _SELECT_WARPS=2
+  name, value = setting.split("=")
+  setattr(threshold, name, int(value))
+  print(f"# threshold.{name} = {value}")
 vocab = 151936
 xs = [(jax.random.normal(jax.random.key(i), (batch, vocab)) * s).astype(dtype)
       for i, s in enumerate([1, 1, 5, 5])]

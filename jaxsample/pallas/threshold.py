@@ -61,7 +61,20 @@ _LOG2E = 1.4426950408889634
 _BOUND_MARGIN = 2.0**-10
 # |x * (1 / T) - x / T| <= 2 ulp: the filter widens the candidate test by this.
 _FILTER_SLACK = 2.0**-21
-_GROUP_ELEMENTS = 4096  # group maxima per row (about), before padding
+_GROUP_ELEMENTS = 2048  # group maxima per row (about), before padding
+# The select kernel is a chain of 64 block reductions (latency-bound); 4 warps
+# measured best on an H100 (1 or 2 warps: 3x slower).
+_SELECT_WARPS = 4
+# Chunk and warps of the two passes over the row (config fields override;
+# 2048 x 8 and 4096 x 8 measured slower on an H100).
+_PASS_BLOCK = 1024
+_PASS_WARPS = 4
+
+
+def _pass_plan(batch, vocab, dtype, config: SamplerConfig) -> common.KernelPlan:
+  return common.make_plan(batch, vocab, dtype, dataclasses.replace(
+      config, block_size=config.block_size or _PASS_BLOCK,
+      num_warps=config.num_warps or _PASS_WARPS), generator=None)
 
 
 def _sanitize(x):
@@ -130,7 +143,7 @@ class RowStats:
 def row_stats(logits, temperature, active, config: SamplerConfig) -> RowStats:
   """Runs the stats pass on the ``active`` rows (``temperature > 0`` there)."""
   batch, vocab = logits.shape
-  plan = common.make_plan(batch, vocab, logits.dtype, config, generator=None)
+  plan = _pass_plan(batch, vocab, logits.dtype, config)
   groups = max(8, min(plan.chunk,
                       _pow2_floor(_GROUP_ELEMENTS // plan.num_splits)))
   shape = (batch, plan.num_splits)
@@ -267,7 +280,7 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
                  jax.ShapeDtypeStruct((batch,), jnp.float32),
                  jax.ShapeDtypeStruct((batch,), jnp.int32)],
       grid=(batch,),
-      compiler_params=plgpu.CompilerParams(num_warps=8 if width > 2048 else 4,
+      compiler_params=plgpu.CompilerParams(num_warps=_SELECT_WARPS,
                                            num_stages=1),
       interpret=interpret, name="jaxsample_select_threshold")(
           y, row_max, t1, params.top_k, params.top_p, mass)
@@ -347,7 +360,7 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
   """Runs the compact pass and packs each row's candidates into ``C`` slots."""
   batch, vocab = logits.shape
   capacity = config.max_candidates
-  plan = common.make_plan(batch, vocab, logits.dtype, config, generator=None)
+  plan = _pass_plan(batch, vocab, logits.dtype, config)
   shape = (batch, plan.num_splits)
   kernel = functools.partial(_compact_kernel, plan=plan, vocab=vocab,
                              capacity=capacity)
