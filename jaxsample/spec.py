@@ -1,10 +1,11 @@
 """Speculative-decoding rejection sampling (pure-JAX reference).
 
 ``rejection_sample`` verifies ``k`` draft tokens per request against the target
-model's logits and emits between 1 and ``k + 1`` tokens per request.  This XLA
-function is the definition a fused kernel must match bit for bit; the fused
-Pallas kernel is not written yet (``implementation="pallas"`` raises
-``NotImplementedError``).
+model's logits and emits between 1 and ``k + 1`` tokens per request.  The XLA
+function here is the definition; the fused Pallas kernels
+(``jaxsample.pallas.spec``, ``implementation="pallas"``, or ``"auto"`` on a
+GPU) match it for batches in which no request truncates, and such batches
+(any top-k / top-p / min-p on) run this reference.
 
 Notation (request ``b``)
 ------------------------
@@ -39,12 +40,16 @@ The token emitted at slot ``j`` is drawn from target row ``j`` with Gumbel
 noise ``g`` of position ``p + j`` (see Randomness):
 
 * ``j < n`` (rejection), sampled valid row: Gumbel-max on the residual
-  ``res ∝ max(q_t,j - q_d,j, 0)``: ``token = argmax_v(log res_v + g_v)`` with
-  ``log res_v = lt_v + log1p(-exp(ld_v - lt_v))`` where ``ld_v < lt_v`` and
-  -inf elsewhere (fp32; with ``use_fp64_gumbel`` the sum is fp64 as in the
-  reference).  If the residual has zero mass (every ``log res_v = -inf``, e.g.
-  ``q_t == q_d`` and ``d_j`` outside the kept set) the draw falls back to the
-  target distribution, as below.
+  ``res ∝ max(q_t,j - q_d,j, 0)``: ``token = argmax_v(w_v + g_v)`` with
+  ``w_v = y_v + log1p(-exp(ld_v - lt_v))`` where ``ld_v < lt_v`` and -inf
+  elsewhere (``residual_logits``; fp32, then widened to the noise dtype: with
+  ``use_fp64_gumbel`` the sum with ``g`` is fp64 as in the reference).  ``w_v
+  = log res_v + logsumexp_K(y)``, the residual's log-density up to a constant,
+  so the argmax is the residual's Gumbel-max; for a one-hot draft ``w_v = y_v``
+  exactly (``v != d_j``): the plain race with ``d_j`` left out, no normalizer
+  needed.  If the residual has zero mass (every ``w_v = -inf``, e.g. ``q_t ==
+  q_d`` and ``d_j`` outside the kept set) the draw falls back to the target
+  distribution, as below.
 * otherwise (``j == n``: the bonus token; greedy rows; invalid target row
   ``j``; zero residual): the plain reference sampler's token for target row
   ``j`` with that noise: ``argmax_{K}(y + g)``, ``argmax(y)`` for greedy and
@@ -99,7 +104,7 @@ import numpy as np
 
 from jaxsample import reference, rng
 from jaxsample.params import SamplerConfig, SamplingParams
-from jaxsample.sampling import x64_scope
+from jaxsample.sampling import use_pallas, x64_scope
 
 
 @jax.tree_util.register_dataclass
@@ -189,11 +194,60 @@ def _process(logits, params):
                       (proc, lq))
 
 
+def acceptance_uniforms(accept_keys, positions, k: int, vocab: int,
+                        generator: str) -> jax.Array:
+  """``u`` ``[B, k]``: vocab index 0 of stream ``(accept_b, p + i)`` (module doc)."""
+  batch = accept_keys.shape[0]
+  slots = jnp.arange(k, dtype=jnp.uint32)
+  streams, _ = rng.row_streams(
+      jnp.repeat(accept_keys, k, axis=0),
+      (positions[:, None] + slots).reshape(-1), batch * k, vocab)
+  ((_, bits), *_) = rng.tile_bits(generator, streams, 0, jnp.uint32(0))
+  return rng.uniform(bits).reshape(batch, k)
+
+
+def accepted_count(u, lt_d, ld_d, greedy_ok, greedy, valid_t, n,
+                   synthetic_rates) -> jax.Array:
+  """``num_accepted`` ``[B]`` from the per-slot quantities ``[B, k]`` (module
+  doc): ``lt_d`` / ``ld_d`` the target / draft log-probabilities of the draft
+  tokens, ``greedy_ok`` whether the draft is the target argmax."""
+  k = u.shape[1]
+  if synthetic_rates is None:
+    ratio = jnp.where(ld_d > -jnp.inf, lt_d - ld_d, -jnp.inf)
+    accept = jnp.where(greedy[:, None], greedy_ok, jnp.log(u) < ratio)
+  else:
+    accept = u < synthetic_rates.astype(jnp.float32)
+  accept &= valid_t & (jnp.arange(k) < n[:, None])
+  return jnp.sum(jnp.cumprod(accept, axis=1), axis=1).astype(jnp.int32)
+
+
+def residual_logits(y, lt, ld) -> jax.Array:
+  """The residual race's logits ``w = y + log1p(-exp(ld - lt))`` where
+  ``ld < lt``, -inf elsewhere (module doc); ``w - y`` is ``log(1 - q_d / q_t)``."""
+  return jnp.where(ld < lt, y + jnp.log1p(-jnp.exp(ld - lt)), -jnp.inf)
+
+
+def assemble(d, j, token, lt_d, lp_token) -> SpecResult:
+  """Outputs from the drafts ``d`` ``[B, k]``, ``num_accepted`` ``j``, the
+  emitted ``token`` and the log-probabilities of the accepted drafts
+  (``lt_d`` ``[B, k]``) and of the emitted token (``lp_token`` ``[B]``)."""
+  batch, k = d.shape
+  all_slots = jnp.arange(k + 1)
+  at_j = all_slots == j[:, None]
+  tokens = jnp.concatenate([d, jnp.zeros((batch, 1), jnp.int32)], axis=1)
+  tokens = jnp.where(at_j, token[:, None], tokens)
+  logprobs = jnp.concatenate([lt_d, jnp.zeros((batch, 1), jnp.float32)],
+                             axis=1)
+  logprobs = jnp.where(at_j, lp_token[:, None], logprobs)
+  emitted = all_slots <= j[:, None]
+  return SpecResult(jnp.where(emitted, tokens, -1), j,
+                    jnp.where(emitted, logprobs, 0.0).astype(jnp.float32))
+
+
 def _reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,
                 synthetic_rates, positions, generator, fp64) -> SpecResult:
   batch, k1, vocab = target_logits.shape
   k = k1 - 1
-  slots = jnp.arange(k)
   d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
   greedy = params.temperature == 0
   noise_keys, accept_keys = stream_keys(key, batch)
@@ -213,25 +267,11 @@ def _reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,
     ld = jnp.where(valid_d[..., None], lq[:, k1:], one_hot)
   valid_t = jnp.isfinite(target.row_max)  # [B, k + 1]
 
-  # Acceptance uniforms: vocab index 0 of stream (accept_b, p + i).
-  streams, _ = rng.row_streams(
-      jnp.repeat(accept_keys, k, axis=0),
-      (positions[:, None] + slots.astype(jnp.uint32)).reshape(-1),
-      batch * k, vocab)
-  ((_, bits), *_) = rng.tile_bits(generator, streams, 0, jnp.uint32(0))
-  u = rng.uniform(bits).reshape(batch, k)
-
+  u = acceptance_uniforms(accept_keys, positions, k, vocab, generator)
   lt_d = _gather(lt[:, :k], d)
-  ld_d = _gather(ld, d)
-  if synthetic_rates is None:
-    ratio = jnp.where(ld_d > -jnp.inf, lt_d - ld_d, -jnp.inf)
-    stochastic = jnp.log(u) < ratio
-    argmax = jnp.argmax(target.y[:, :k], axis=-1)
-    accept = jnp.where(greedy[:, None], d == argmax, stochastic)
-  else:
-    accept = u < synthetic_rates.astype(jnp.float32)
-  accept &= valid_t[:, :k] & (slots < n[:, None])
-  j = jnp.sum(jnp.cumprod(accept, axis=1), axis=1).astype(jnp.int32)
+  argmax = jnp.argmax(target.y[:, :k], axis=-1)
+  j = accepted_count(u, lt_d, _gather(ld, d), d == argmax, greedy,
+                     valid_t[:, :k], n, synthetic_rates)
 
   # Emission at slot j: residual draw after a rejection, else plain sampling.
   streams, _ = rng.row_streams(noise_keys, positions + j.astype(jnp.uint32),
@@ -241,20 +281,12 @@ def _reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,
   plain = reference.race_tokens(target_j, params, noise)
   lt_j = _at(lt, j)
   ld_j = _at(ld, jnp.minimum(j, k - 1)) if k else jnp.full_like(lt_j, -jnp.inf)
-  log_res = jnp.where(ld_j < lt_j, lt_j + jnp.log1p(-jnp.exp(ld_j - lt_j)),
-                      -jnp.inf)
-  residual = jnp.argmax(log_res.astype(noise.dtype) + noise, axis=-1)
+  w = residual_logits(target_j.y, lt_j, ld_j)
+  residual = jnp.argmax(w.astype(noise.dtype) + noise, axis=-1)
   use_residual = ((j < n) & ~greedy & jnp.isfinite(target_j.row_max) &
-                  jnp.any(log_res > -jnp.inf, axis=-1))
+                  jnp.any(w > -jnp.inf, axis=-1))
   token = jnp.where(use_residual, residual, plain).astype(jnp.int32)
-
-  all_slots = jnp.arange(k1)
-  tokens = jnp.concatenate([d, jnp.zeros((batch, 1), jnp.int32)], axis=1)
-  tokens = jnp.where(all_slots == j[:, None], token[:, None], tokens)
-  logprobs = _gather(lt, tokens)
-  emitted = all_slots <= j[:, None]
-  return SpecResult(jnp.where(emitted, tokens, -1), j,
-                    jnp.where(emitted, logprobs, 0.0).astype(jnp.float32))
+  return assemble(d, j, token, lt_d, _gather(lt_j[:, None], token[:, None])[:, 0])
 
 
 def rejection_sample(target_logits: jax.Array,
@@ -285,15 +317,17 @@ def rejection_sample(target_logits: jax.Array,
     positions: ``[B]`` integer sequence position of the first draft token
       (default 0); it sets the random stream's counters.
     config: static ``SamplerConfig``; ``rng`` picks the generator and
-      ``use_fp64_gumbel`` the fp64 Gumbel race.  ``implementation`` "auto" and
-      "xla" run this reference; "pallas" raises ``NotImplementedError``.
+      ``use_fp64_gumbel`` the fp64 Gumbel race.  ``implementation``: "xla"
+      runs this reference, "pallas" the fused kernels (interpret mode off
+      GPU) for batches without truncation and this reference otherwise
+      (``lax.cond``), "auto" the kernels on GPU and the reference elsewhere.
+      ``block_size`` / ``num_splits`` / ``num_warps`` / ``num_stages`` shape
+      both kernel passes (``jaxsample.pallas.spec``).
 
   Returns:
     ``SpecResult``.
   """
   config = config or SamplerConfig()
-  if config.implementation == "pallas":
-    raise NotImplementedError("the fused rejection kernel is not written yet")
   arrays = [jnp.asarray(a) if a is not None else None
             for a in (target_logits, draft_tokens, num_draft, draft_logits,
                       synthetic_rates, positions)]
@@ -312,6 +346,16 @@ def rejection_sample(target_logits: jax.Array,
   params = params.canonical(vocab)
   with x64_scope(config.use_fp64_gumbel, target_logits, key, positions,
                  *jax.tree.leaves(params)):
-    return _reject_xla(target_logits, draft_tokens, n, params, key,
-                       draft_logits, synthetic_rates, positions, config.rng,
-                       config.use_fp64_gumbel)
+    xla = lambda: _reject_xla(target_logits, draft_tokens, n, params, key,
+                              draft_logits, synthetic_rates, positions,
+                              config.rng, config.use_fp64_gumbel)
+    if not use_pallas(config):
+      return xla()
+    from jaxsample.pallas import spec as kernels  # pylint: disable=g-import-not-at-top
+    noise_keys, accept_keys = stream_keys(key, batch)
+    d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
+    fused = lambda: kernels.reject_untruncated(
+        target_logits, d, n, params, noise_keys, accept_keys,
+        positions.astype(jnp.uint32), draft_logits, synthetic_rates, config)
+    # Truncating batches keep the reference until a threshold kernel lands.
+    return jax.lax.cond(jnp.any(params.truncates()), xla, fused)

@@ -1,4 +1,6 @@
-"""jaxsample.spec.rejection_sample: speculative sampling (spec.py docstring).
+"""jaxsample.spec.rejection_sample: speculative sampling (spec.py docstring),
+on both backends (``implementation="xla"`` and ``"pallas"``; on CPU the fused
+kernels of ``jaxsample.pallas.spec`` run in interpret mode).
 
 Statistics: the token emitted at slot ``i`` (given the request reached ``i``)
 is distributed as the processed target distribution (numpy float64 oracle of
@@ -7,10 +9,20 @@ Bit-level checks pin the random layout: the bonus / fallback draw is
 ``jaxsample.sample``'s with the noise keys, the acceptance uniform is the
 documented stream's, the residual draw is Gumbel-max on the residual.
 
+Kernel coverage: ``implementation="pallas"`` routes a batch in which any
+request truncates (top-k / top-p / min-p) to the XLA reference (``lax.cond``),
+so the Pallas variants of the tests use untruncated params where the kernels
+must run; the parity tests at the end compare the kernels with the reference
+on fresh random inputs (edge cases, splits, dtypes, generators, FP64), and
+``test_kernels_lower_to_triton`` lowers every kernel variant for an abstract
+H100 (Triton IR, no GPU needed).
+
 Tokens must match exactly across programs; logprobs within 1e-5 (XLA:CPU
 reductions may differ in the last ulp between programs, as in test_sample.py).
 Most tests share the shape ``[B, k + 1, V] = [64, 4, 16]`` to reuse
-compilations.
+compilations; Pallas runs of large batches go in slices of ``PALLAS_SLICE``
+requests (one compilation; exact, since per-request keys make every request
+independent of its batch).
 """
 
 from __future__ import annotations
@@ -23,19 +35,36 @@ import numpy as np
 import pytest
 
 import jaxsample
-from conftest import assert_chi2_fits, make_params, oracle_keep, run_sample
+from conftest import (IMPLEMENTATIONS, assert_chi2_fits, make_params,
+                      oracle_keep, run_sample)
 from jaxsample import SamplerConfig, SamplingParams, rng, spec
 
 B, K, V = 64, 3, 16  # the shared workhorse shape
+PALLAS_SLICE = 1024
 _jitted = jax.jit(spec.rejection_sample, static_argnames=("config",))
 
 
 def run(target, drafts, num_draft, params, key, *, draft_logits=None,
-        rates=None, positions=None, gen="philox", jit=True, **config_kw):
+        rates=None, positions=None, gen="philox", jit=True, impl="xla",
+        **config_kw):
   """``rejection_sample`` as numpy; jitted with explicit positions (default
-  0) unless ``jit=False``."""
+  0) unless ``jit=False``.  Pallas batches of per-request keys larger than
+  ``PALLAS_SLICE`` run slice by slice (the last slice padded by wrapping)."""
+  batch = len(num_draft)
   if jit and positions is None:
-    positions = np.zeros(len(num_draft))
+    positions = np.zeros(batch)
+  per_request = rng.key_words(key).ndim == 2
+  if impl == "pallas" and jit and per_request and batch > PALLAS_SLICE:
+    parts = []
+    for start in range(0, batch, PALLAS_SLICE):
+      idx = np.arange(start, start + PALLAS_SLICE) % batch
+      take = lambda a: None if a is None else np.asarray(a)[idx]
+      part = run(take(target), take(drafts), take(num_draft),
+                 jax.tree.map(lambda a: a[idx], params), key[idx],
+                 draft_logits=take(draft_logits), rates=rates,
+                 positions=take(positions), gen=gen, impl=impl, **config_kw)
+      parts.append(jax.tree.map(lambda a: a[:batch - start], part))
+    return jax.tree.map(lambda *a: np.concatenate(a), *parts)
   fn = _jitted if jit else spec.rejection_sample
   out = fn(jnp.asarray(target), jnp.asarray(drafts, jnp.int32),
            jnp.asarray(num_draft, jnp.int32), params, key,
@@ -44,7 +73,7 @@ def run(target, drafts, num_draft, params, key, *, draft_logits=None,
            synthetic_rates=None if rates is None else jnp.float32(rates),
            positions=None if positions is None else jnp.asarray(
                positions, jnp.int32),
-           config=SamplerConfig(rng=gen, implementation="xla", **config_kw))
+           config=SamplerConfig(rng=gen, implementation=impl, **config_kw))
   return jax.tree.map(np.asarray, out)
 
 
@@ -101,15 +130,23 @@ CASES = {
 FULL = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
 
 
-@pytest.fixture(scope="module", params=["draft_logits", "one_hot"])
+@pytest.fixture(scope="module",
+                params=[("draft_logits", "xla"), ("one_hot", "xla"),
+                        ("draft_logits", "pallas")],
+                ids=lambda p: "-".join(p))
 def theorem(request):
-  """N requests per case on fixed logits; drafts sampled by numpy."""
+  """N requests per case on fixed logits; drafts sampled by numpy.  Pallas:
+  the untruncated case with draft logits alone (truncating batches run the
+  reference; one-hot drafts are the kernels' simpler race, pinned by the
+  parity tests)."""
+  mode, impl = request.param
   r = np.random.default_rng(7)
   target = logits(7, SK + 1, V, scale=2.5)
   draft = target[:SK] + logits(8, SK, V)
-  with_logits = request.param == "draft_logits"
+  with_logits = mode == "draft_logits"
+  cases = CASES if impl == "xla" else {"plain": CASES["plain"]}
   expect, ds, cols = {}, [], {f: [] for f in FULL}
-  for name, cfg in CASES.items():
+  for name, cfg in cases.items():
     cfg = dict(FULL, **cfg)
     pt = [probs_np(target[i], **cfg) for i in range(SK + 1)]
     # With draft logits the drafts follow the processed draft distribution;
@@ -120,14 +157,14 @@ def theorem(request):
     expect[name] = (pt, pd)
     for f in cols:
       cols[f] += [cfg[f]] * N
-  batch = N * len(CASES)
+  batch = N * len(cases)
   res = run(np.broadcast_to(target, (batch, SK + 1, V)), np.concatenate(ds),
             np.full(batch, SK), SamplingParams.make(batch, **cols),
             keys(batch, 11),
             draft_logits=np.broadcast_to(draft, (batch, SK, V))
-            if with_logits else None)
+            if with_logits else None, impl=impl)
   out = {name: jax.tree.map(lambda a: a[c * N:(c + 1) * N], res)
-         for c, name in enumerate(CASES)}
+         for c, name in enumerate(cases)}
   return with_logits, out, expect, (target, draft, np.concatenate(ds),
                                      keys(batch, 11))
 
@@ -135,6 +172,9 @@ def theorem(request):
 @pytest.mark.parametrize("name", list(CASES))
 def test_emitted_tokens_follow_the_target_distribution(theorem, name):
   with_logits, out, expect, _ = theorem
+  if name not in out:
+    pytest.skip("pallas runs truncating batches on the XLA reference "
+                "(test_truncating_batches_run_the_reference)")
   out, (pt, pd) = out[name], expect[name]
   assert_padding(out, out.num_accepted)
   for i in range(SK + 1):
@@ -174,7 +214,8 @@ def test_residual_draw_is_gumbel_max_on_the_residual(theorem):
   assert ties <= 2
 
 
-def test_greedy_rows_accept_while_draft_is_the_argmax():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_greedy_rows_accept_while_draft_is_the_argmax(impl):
   r = np.random.default_rng(3)
   target = r.integers(0, 4, (B, K + 1, V)).astype(np.float32)  # many ties
   am = np.argmax(target, axis=-1)
@@ -182,9 +223,11 @@ def test_greedy_rows_accept_while_draft_is_the_argmax():
                     r.integers(0, V, (B, K)))
   num_draft = r.integers(0, K + 1, B)
   temps = np.where(np.arange(B) % 4 == 3, 0.9, 0.0)  # mixed with sampled rows
-  params = SamplingParams.make(B, temperature=temps, top_k=2, top_p=0.5)
+  # Filters change nothing for greedy rows (pallas: off, so kernels run).
+  trunc = dict(top_k=2, top_p=0.5) if impl == "xla" else {}
+  params = SamplingParams.make(B, temperature=temps, **trunc)
   out = run(target, drafts, num_draft, params, keys(B),
-            draft_logits=logits(3, B, K, V))
+            draft_logits=logits(3, B, K, V), impl=impl)
   for b in np.flatnonzero(temps == 0):
     j = 0
     while j < num_draft[b] and drafts[b, j] == am[b, j]:
@@ -203,16 +246,18 @@ def test_greedy_rows_accept_while_draft_is_the_argmax():
 SYN = 4096  # requests in the synthetic-mode batch
 
 
-def test_synthetic_rates_are_the_conditional_acceptance_rates():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_synthetic_rates_are_the_conditional_acceptance_rates(impl):
   rates = [0.85, 0.5, 0.25]
+  syn = SYN if impl == "xla" else 2 * PALLAS_SLICE
   r = np.random.default_rng(5)
-  target = logits(5, SYN, K + 1, V, scale=2.0)
+  target = logits(5, syn, K + 1, V, scale=2.0)
   draft = target[:, :K] * 0.5
-  drafts = r.integers(0, V, (SYN, K))
-  temps = np.where(np.arange(SYN) % 8 == 0, 0.0, 1.0)
-  out = run(target, drafts, np.full(SYN, K),
-            SamplingParams.make(SYN, temperature=temps), keys(SYN, 2),
-            draft_logits=draft, rates=rates)
+  drafts = r.integers(0, V, (syn, K))
+  temps = np.where(np.arange(syn) % 8 == 0, 0.0, 1.0)
+  out = run(target, drafts, np.full(syn, K),
+            SamplingParams.make(syn, temperature=temps), keys(syn, 2),
+            draft_logits=draft, rates=rates, impl=impl)
   assert_padding(out, out.num_accepted)
   for i, rate in enumerate(rates):
     reached = out.num_accepted >= i
@@ -231,20 +276,21 @@ def test_synthetic_rates_are_the_conditional_acceptance_rates():
         math.log(probs_np(target[b, 0])[drafts[b, 0]]), abs=2e-5)
 
 
-def test_synthetic_rates_zero_and_one():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_synthetic_rates_zero_and_one(impl):
+  syn = SYN if impl == "xla" else PALLAS_SLICE
   r = np.random.default_rng(6)
-  target = logits(6, SYN, K + 1, V)
-  drafts = r.integers(0, V, (SYN, K))
-  params = SamplingParams.make(SYN, temperature=[0.0, 1.0] * (SYN // 2))
-  n = r.integers(0, K + 1, SYN)
-  out = run(target, drafts, n, params, keys(SYN), draft_logits=target[:, :K],
-            rates=[1.0, 1.0, 1.0])
+  target = logits(6, syn, K + 1, V)
+  drafts = r.integers(0, V, (syn, K))
+  params = SamplingParams.make(syn, temperature=[0.0, 1.0] * (syn // 2))
+  n = r.integers(0, K + 1, syn)
+  kw = dict(draft_logits=target[:, :K], impl=impl)
+  out = run(target, drafts, n, params, keys(syn), rates=[1.0, 1.0, 1.0], **kw)
   assert_padding(out, n)
   real = np.arange(K)[None] < n[:, None]
   np.testing.assert_array_equal(out.tokens[:, :K][real], drafts[real])
-  out = run(target, drafts, n, params, keys(SYN), draft_logits=target[:, :K],
-            rates=[0.0, 1.0, 1.0])
-  assert_padding(out, np.zeros(SYN, int))
+  out = run(target, drafts, n, params, keys(syn), rates=[0.0, 1.0, 1.0], **kw)
+  assert_padding(out, np.zeros(syn, int))
 
 
 # ---------------------------------------------------------------------------
@@ -252,19 +298,27 @@ def test_synthetic_rates_zero_and_one():
 # ---------------------------------------------------------------------------
 
 
+def untruncated_for(impl, **filters):
+  """``filters`` for the reference; none for the kernels (so they run)."""
+  return filters if impl == "xla" else {}
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("gen", ["philox", "threefry"])
-def test_zero_drafts_emit_the_plain_sample(gen):
+def test_zero_drafts_emit_the_plain_sample(gen, impl):
   r = np.random.default_rng(8)
   target = logits(8, B, K + 1, V, scale=2.0)
   target[r.random(target.shape) < 0.2] = -np.inf
-  params = SamplingParams.make(B, temperature=r.choice([0.0, 0.7, 1.2], B),
-                               top_k=r.choice([0, 5], B),
-                               top_p=r.choice([1.0, 0.8], B))
+  params = SamplingParams.make(
+      B, temperature=r.choice([0.0, 0.7, 1.2], B),
+      **untruncated_for(impl, top_k=r.choice([0, 5], B),
+                        top_p=r.choice([1.0, 0.8], B)))
   pos = r.integers(0, 2**31 - 1, B)
   pos[0] = 2**31 - 1
   ks = keys(B, 4)
   out = run(target, r.integers(0, V, (B, K)), np.zeros(B), params, ks,
-            draft_logits=logits(9, B, K, V), positions=pos, gen=gen)
+            draft_logits=logits(9, B, K, V), positions=pos, gen=gen,
+            impl=impl)
   assert_padding(out, np.zeros(B, int))
   noise_keys, _ = spec.stream_keys(ks, B)
   want = run_sample(jnp.asarray(target[:, 0]), params, noise_keys,
@@ -274,10 +328,13 @@ def test_zero_drafts_emit_the_plain_sample(gen):
                              atol=1e-5)
 
 
-@pytest.mark.parametrize("cfg", [dict(temperature=1.0),
-                                 dict(temperature=0.5, top_k=4),
-                                 dict(temperature=2.0, top_p=0.6, min_p=0.1)])
-def test_all_accepted_when_draft_equals_target(cfg):
+@pytest.mark.parametrize("cfg,impl", [
+    (dict(temperature=1.0), "xla"),
+    (dict(temperature=0.5, top_k=4), "xla"),
+    (dict(temperature=2.0, top_p=0.6, min_p=0.1), "xla"),
+    (dict(temperature=1.0), "pallas"),
+])
+def test_all_accepted_when_draft_equals_target(cfg, impl):
   """q_t == q_d: the ratio is exactly 1 > u; the bonus is the plain sample at
   position p + n."""
   r = np.random.default_rng(9)
@@ -290,7 +347,7 @@ def test_all_accepted_when_draft_equals_target(cfg):
   params = SamplingParams.make(B, **cfg)
   ks = keys(B, 5)
   out = run(target, drafts, n, params, ks, draft_logits=target[:, :K],
-            positions=pos)
+            positions=pos, impl=impl)
   assert_padding(out, n)
   real = np.arange(K)[None] < n[:, None]
   np.testing.assert_array_equal(out.tokens[:, :K][real], drafts[real])
@@ -303,8 +360,9 @@ def test_all_accepted_when_draft_equals_target(cfg):
                              atol=1e-5)
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("gen", ["philox", "threefry"])
-def test_acceptance_uniforms_follow_the_documented_stream(gen):
+def test_acceptance_uniforms_follow_the_documented_stream(gen, impl):
   """u_i is vocab index 0 of stream (fold_in(r_b, 1), p + i); one-hot drafts
   accept iff log u_i < log q_t(d_i)."""
   r = np.random.default_rng(10)
@@ -314,7 +372,7 @@ def test_acceptance_uniforms_follow_the_documented_stream(gen):
   pos = r.integers(0, 1000, B) * (gen == "philox")  # threefry: position 0
   ks = keys(B, 6)
   out = run(target, drafts, np.full(B, K), SamplingParams.make(B), ks,
-            positions=pos, gen=gen)
+            positions=pos, gen=gen, impl=impl)
   accept_keys = jax.random.key_data(
       jax.vmap(jax.random.fold_in, (0, None))(ks, 1))
   lt = np.float32([math.log(probs_np(target[b, 0])[drafts[b, 0]])
@@ -344,7 +402,8 @@ def test_acceptance_uniforms_follow_the_documented_stream(gen):
 # ---------------------------------------------------------------------------
 
 
-def test_k1_equals_longer_k_with_padding():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_k1_equals_longer_k_with_padding(impl):
   """Slots >= num_draft are padding: their tokens and logits change nothing."""
   r = np.random.default_rng(12)
   target = logits(12, B, K + 1, V)
@@ -354,10 +413,10 @@ def test_k1_equals_longer_k_with_padding():
   params = SamplingParams.make(B, temperature=[0.0, 0.9, 1.0, 1.3] * (B // 4))
   ks = keys(B, 8)
   short = run(target[:, :2], drafts[:, :1], n, params, ks,
-              draft_logits=draft[:, :1])
+              draft_logits=draft[:, :1], impl=impl)
   target[:, 2:] = np.nan  # garbage padding
   drafts[:, 1:] = -5
-  long = run(target, drafts, n, params, ks, draft_logits=draft)
+  long = run(target, drafts, n, params, ks, draft_logits=draft, impl=impl)
   assert short.tokens.shape == (B, 2)
   assert 0 < short.num_accepted.sum() < n.sum()
   assert_same(jax.tree.map(lambda a: a[:, :2] if a.ndim == 2 else a, long),
@@ -365,31 +424,36 @@ def test_k1_equals_longer_k_with_padding():
   assert np.all(long.tokens[:, 2:] == -1)
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("zero", ["target", "draft", "one_hot_target"])
-def test_drafts_with_zero_probability_are_rejected(zero):
-  """q_t(d) = 0 (by -inf or by top-k) or q_d(d) = 0: always rejected."""
+def test_drafts_with_zero_probability_are_rejected(zero, impl):
+  """q_t(d) = 0 (by -inf or by top-k) or q_d(d) = 0: always rejected.
+  Pallas: by -inf only (no filter, so the kernels run)."""
   r = np.random.default_rng(13)
   target = logits(13, B, K + 1, V)
   draft = logits(14, B, K, V)
   drafts = r.integers(0, V, (B, K))
   rows = np.arange(B)
   x = draft if zero == "draft" else target
+  top_k = 4 if impl == "xla" else 0
   x[rows[::2], 0, drafts[::2, 0]] = -np.inf
-  x[rows[1::2], 0, drafts[1::2, 0]] = -50.0
-  out = run(target, drafts, np.full(B, K), SamplingParams.make(B, top_k=4),
-            keys(B), draft_logits=None if zero == "one_hot_target" else draft)
+  x[rows[1::2], 0, drafts[1::2, 0]] = -50.0 if top_k else -np.inf
+  out = run(target, drafts, np.full(B, K), SamplingParams.make(B, top_k=top_k),
+            keys(B), draft_logits=None if zero == "one_hot_target" else draft,
+            impl=impl)
   assert_padding(out, np.zeros(B, int))
   if zero != "draft":
     assert np.all(out.tokens[:, 0] != drafts[:, 0])
   for b in range(B):
-    pt = probs_np(target[b, 0], top_k=4)
+    pt = probs_np(target[b, 0], top_k=top_k)
     assert out.logprobs[b, 0] == pytest.approx(
         math.log(pt[out.tokens[b, 0]]), abs=2e-5)
 
 
 def test_zero_residual_falls_back_to_the_target():
   """q_t == q_d and d outside the kept set: rejected, zero residual, so the
-  emitted token is the plain sample of the target row."""
+  emitted token is the plain sample of the target row (kernels:
+  test_kernel_edge_cases_match_the_reference)."""
   target = logits(14, B, K + 1, V)
   drafts = np.argsort(target[:, :K], axis=-1)[..., 0]  # the least likely
   params = SamplingParams.make(B, temperature=0.8, top_k=3)
@@ -405,7 +469,8 @@ def test_zero_residual_falls_back_to_the_target():
                              atol=1e-5)
 
 
-def test_invalid_rows():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_invalid_rows(impl):
   base = np.linspace(-1, 1, V, dtype=np.float32)
   target = np.tile(base, (B, K + 1, 1))
   drafts = np.full((B, K), 3)
@@ -422,7 +487,8 @@ def test_invalid_rows():
   temps = np.ones(B)
   temps[[1, 5]] = 0.0
   params = SamplingParams.make(B, temperature=temps)
-  out = run(target, drafts, np.full(B, K), params, keys(B), draft_logits=draft)
+  out = run(target, drafts, np.full(B, K), params, keys(B), draft_logits=draft,
+            impl=impl)
   np.testing.assert_array_equal(out.tokens[0, :3], [3, 5, -1])
   assert out.num_accepted[0] == 1 and out.logprobs[0, 1] == -np.inf
   np.testing.assert_array_equal(out.tokens[1], [0, -1, -1, -1])
@@ -433,18 +499,20 @@ def test_invalid_rows():
   assert out.num_accepted[4] == 0 and np.isfinite(out.logprobs[4, 0])
   target[4, 2] = base
   again = run(target, drafts, np.full(B, K), params, keys(B),
-              draft_logits=draft)
+              draft_logits=draft, impl=impl)
   np.testing.assert_array_equal(again.tokens[4], out.tokens[4])
   np.testing.assert_array_equal(out.tokens[5], [3, -1, -1, -1])
   assert out.logprobs[5, 0] == -np.inf
   np.testing.assert_array_equal(out.num_accepted[6:], K)  # untouched rows
 
 
-def test_k0_is_plain_sampling():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_k0_is_plain_sampling(impl):
   target = logits(22, B, 1, V)
-  params = SamplingParams.make(B, temperature=[0.0, 0.8] * (B // 2), top_k=5)
+  params = SamplingParams.make(B, temperature=[0.0, 0.8] * (B // 2),
+                               **untruncated_for(impl, top_k=5))
   ks = keys(B, 13)
-  out = run(target, np.zeros((B, 0)), np.zeros(B), params, ks)
+  out = run(target, np.zeros((B, 0)), np.zeros(B), params, ks, impl=impl)
   assert out.tokens.shape == (B, 1)
   noise_keys, _ = spec.stream_keys(ks, B)
   want = run_sample(jnp.asarray(target[:, 0]), params, noise_keys,
@@ -453,33 +521,38 @@ def test_k0_is_plain_sampling():
   np.testing.assert_array_equal(out.num_accepted, 0)
 
 
-def test_empty_batch():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_empty_batch(impl):
   for key in (jax.random.key(0), keys(0)):
     out = spec.rejection_sample(jnp.zeros((0, 3, 8)),
                                 jnp.zeros((0, 2), jnp.int32),
                                 jnp.zeros((0,), jnp.int32),
-                                SamplingParams.make(0), key)
+                                SamplingParams.make(0), key,
+                                draft_logits=jnp.zeros((0, 2, 8)),
+                                config=SamplerConfig(implementation=impl))
     assert out.tokens.shape == (0, 3) and out.tokens.dtype == jnp.int32
     assert out.num_accepted.shape == (0,)
     assert out.logprobs.shape == (0, 3) and out.logprobs.dtype == jnp.float32
 
 
-def test_bf16_logits_equal_their_fp32_upcast():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_bf16_logits_equal_their_fp32_upcast(impl):
   r = np.random.default_rng(15)
   target = jnp.asarray(logits(15, B, K + 1, V, scale=3.0), jnp.bfloat16)
   draft = jnp.asarray(logits(16, B, K, V, scale=3.0), jnp.bfloat16)
   drafts = r.integers(0, V, (B, K))
   params = SamplingParams.make(B, temperature=[0.0, 0.7, 1.0, 1.5] * (B // 4),
-                               top_k=[0, 5] * (B // 2))
+                               **untruncated_for(impl, top_k=[0, 5] * (B // 2)))
   n = r.integers(0, K + 1, B)
-  low = run(target, drafts, n, params, keys(B), draft_logits=draft)
+  low = run(target, drafts, n, params, keys(B), draft_logits=draft, impl=impl)
   high = run(target.astype(jnp.float32), drafts, n, params, keys(B),
-             draft_logits=draft.astype(jnp.float32))
+             draft_logits=draft.astype(jnp.float32), impl=impl)
   assert_same(low, high)
   assert 0 < low.num_accepted.sum() < n.sum()
 
 
-def test_batch_invariance_with_per_request_keys():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_batch_invariance_with_per_request_keys(impl):
   r = np.random.default_rng(16)
   target = logits(16, B, K + 1, V, scale=2.0)
   draft = target[:, :K] + logits(17, B, K, V)
@@ -487,13 +560,14 @@ def test_batch_invariance_with_per_request_keys():
   n = r.integers(0, K + 1, B)
   pos = r.integers(0, 10**6, B)
   params = make_params(B, temperature=r.choice([0.0, 0.6, 1.0], B),
-                       top_k=r.choice([0, 4], B), top_p=r.choice([1.0, 0.7], B))
+                       **untruncated_for(impl, top_k=r.choice([0, 4], B),
+                                         top_p=r.choice([1.0, 0.7], B)))
   ks = keys(B, 10)
 
   def sub(idx):
     return run(target[idx], drafts[idx], n[idx],
                jax.tree.map(lambda a: a[idx], params), ks[idx],
-               draft_logits=draft[idx], positions=pos[idx])
+               draft_logits=draft[idx], positions=pos[idx], impl=impl)
 
   full = sub(np.arange(B))
   assert 0 < full.num_accepted.sum() < n.sum()
@@ -516,27 +590,30 @@ def test_stream_keys_are_fold_ins():
     np.testing.assert_array_equal(accept[b], fold(request, 1))
 
 
-def test_batch_key_is_fold_in_per_request_and_raw_equals_typed():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_batch_key_is_fold_in_per_request_and_raw_equals_typed(impl):
   r = np.random.default_rng(17)
   target = logits(17, B, K + 1, V)
   drafts = r.integers(0, V, (B, K))
   args = (target, drafts, np.full(B, K), SamplingParams.make(B))
-  kw = dict(draft_logits=target[:, :K] + 0.5 * logits(18, B, K, V))
+  kw = dict(draft_logits=target[:, :K] + 0.5 * logits(18, B, K, V), impl=impl)
   key = jax.random.key(18)
   one = run(*args, key, **kw)
   per = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(B))
   assert_same(one, run(*args, per, **kw))
-  assert_same(one, run(*args, jax.random.key_data(per), **kw))
-  assert_same(one, run(*args, jax.random.key_data(key), **kw))
+  if impl == "xla":  # key handling precedes the dispatch to the kernels
+    assert_same(one, run(*args, jax.random.key_data(per), **kw))
+    assert_same(one, run(*args, jax.random.key_data(key), **kw))
 
 
-def test_jit_equals_eager_and_clamps_out_of_range():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_jit_equals_eager_and_clamps_out_of_range(impl):
   r = np.random.default_rng(19)
   target = logits(19, B, K + 1, V)
   drafts = r.integers(0, V, (B, K))
   n = r.integers(0, K + 1, B)
   params = SamplingParams.make(B, temperature=[0.0, 1.0] * (B // 2))
-  kw = dict(draft_logits=logits(20, B, K, V))
+  kw = dict(draft_logits=logits(20, B, K, V), impl=impl)
   eager = run(target, drafts, n, params, keys(B), jit=False, **kw)  # positions None
   assert_same(eager, run(target, drafts, n, params, keys(B), **kw))
   wild_n = np.where(n == K, 99, np.where(n == 0, -3, n))
@@ -545,12 +622,13 @@ def test_jit_equals_eager_and_clamps_out_of_range():
   assert_same(eager, run(target, wild_d, wild_n, params, keys(B), **kw))
 
 
-def test_fp64_gumbel_bonus_is_the_fp64_plain_sample():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_fp64_gumbel_bonus_is_the_fp64_plain_sample(impl):
   target = logits(21, 8, 2, 64)
   params = SamplingParams.make(8, temperature=0.9)
   ks = keys(8, 12)
   out = run(target, np.zeros((8, 1)), np.zeros(8), params, ks, jit=False,
-            use_fp64_gumbel=True)
+            use_fp64_gumbel=True, impl=impl)
   noise_keys, _ = spec.stream_keys(ks, 8)
   want = run_sample(jnp.asarray(target[:, 0]), params, noise_keys, fp64=True,
                     jit=False)
@@ -583,13 +661,173 @@ def _bad(**over):
     (dict(params=SamplingParams.make(3)), "batch size"),
     (dict(key=keys(3)), "per-request keys"),
 ])
-def test_bad_inputs_raise_value_error(over, match):
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_bad_inputs_raise_value_error(over, match, impl):
   with pytest.raises(ValueError, match=match):
-    spec.rejection_sample(**_bad(**over))
+    spec.rejection_sample(**_bad(**over),
+                          config=SamplerConfig(implementation=impl))
 
 
-def test_pallas_is_not_written_yet():
-  with pytest.raises(NotImplementedError, match="not written yet"):
-    spec.rejection_sample(**_bad(),
-                          config=SamplerConfig(implementation="pallas"))
+def test_module_is_exported():
   assert jaxsample.spec is spec
+
+
+# ---------------------------------------------------------------------------
+# The fused kernels against the reference, on fresh random inputs.
+# ---------------------------------------------------------------------------
+
+
+def both(*args, **kw):
+  """Runs the kernels and the reference; asserts parity; returns the former."""
+  a = run(*args, impl="pallas", **kw)
+  assert_same(a, run(*args, impl="xla", **kw))
+  return a
+
+
+def edge_case_batch(seed, batch, k, vocab, *, with_draft):
+  """Random requests with edge cases in fixed row groups (see the test)."""
+  r = np.random.default_rng(seed)
+  target = logits(seed, batch, k + 1, vocab, scale=2.0)
+  draft = target[:, :k] + 0.7 * logits(seed + 1, batch, k, vocab)
+  target[r.random(target.shape) < 0.1] = -np.inf
+  draft[r.random(draft.shape) < 0.1] = -np.inf
+  drafts = np.where(r.random((batch, k)) < 0.6, np.argmax(draft, -1),
+                    r.integers(0, vocab, (batch, k)))
+  n = r.integers(0, k + 1, batch)
+  temps = r.choice([0.0, 0.6, 1.0, 1.7], batch)
+  pos = r.integers(0, 2**31, batch)
+  # 0-7: all accepted: draft rows equal to target rows peaked at the drafts
+  # (q_t(d) = 1 - O(e^-40) for one-hot drafts).
+  g = slice(0, 8)
+  target[g] = logits(seed + 2, 8, k + 1, vocab)
+  drafts[g] = r.integers(0, vocab, (8, k))
+  for i in range(k):
+    target[g, i][np.arange(8), drafts[g, i]] = 50.0
+  draft[g] = target[g, :k]
+  n[g], temps[g] = k, 1.0
+  # 8-15: the first draft has no target mass.
+  g = slice(8, 16)
+  target[g, 0][np.arange(8), drafts[g, 0]] = -np.inf
+  n[g], temps[g] = k, 0.9
+  # 16-23: zero residual: equal rows, the draft -inf in both (draft logits).
+  g = slice(16, 24)
+  draft[g] = target[g, :k]
+  draft[g, 0][np.arange(8), drafts[g, 0]] = -np.inf
+  target[g, 0][np.arange(8), drafts[g, 0]] = -np.inf
+  n[g], temps[g] = k, 1.3
+  # 24-27: invalid target rows at slot 0 (NaN, +inf, no finite entry, x / T
+  # overflowing), 28-31: invalid draft rows (one-hot fallback).
+  target[24, 0, 3] = np.nan
+  target[25, 0, 5] = np.inf
+  target[26, 0] = -np.inf
+  target[27, 0, [2, 7]] = 3e38
+  draft[28:32, 0, 1] = np.nan
+  n[24:32], temps[24:28], temps[28:32] = k, [1.0, 1.0, 0.8, 0.5], 1.1
+  # 32, 33: slot 0 valid and accepted-prone, an invalid slot 1.
+  target[32:34, 1, 4] = np.nan
+  params = SamplingParams.make(batch, temperature=temps)
+  return (target, drafts, n, params, keys(batch, seed)), dict(
+      draft_logits=draft if with_draft else None, positions=pos)
+
+
+@pytest.mark.parametrize("k,gen,with_draft", [
+    (K, "philox", True), (K, "philox", False), (K, "threefry", True),
+    (1, "philox", False)])
+def test_kernel_edge_cases_match_the_reference(k, gen, with_draft):
+  args, kw = edge_case_batch(30 + k, B, k, V, with_draft=with_draft)
+  target, drafts, n = args[:3]
+  out = both(*args, gen=gen, **kw)
+  np.testing.assert_array_equal(out.num_accepted[:8], k)  # all accepted
+  assert np.all(out.num_accepted[8:16] == 0)  # first rejected
+  assert np.all(out.tokens[8:16, 0] != drafts[8:16, 0])
+  if with_draft:  # zero residual: the plain sample, never the draft
+    assert np.all(out.num_accepted[16:24] == 0)
+    assert np.all(out.tokens[16:24, 0] != drafts[16:24, 0])
+  np.testing.assert_array_equal(out.tokens[24:28, 0], [3, 5, 0, 2])
+  assert np.all(out.logprobs[24:28, 0] == -np.inf)
+  rest = slice(32, None)
+  assert 0 < out.num_accepted[rest].sum() < n[rest].sum()  # not vacuous
+
+
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_kernel_synthetic_mode_matches_the_reference(with_draft):
+  """Synthetic acceptance, including rejections of a one-hot draft that is
+  its row's only finite logit (zero residual: the draft itself)."""
+  args, kw = edge_case_batch(40, B, K, V, with_draft=with_draft)
+  target, drafts = args[:2]
+  target[40:48, 0] = -np.inf
+  target[40:48, 0][np.arange(8), drafts[40:48, 0]] = 1.0
+  args[2][40:48] = K
+  out = both(*args, rates=[0.5, 0.0, 1.0], **kw)
+  assert np.all(out.num_accepted <= 1)
+  rejected = np.flatnonzero(out.num_accepted[40:48] == 0) + 40
+  assert rejected.size and np.all(out.tokens[rejected, 0] ==
+                                  drafts[rejected, 0])
+  assert np.all(out.logprobs[rejected, 0] == 0)
+
+
+@pytest.mark.parametrize("gen,vocab,splits", [("threefry", 1007, 4),
+                                              ("philox", 4100, 3)])
+def test_kernel_vocab_splits_match_the_reference(gen, vocab, splits):
+  """Several splits and loop steps per row in both passes (64-element loads;
+  philox tiles are 2048 wide, so V = 4100 gives its race three splits)."""
+  args, kw = edge_case_batch(50, 34, 2, vocab, with_draft=True)
+  both(*args, gen=gen, block_size=64, num_splits=splits, **kw)
+
+
+def test_kernel_bf16_matches_the_reference():
+  args, kw = edge_case_batch(60, B, K, V, with_draft=True)
+  args = (jnp.asarray(args[0], jnp.bfloat16),) + args[1:]
+  kw["draft_logits"] = jnp.asarray(kw["draft_logits"], jnp.bfloat16)
+  both(*args, **kw)
+
+
+def test_kernel_fp64_noise_matches_the_reference():
+  args, kw = edge_case_batch(70, B, K, V, with_draft=True)
+  with jax.enable_x64(True):
+    both(*args, use_fp64_gumbel=True, **kw)
+
+
+def test_truncating_batches_run_the_reference():
+  args, kw = edge_case_batch(80, B, K, V, with_draft=True)
+  params = args[3]
+  args = args[:3] + (SamplingParams(params.temperature,
+                                    params.top_k.at[5].set(3), params.top_p,
+                                    params.min_p),) + args[4:]
+  out = both(*args, **kw)
+  assert out.num_accepted.sum() > 0
+
+
+def test_kernels_lower_to_triton(monkeypatch):
+  """Every kernel variant lowers to Triton IR for an abstract H100 (no GPU
+  needed; the PTX compile and the run are the GPU suite's)."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3",
+                                       num_cores=132, platform="cuda")
+  mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+  S = jax.ShapeDtypeStruct
+  batch, k, vocab = 4, 3, 151936
+
+  def lowered(dtype, with_draft, **config):
+    def fn(target, drafts, n, temperature, key, draft):
+      params = SamplingParams(temperature, jnp.zeros_like(n),
+                              jnp.ones_like(temperature),
+                              jnp.zeros_like(temperature))
+      return spec.rejection_sample(
+          target, drafts, n, params, key, draft_logits=draft,
+          config=SamplerConfig(implementation="pallas", **config))
+
+    args = (S((batch, k + 1, vocab), dtype), S((batch, k), jnp.int32),
+            S((batch,), jnp.int32), S((batch,), jnp.float32),
+            S((batch, 2), jnp.uint32),
+            S((batch, k, vocab), dtype) if with_draft else None)
+    with jax.sharding.use_abstract_mesh(mesh):
+      text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+    return text.as_text().count("__gpu$xla.gpu.triton")
+
+  for gen in ("philox", "threefry"):
+    for dtype in (jnp.float32, jnp.bfloat16):
+      for with_draft in (False, True):
+        assert lowered(dtype, with_draft, rng=gen) == 2
+  with jax.enable_x64(True):
+    assert lowered(jnp.float32, True, use_fp64_gumbel=True) == 2

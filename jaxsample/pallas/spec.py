@@ -1,0 +1,531 @@
+"""Fused rejection sampling for speculative decoding: two Pallas passes.
+
+Implements ``jaxsample.spec.rejection_sample`` (its module doc is the spec)
+for batches in which no request truncates (top-k / top-p / min-p off); the
+caller routes other batches to the XLA reference.  Everything stays on the
+device: no host sync, no full softmax in HBM.
+
+Pass 1, ``stats_partials`` (grid ``(rows, vocab splits)``, no noise): for
+every *real* draft slot ``i < n_b`` it reads target row ``i`` (and draft row
+``i``) once and writes per-split partials: the max of the sanitized logits
+``x``, and ``sum exp((x - max) / T)`` (sampled rows) or the argmax (greedy
+target rows).  Padding slots, greedy requests' draft rows and every request's
+bonus row ``k`` are not read.  A small XLA combine merges the partials into
+each row's ``logsumexp`` and decides acceptance exactly as the reference
+(``jaxsample.spec.accepted_count``; the logits at the draft tokens are
+gathered, ``2 B k`` elements).
+
+Pass 2, ``emit_partials`` (grid ``(B, vocab splits)``): one row per request,
+target row ``j`` (and draft row ``j`` for a draft-logits residual), with the
+Gumbel noise of stream ``(noise_b, p + j)`` drawn in the kernel
+(``gumbel.GumbelRace``: the reference's noise and arithmetic).  Per request,
+one of
+
+* greedy: the argmax of row ``j``;
+* race: Gumbel-max of ``y = x / T`` over row ``j``, with the draft token
+  ``d_j`` left out after a rejection of a one-hot draft (the residual of a
+  one-hot draft is the target without ``d_j``: ``w_v = y_v``, no normalizer);
+  also the bonus token, invalid rows and rejected rows with an invalid draft
+  row;
+* residual: Gumbel-max of ``w = y + log1p(-exp(ld - lt))`` (draft logits),
+  with the pass-1 normalizers of both rows; a plain race rides along until
+  the split sees its first residual element (for the zero-residual fallback).
+
+Reads: ``B k`` target rows in pass 1 and ``B`` in pass 2 for one-hot drafts
+(``B (k + 1)``, the bytes of the target logits; row ``j`` is read twice and
+the bonus row only when ``j = k``), plus ``B k`` draft rows and one draft row
+per request with a draft-logits residual.  Tokens equal the
+reference's bit for bit wherever they do not hinge on a normalizer; the
+acceptance test and the draft-logits residual use the pass-1 ``logsumexp``
+(summed in another order than XLA's, ~1e-7 relative), so they agree with the
+reference except within that rounding of a tie.  Logprobs agree to ~1e-6.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from jaxsample import reference, rng
+from jaxsample import spec as spec_ref
+from jaxsample.pallas import common, gumbel
+from jaxsample.params import SamplerConfig, SamplingParams
+
+_LOG2E = 1.4426950408889634
+STATS_BLOCK = 4096
+"""Default elements per load of pass 1 (``SamplerConfig.block_size`` overrides)."""
+
+
+# ---------------------------------------------------------------------------
+# Row reductions shared by both passes.
+# ---------------------------------------------------------------------------
+
+
+def _argmax_split(plan, math, split_start, vocab, load):
+  """``(max, argmax)`` of the sanitized logits of one split (smallest id on
+  ties; an all -inf split reports its first id)."""
+
+  def step(carry, chunk, x):
+    x = reference.sanitize(x)
+    return common.argmax_update(*carry, x, chunk.index)
+
+  lanes = jnp.arange(plan.chunk, dtype=jnp.int32)
+  init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32), split_start + lanes)
+  best, index = common.chunk_loop(plan, math, split_start, vocab, load, step,
+                                  init)
+  return common.argmax_finish(best, index)
+
+
+def _sumexp_split(plan, math, split_start, vocab, load, t):
+  """``(m, s)`` of one split: ``m`` the max of the sanitized logits ``x``,
+  ``s = sum exp((x - m) / T)``.
+
+  Lane-wise online sum-exp, one ``ex2.approx`` per element and no block
+  reduction in the loop: the larger of ``x`` and the lane max is the lane's
+  reference (the scheme of ``threshold``'s stats pass; one shared helper in
+  ``common`` should serve both).
+  """
+  scale_log2 = _LOG2E / t
+
+  def step(carry, chunk, x):
+    del chunk
+    lane_max, s = carry
+    x = reference.sanitize(x)
+    e = math.exp2_approx(-jnp.abs(x - lane_max) * scale_log2)
+    e = jnp.where(x == -jnp.inf, 0.0, jnp.where(x == lane_max, 1.0, e))
+    s = jnp.where(x > lane_max, s * e + 1.0, s + e)
+    return jnp.maximum(lane_max, x), s
+
+  init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32),
+          jnp.zeros((plan.chunk,), jnp.float32))
+  lane_max, s = common.chunk_loop(plan, math, split_start, vocab, load, step,
+                                  init)
+  m = jnp.max(lane_max)
+  ref = jnp.where(m == -jnp.inf, 0.0, m)
+  s = jnp.where(lane_max > -jnp.inf,
+                s * math.exp2_approx((lane_max - ref) * scale_log2), 0.0)
+  return m, jnp.sum(s)
+
+
+# ---------------------------------------------------------------------------
+# Pass 1: statistics of the draft slots' target (and draft) rows.
+# ---------------------------------------------------------------------------
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RowStats:
+  """Per-row results of pass 1, ``[B, k]`` each (rows never read: max -inf).
+
+  ``max``: max of the sanitized logits ``x``; ``argmax``: its smallest index
+  (greedy target rows only); ``shift`` / ``log_sum``: ``logsumexp(y) = shift +
+  log_sum`` with ``shift = max(y)``, ``y`` the tempered logits (sampled
+  rows); ``valid``: ``max(y)`` is finite (the reference's row validity).
+  """
+
+  max: jax.Array
+  argmax: jax.Array
+  shift: jax.Array
+  log_sum: jax.Array
+  valid: jax.Array
+
+
+def _stats_kernel(temp_ref, n_ref, target_ref, *refs, plan, k, batch, vocab,
+                  with_draft):
+  if with_draft:
+    draft_ref, max_ref, arg_ref, sumexp_ref = refs
+  else:
+    draft_ref, (max_ref, arg_ref, sumexp_ref) = None, refs
+  r, split = pl.program_id(0), pl.program_id(1)
+  math = common.KernelMath(plan.interpret)
+  split_start = split * plan.split_len
+  is_draft = r >= batch * k
+  local = jnp.where(is_draft, r - batch * k, r)
+  b, i = local // k, local % k
+  t = temp_ref[b]
+
+  zero = split - split  # Triton lowers no store of a literal: a computed 0.
+
+  def write(m, arg, s):
+    max_ref[r, split] = m
+    arg_ref[r, split] = arg
+    sumexp_ref[r, split] = s
+
+  def skip():  # padding slot, or a greedy request's draft row
+    write(zero.astype(jnp.float32) - jnp.inf, zero, zero.astype(jnp.float32))
+
+  target_load = common.row_chunk_loader(target_ref, b * (k + 1) + i,
+                                        plan.chunk)
+
+  def greedy():
+    m, arg = _argmax_split(plan, math, split_start, vocab, target_load)
+    write(m, arg, zero.astype(jnp.float32))
+
+  def sampled(load):
+    def branch():
+      m, s = _sumexp_split(plan, math, split_start, vocab, load, t)
+      write(m, zero, s)
+    return branch
+
+  branches = [skip, greedy, sampled(target_load)]
+  kind = jnp.where(t == 0, 1, 2)
+  if with_draft:
+    branches.append(sampled(common.row_chunk_loader(draft_ref, local,
+                                                    plan.chunk)))
+    kind = jnp.where(is_draft, jnp.where(t == 0, 0, 3), kind)
+  kind = jnp.where(i < n_ref[b], kind, 0)
+  lax.switch(kind, branches)
+
+
+def stats_plan(rows: int, vocab: int, dtype, config: SamplerConfig):
+  """Launch plan of pass 1: ``STATS_BLOCK``-element loads (fewer for a small
+  vocabulary), no noise."""
+  block = config.block_size or min(STATS_BLOCK,
+                                   max(16, 1 << (vocab - 1).bit_length()))
+  return common.make_plan(rows, vocab, dtype,
+                          dataclasses.replace(config, block_size=block),
+                          generator=None)
+
+
+def stats_partials(target, draft, temperature, n, config: SamplerConfig):
+  """Runs pass 1 on ``target`` ``[B, k + 1, V]`` (and ``draft`` ``[B, k,
+  V]``): ``(max, argmax, sumexp)``, each ``[rows, S]`` with rows = the ``B k``
+  target slots then the ``B k`` draft slots."""
+  batch, k1, vocab = target.shape
+  k = k1 - 1
+  with_draft = draft is not None
+  rows = batch * k * (2 if with_draft else 1)
+  plan = stats_plan(rows, vocab, target.dtype, config)
+  shape = (rows, plan.num_splits)
+  kernel = functools.partial(_stats_kernel, plan=plan, k=k, batch=batch,
+                             vocab=vocab, with_draft=with_draft)
+  call = pl.pallas_call(
+      kernel,
+      out_shape=[jax.ShapeDtypeStruct(shape, jnp.float32),
+                 jax.ShapeDtypeStruct(shape, jnp.int32),
+                 jax.ShapeDtypeStruct(shape, jnp.float32)],
+      grid=shape, compiler_params=plan.compiler_params(),
+      interpret=plan.interpret, name="jaxsample_spec_stats")
+  args = [temperature.astype(jnp.float32), n.astype(jnp.int32),
+          target.reshape(batch * k1, vocab)]
+  if with_draft:
+    args.append(draft.reshape(batch * k, vocab))
+  return call(*args)
+
+
+def combine_stats(m, arg, sumexp, temperature) -> RowStats:
+  """Merges pass-1 partials ``[B, k, S]`` of rows of requests with
+  temperatures ``[B]`` (max and rescaled sum, first split winning ties)."""
+  t = temperature[:, None]
+  greedy = t == 0
+  row_max = jnp.max(m, axis=-1)
+  arg = jnp.min(jnp.where(m == row_max[..., None], arg,
+                          jnp.iinfo(jnp.int32).max), axis=-1)
+  safe = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  inv_t = 1.0 / jnp.where(greedy, 1.0, t)
+  total = jnp.sum(sumexp * jnp.exp((m - safe[..., None]) * inv_t[..., None]),
+                  axis=-1)
+  shift = jnp.where(greedy, row_max, row_max / jnp.where(greedy, 1.0, t))
+  return RowStats(row_max, arg, shift, jnp.log(total), jnp.isfinite(shift))
+
+
+def log_probs_at(x, stats_shift, stats_log_sum, temperature):
+  """``lt(v)`` of sampled valid rows from the sanitized logit ``x`` at ``v``:
+  ``(x / T - shift) - log_sum``, -inf for a -inf logit (reference.log_probs)."""
+  t = jnp.where(temperature > 0, temperature, 1.0)
+  y = x / t
+  return jnp.where(y > -jnp.inf, (y - stats_shift) - stats_log_sum, -jnp.inf)
+
+
+# ---------------------------------------------------------------------------
+# Pass 2: the emitted token (one row per request, Gumbel noise).
+# ---------------------------------------------------------------------------
+
+GREEDY, RACE, RESIDUAL = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _ResidualMath(common.KernelMath):
+  """``KernelMath`` whose ``div`` yields the residual logits of one chunk.
+
+  ``GumbelRace.chunk`` races ``div(x, T) + g`` and filters on ``x / T``
+  alone; with ``div(x, T) = w = y + log1p(-exp(ld - lt)) <= y``
+  (``jaxsample.spec.residual_logits``) its filter stays a valid bound and its
+  exact branch races ``w + g``, computing ``w`` only for chunks that may win.
+  """
+
+  draft: jax.Array = None
+  norms: tuple = ()
+
+  def div(self, x, t):
+    shift_t, log_sum_t, shift_d, log_sum_d = self.norms
+    y = super().div(x, t)
+    lt = (y - shift_t) - log_sum_t
+    ld = (super().div(self.draft, t) - shift_d) - log_sum_d
+    return spec_ref.residual_logits(y, lt, ld)
+
+
+def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
+                 key1_ref, base_hi_ref, base_lo_ref, shift_t_ref, lsum_t_ref,
+                 shift_d_ref, lsum_d_ref, target_ref, *refs, plan, vocab,
+                 generator, fp64, with_draft):
+  if with_draft:
+    draft_ref, *outs = refs
+  else:
+    draft_ref, outs = None, list(refs)
+  race_ref, index_ref, max_ref, sumexp_ref = outs[:4]
+  plain_race_ref, plain_index_ref = outs[4:6] if with_draft else (None, None)
+  lo_refs = outs[6 if with_draft else 4:]
+  b, split = pl.program_id(0), pl.program_id(1)
+  math = common.KernelMath(plan.interpret)
+  split_start = split * plan.split_len
+  t = temp_ref[b]
+  race_dtype = jnp.float64 if fp64 else jnp.float32
+  first_index = split_start + jnp.arange(plan.chunk, dtype=jnp.int32)
+  load_t = common.row_chunk_loader(target_ref, row_t_ref[b], plan.chunk)
+  stream = rng.RowStreams(key0_ref[b], key1_ref[b], base_hi_ref[b],
+                          base_lo_ref[b])
+  noise = common.Noise(generator, stream, jnp.int32(0), wide=fp64)
+  race = gumbel.GumbelRace(math, t, race_dtype, wide=fp64)
+  one = (split - split + 1).astype(jnp.float32)  # no literal stores in Triton
+
+  def store(ref, lo_index, value):
+    if fp64:
+      ref[b, split], lo_refs[lo_index][b, split] = gumbel._split_words(value)  # pylint: disable=protected-access
+    else:
+      ref[b, split] = value
+
+  def write(finished, plain=None):
+    top, index, m, s = finished
+    store(race_ref, 0, top)
+    index_ref[b, split] = index
+    max_ref[b, split] = m
+    sumexp_ref[b, split] = s
+    if with_draft:
+      plain_top, plain_index = plain or (top, index)
+      store(plain_race_ref, 1, plain_top)
+      plain_index_ref[b, split] = plain_index
+
+  def greedy():
+    top, index = _argmax_split(plan, math, split_start, vocab, load_t)
+    write((top.astype(race_dtype), index, top, one))
+
+  def plain_race():
+    excl = excl_ref[b]
+
+    def step(state, tile, loaded):
+      loaded = [jnp.where(tile.index(c) == excl, -jnp.inf,
+                          x.astype(jnp.float32))
+                for c, x in enumerate(loaded)]
+      return race.step(state, tile, loaded)[0]
+
+    state = common.tile_loop(plan, math, split_start, vocab, load_t, step,
+                             race.init(first_index), noise=noise)
+    write(race.finish(state))
+
+  branches = [greedy, plain_race]
+  if with_draft:
+    load_d = common.row_chunk_loader(draft_ref, row_d_ref[b], plan.chunk)
+    norms = (shift_t_ref[b], lsum_t_ref[b], shift_d_ref[b], lsum_d_ref[b])
+
+    def chunk_race(gr, state, tile, c, bits, x):
+      e = gr._exp_below(x, state[2].astype(jnp.float32))  # pylint: disable=protected-access
+      return gr.chunk(state, tile.index(c), bits[c], x, e, None)
+
+    def residual():
+      def load(start, mask):
+        return load_t(start, mask), load_d(start, mask)
+
+      def step(states, tile, loaded):
+        res_state, plain_state = states
+        bits = tile.bits()
+        for c, (x, xd) in enumerate(loaded):
+          x = x.astype(jnp.float32)
+          res = dataclasses.replace(race, math=_ResidualMath(
+              plan.interpret, xd.astype(jnp.float32), norms))
+          res_state = chunk_race(res, res_state, tile, c, bits, x)
+          # Once the split holds a residual element the plain race is moot.
+          plain_state = lax.cond(
+              res_state[2] > -jnp.inf, lambda s=plain_state: s,
+              lambda s=plain_state, c=c, x=x: chunk_race(race, s, tile, c,
+                                                        bits, x))
+        return res_state, plain_state
+
+      init = race.init(first_index)
+      res_state, plain_state = common.tile_loop(
+          plan, math, split_start, vocab, load, step, (init, init),
+          noise=noise)
+      plain_top, plain_index, _, _ = race.finish(plain_state)
+      write(race.finish(res_state), (plain_top, plain_index))
+
+    branches.append(residual)
+  lax.switch(mode_ref[b], branches)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class EmitRequest:
+  """Pass-2 work of each request, ``[B]`` each.
+
+  ``mode``: ``GREEDY``, ``RACE`` or ``RESIDUAL``; ``row_t`` / ``row_d``: flat
+  target / draft row; ``exclude``: vocab id left out of the race (-1: none);
+  ``norms``: ``(shift_t, log_sum_t, shift_d, log_sum_d)`` of those rows
+  (``RESIDUAL`` only); ``streams``: noise streams.
+  """
+
+  mode: jax.Array
+  row_t: jax.Array
+  row_d: jax.Array
+  exclude: jax.Array
+  norms: tuple
+  streams: rng.RowStreams
+
+
+def emit_partials(target2d, draft2d, temperature, req: EmitRequest,
+                  config: SamplerConfig):
+  """Runs pass 2 on flat rows ``target2d`` ``[R, V]`` (``draft2d`` or None):
+  ``(partials, plain)``, ``gumbel.GumbelPartials`` ``[B, S]`` of the race
+  (the residual race for ``RESIDUAL`` requests) and, with ``draft2d``, the
+  ``(race, index)`` of the plain race that backs up a zero residual."""
+  batch = temperature.shape[0]
+  vocab = target2d.shape[1]
+  fp64 = config.use_fp64_gumbel
+  with_draft = draft2d is not None
+  plan = common.make_plan(batch, vocab, target2d.dtype, config,
+                          generator=config.rng)
+  shape = (batch, plan.num_splits)
+  race_type = jax.ShapeDtypeStruct(shape, jnp.uint32 if fp64 else jnp.float32)
+  i32 = jax.ShapeDtypeStruct(shape, jnp.int32)
+  f32 = jax.ShapeDtypeStruct(shape, jnp.float32)
+  out_shape = [race_type, i32, f32, f32]
+  if with_draft:
+    out_shape += [race_type, i32]
+  if fp64:
+    out_shape += [jax.ShapeDtypeStruct(shape, jnp.uint32)] * (1 + with_draft)
+  kernel = functools.partial(_emit_kernel, plan=plan, vocab=vocab,
+                             generator=config.rng, fp64=fp64,
+                             with_draft=with_draft)
+  call = pl.pallas_call(kernel, out_shape=out_shape, grid=shape,
+                        compiler_params=plan.compiler_params(),
+                        interpret=plan.interpret, name="jaxsample_spec_emit")
+  s = req.streams
+  args = [temperature.astype(jnp.float32), req.mode, req.row_t, req.row_d,
+          req.exclude, s.key0, s.key1, s.base_hi, s.base_lo,
+          *[a.astype(jnp.float32) for a in req.norms], target2d]
+  if with_draft:
+    args.append(draft2d)
+  outs = list(call(*args))
+  race, index, row_max, sumexp = outs[:4]
+  plain = tuple(outs[4:6]) if with_draft else None
+  if fp64:
+    lo = outs[-1 - with_draft:]
+    race = gumbel._join_words(race, lo[0])  # pylint: disable=protected-access
+    if with_draft:
+      plain = (gumbel._join_words(plain[0], lo[1]), plain[1])  # pylint: disable=protected-access
+  partials = gumbel.GumbelPartials(race=race, index=index, max=row_max,
+                                   sumexp=sumexp, raced_tiles=None)
+  return partials, plain
+
+
+def _race_winner(race, index):
+  """``(top, token)`` of per-split race partials ``[B, S]`` (first split wins
+  ties), as ``gumbel.combine_partials``."""
+  top = jnp.max(race, axis=-1)
+  token = jnp.min(jnp.where(race == top[:, None], index,
+                            jnp.iinfo(jnp.int32).max), axis=-1)
+  return top, token
+
+
+# ---------------------------------------------------------------------------
+# The whole sampler.
+# ---------------------------------------------------------------------------
+
+
+def _at(a, j):
+  """``a[b, j[b]]`` for ``a`` ``[B, m]``."""
+  return jnp.take_along_axis(a, j[:, None], axis=1)[:, 0]
+
+
+def reject_untruncated(target_logits, d, n, params: SamplingParams, noise_keys,
+                       accept_keys, positions, draft_logits, synthetic_rates,
+                       config: SamplerConfig) -> spec_ref.SpecResult:
+  """``rejection_sample`` by the kernels for canonical params with no filter
+  on; ``d`` clipped drafts, ``n`` clipped counts, raw stream keys ``[B, 2]``
+  (``spec.stream_keys``) and uint32 positions."""
+  batch, k1, vocab = target_logits.shape
+  k = k1 - 1
+  t = params.temperature
+  greedy = t == 0
+  with_draft = draft_logits is not None and k > 0
+  target2d = target_logits.reshape(batch * k1, vocab)
+  draft2d = draft_logits.reshape(batch * k, vocab) if with_draft else None
+  rows = jnp.arange(batch, dtype=jnp.int32)
+
+  if k:
+    m, arg, sumexp = stats_partials(target_logits, draft_logits
+                                    if with_draft else None, t, n, config)
+    split = lambda a: a.reshape(-1, batch, k, a.shape[-1])
+    m, arg, sumexp = split(m), split(arg), split(sumexp)
+    ts = combine_stats(m[0], arg[0], sumexp[0], t)
+    x_t = reference.sanitize(jnp.take_along_axis(target_logits[:, :k],
+                                                 d[..., None], axis=-1)[..., 0])
+    lt_d = jnp.where(greedy[:, None],
+                     jnp.where(d == ts.argmax, 0.0, -jnp.inf),
+                     log_probs_at(x_t, ts.shift, ts.log_sum, t[:, None]))
+    lt_d = jnp.where(ts.valid, lt_d, -jnp.inf).astype(jnp.float32)
+    if with_draft:
+      ds = combine_stats(m[1], arg[1], sumexp[1], t)
+      x_d = reference.sanitize(jnp.take_along_axis(draft_logits, d[..., None],
+                                                   axis=-1)[..., 0])
+      ld_d = jnp.where(ds.valid, log_probs_at(x_d, ds.shift, ds.log_sum,
+                                              t[:, None]), 0.0)
+    else:
+      ld_d = jnp.zeros_like(lt_d)
+    u = spec_ref.acceptance_uniforms(accept_keys, positions, k, vocab,
+                                     config.rng)
+    j = spec_ref.accepted_count(u, lt_d, ld_d, d == ts.argmax, greedy,
+                                ts.valid, n, synthetic_rates)
+    jc = jnp.minimum(j, k - 1)
+    rejected = (j < n) & ~greedy & _at(ts.valid, jc)
+    d_j = _at(d, jc)
+    if with_draft:
+      use_draft = rejected & _at(ds.valid, jc)
+      norms = (_at(ts.shift, jc), _at(ts.log_sum, jc), _at(ds.shift, jc),
+               _at(ds.log_sum, jc))
+    else:
+      use_draft = jnp.zeros_like(rejected)
+      norms = (_at(ts.shift, jc), _at(ts.log_sum, jc)) * 2
+  else:
+    j = jnp.zeros((batch,), jnp.int32)
+    rejected = use_draft = jnp.zeros((batch,), bool)
+    lt_d = jnp.zeros((batch, 0), jnp.float32)
+    d_j = jnp.zeros((batch,), jnp.int32)
+    norms = (jnp.zeros((batch,), jnp.float32),) * 4
+
+  streams, _ = rng.row_streams(noise_keys, positions + j.astype(jnp.uint32),
+                               batch, vocab)
+  mode = jnp.where(greedy, GREEDY, jnp.where(use_draft, RESIDUAL, RACE))
+  req = EmitRequest(mode.astype(jnp.int32), rows * k1 + j,
+                    rows * max(k, 1) + jnp.minimum(j, max(k - 1, 0)),
+                    jnp.where(rejected & ~use_draft, d_j, -1).astype(jnp.int32),
+                    norms, streams)
+  partials, plain = emit_partials(target2d, draft2d, t, req, config)
+
+  # The plain race's token and logprob: as jaxsample.sample's kernel path.
+  token, row_max, lse = gumbel.combine_partials(partials)
+  top, _ = _race_winner(partials.race, partials.index)
+  if with_draft:
+    _, plain_token = _race_winner(*plain)
+    token = jnp.where((mode == RESIDUAL) & (top == -jnp.inf), plain_token, token)
+  # A one-hot residual with no mass: d_j is the target's only token.
+  token = jnp.where(rejected & ~use_draft & (top == -jnp.inf), d_j, token)
+  x_token = reference.sanitize(target2d[req.row_t, token])
+  plain_lp = reference.finalize(x_token, params, token, lse, row_max).logprobs
+  residual_lp = log_probs_at(x_token, norms[0], norms[1], t)
+  lp = jnp.where(rejected, residual_lp, plain_lp).astype(jnp.float32)
+  return spec_ref.assemble(d, j, token.astype(jnp.int32), lt_d, lp)

@@ -1,0 +1,246 @@
+"""Device-time benchmark of speculative-decoding rejection sampling.
+
+``PYTHONPATH=. python3 scripts/bench_spec.py [--batch 1,32,128] [--k 1,4,8]
+[--dtypes float32,bfloat16] [--draft both|yes|no] [--json PATH]``
+
+Same method as ``jaxsample.bench``: every op is jitted, warmed up and called
+on rotating inputs (distinct target / draft logits buffers, > 2x the L2)
+under the JAX profiler (``bench.time_op``: profiler-summed GPU kernel and copy
+time per call, median over repeats; wall time per call alongside).  The HBM
+floor is the bytes of the target logits ``[B, k + 1, V]`` (and of the draft
+logits ``[B, k, V]``) read once, over the bandwidth of a large device copy
+measured in the same run (``bench.measure_bandwidth``).
+
+Ops per (dtype, B, k, draft logits or one-hot drafts):
+
+* ``pallas``: ``rejection_sample(implementation="pallas")``, standard mode;
+* ``pallas synthetic``: the same with ``synthetic_rates`` = ``--rate`` per
+  slot (its run time should match the standard mode's);
+* ``xla``: the XLA reference (``implementation="xla"``), standard mode.
+
+For the Pallas ops an extra traced run splits the device time per call into
+pass 1 (``jaxsample_spec_stats``), pass 2 (``jaxsample_spec_emit``) and the
+XLA glue (every other kernel), and counts the kernels per call.
+
+Inputs: ``2 N(0, 1)`` logits (``--dist llm`` adds head tokens, see
+``jaxsample.bench``; needs a ``bench.rotating_inputs`` with ``dist``), draft
+tokens = argmax of the draft logits (one-hot: random tokens), ``n = k``,
+temperature ``--temperature``, per-request keys and random positions.  With
+random logits nearly every request rejects at slot 0 in the standard mode;
+the synthetic mode spreads ``num_accepted`` over ``0 .. k``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxsample as js
+from jaxsample import bench
+
+PASS1, PASS2 = "jaxsample_spec_stats", "jaxsample_spec_emit"
+
+
+def _events_by_name(trace_dir: str) -> dict[str, list[int]]:
+  """GPU event durations (ns) of a trace, by event name (stream lines)."""
+  files = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
+  out = collections.defaultdict(list)
+  if not files:
+    return out
+  data = jax.profiler.ProfileData.from_file(files[0])
+  for plane in data.planes:
+    if not plane.name.startswith("/device:GPU"):
+      continue
+    for line in plane.lines:
+      if line.name.startswith("Stream"):
+        for event in line.events:
+          out[event.name].append(event.duration_ns)
+  return out
+
+
+def breakdown(fn, inputs, calls: int) -> dict:
+  """Device us per call of pass 1, pass 2 and the rest, and kernels per call."""
+  jax.block_until_ready(fn(inputs[0]))
+  with tempfile.TemporaryDirectory() as trace_dir:
+    jax.profiler.start_trace(trace_dir)
+    out = None
+    for i in range(calls):
+      out = fn(inputs[i % len(inputs)])
+    jax.block_until_ready(out)
+    jax.profiler.stop_trace()
+    events = _events_by_name(trace_dir)
+  if not events:
+    return {}
+  part = lambda keep: sum(sum(d) for n, d in events.items() if keep(n))
+  total_events = sum(len(d) for d in events.values())
+  return {
+      "pass1_us": part(lambda n: PASS1 in n) / 1e3 / calls,
+      "pass2_us": part(lambda n: PASS2 in n) / 1e3 / calls,
+      "other_us": part(lambda n: PASS1 not in n and PASS2 not in n) / 1e3 /
+                  calls,
+      "kernels_per_call": total_events / calls,
+      "other_kernels": sorted({n for n in events
+                               if PASS1 not in n and PASS2 not in n}),
+  }
+
+
+def make_inputs(batch, k, vocab, dtype, with_draft, dist, seed):
+  """Rotating ``(target, draft)`` pairs (``draft`` None for one-hot drafts)."""
+  kw = {} if dist == "randn" else {"dist": dist}
+  target = bench.rotating_inputs(batch * (k + 1), vocab, dtype, seed=seed, **kw)
+  target = [t.reshape(batch, k + 1, vocab) for t in target]
+  if not with_draft:
+    return [(t, None) for t in target]
+  draft = bench.rotating_inputs(batch * k, vocab, dtype, seed=seed + 1, **kw)
+  draft = [d.reshape(batch, k, vocab) for d in draft]
+  count = max(len(target), len(draft))
+  return [(target[i % len(target)], draft[i % len(draft)])
+          for i in range(count)]
+
+
+def ops(batch, k, vocab, temperature, rate, config_kw) -> dict:
+  """The timed ops, each a jitted function of one ``(target, draft)`` pair."""
+  r = np.random.default_rng(batch * 100 + k)
+  params = js.SamplingParams.make(batch, temperature=temperature)
+  keys = jax.random.split(jax.random.key(3), batch)
+  positions = jnp.asarray(r.integers(0, 2**20, batch), jnp.int32)
+  n = jnp.full((batch,), k, jnp.int32)
+  random_drafts = jnp.asarray(r.integers(0, vocab, (batch, k)), jnp.int32)
+  rates = jnp.full((k,), rate, jnp.float32)
+
+  def op(impl, synthetic):
+    config = js.SamplerConfig(implementation=impl, **config_kw)
+
+    @jax.jit
+    def fn(pair):
+      target, draft = pair
+      drafts = (random_drafts if draft is None else
+                jnp.argmax(draft, axis=-1).astype(jnp.int32))
+      out = js.spec.rejection_sample(
+          target, drafts, n, params, keys, draft_logits=draft,
+          synthetic_rates=rates if synthetic else None, positions=positions,
+          config=config)
+      return out.tokens, out.num_accepted
+
+    return fn
+
+  return {"pallas": op("pallas", False), "pallas synthetic": op("pallas", True),
+          "xla": op("xla", False)}
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--batch", default="1,32,128")
+  parser.add_argument("--k", default="1,4,8")
+  parser.add_argument("--vocab", type=int, default=151936)
+  parser.add_argument("--dtypes", default="float32,bfloat16")
+  parser.add_argument("--draft", default="both", choices=("both", "yes", "no"))
+  parser.add_argument("--dist", default="randn")
+  parser.add_argument("--temperature", type=float, default=0.7)
+  parser.add_argument("--rate", type=float, default=0.8,
+                      help="synthetic acceptance rate per slot")
+  parser.add_argument("--ops", default="",
+                      help="comma-separated substrings selecting ops")
+  parser.add_argument("--iters", type=int, default=32)
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--no-breakdown", dest="breakdown", action="store_false")
+  for name in ("block_size", "num_splits", "num_warps", "num_stages"):
+    parser.add_argument(f"--{name.replace('_', '-')}", default="",
+                        help=f"SamplerConfig.{name}: comma-separated values "
+                        "to sweep (default: the heuristic)")
+  parser.add_argument("--rng", default="philox")
+  parser.add_argument("--json", default="")
+  args = parser.parse_args(argv)
+
+  sweeps = {name: [int(v) for v in getattr(args, name).split(",") if v]
+            for name in ("block_size", "num_splits", "num_warps", "num_stages")}
+  plans = [dict(zip(sweeps, values)) for values in itertools.product(
+      *[v or [None] for v in sweeps.values()])]
+  selected = [s for s in args.ops.split(",") if s]
+  drafts = {"both": (False, True), "yes": (True,), "no": (False,)}[args.draft]
+
+  bandwidth = bench.measure_bandwidth()
+  device = jax.devices()[0]
+  print(f"# device: {device.device_kind} ({jax.default_backend()}), jax "
+        f"{jax.__version__}; copy bandwidth {bandwidth / 1e12:.2f} TB/s; "
+        f"V={args.vocab}, T={args.temperature}, rng={args.rng}, "
+        f"dist={args.dist}; floor = target (+ draft) logits bytes / copy "
+        "bandwidth")
+  print(f"{'op':17s} {'plan':24s} {'dtype':8s} {'B':>4s} {'k':>2s} "
+        f"{'draft':5s} {'us':>8s} {'wall':>8s} {'floor':>7s} {'x_floor':>7s} "
+        f"{'pass1':>7s} {'pass2':>7s} {'other':>7s} {'kern':>5s}")
+  rows = []
+  for dtype, batch, k, with_draft in itertools.product(
+      args.dtypes.split(","), [int(b) for b in args.batch.split(",")],
+      [int(k) for k in args.k.split(",")], drafts):
+    itemsize = jnp.dtype(dtype).itemsize
+    rows_read = batch * (k + 1) + (batch * k if with_draft else 0)
+    floor_us = rows_read * args.vocab * itemsize / bandwidth * 1e6
+    inputs = make_inputs(batch, k, args.vocab, jnp.dtype(dtype), with_draft,
+                         args.dist, seed=batch * 10 + k)
+    for plan in plans:
+      config_kw = {key: v for key, v in plan.items() if v is not None}
+      table = ops(batch, k, args.vocab, args.temperature, args.rate,
+                  dict(config_kw, rng=args.rng))
+      for name, fn in table.items():
+        if selected and not any(s in name for s in selected):
+          continue
+        if name == "xla" and len(plans) > 1 and plan is not plans[0]:
+          continue  # the reference ignores the plan
+        r = bench.time_op(fn, inputs, args.iters, args.repeats)
+        row = dict(op=name, plan=config_kw, dtype=dtype, batch=batch, k=k,
+                   draft=with_draft, vocab=args.vocab, floor_us=floor_us,
+                   x_floor=r["us"] / floor_us, **r)
+        if args.breakdown and name.startswith("pallas"):
+          row.update(breakdown(fn, inputs, args.iters))
+        rows.append(row)
+        plan_s = ",".join(f"{key}={v}" for key, v in config_kw.items()) or "default"
+        part = lambda key: (f"{row[key]:7.1f}" if key in row else f"{'':7s}")
+        kern = (f"{row['kernels_per_call']:5.1f}" if "kernels_per_call" in row
+                else "")
+        print(f"{name:17s} {plan_s:24s} {dtype:8s} {batch:4d} {k:2d} "
+              f"{'yes' if with_draft else 'no':5s} {r['us']:8.1f} "
+              f"{r['wall_us']:8.1f} {floor_us:7.1f} {row['x_floor']:7.2f} "
+              f"{part('pass1_us')} {part('pass2_us')} {part('other_us')} "
+              f"{kern}", flush=True)
+    del inputs
+
+  # Summary: synthetic vs standard, kernels vs reference.
+  print("\n# synthetic / standard and xla / pallas (device time)")
+  index = {(r["op"], str(r["plan"]), r["dtype"], r["batch"], r["k"],
+            r["draft"]): r["us"] for r in rows}
+  ratios = []
+  for (op, plan, dtype, batch, k, draft), us in index.items():
+    if op != "pallas":
+      continue
+    syn = index.get(("pallas synthetic", plan, dtype, batch, k, draft))
+    xla = index.get(("xla", str({}), dtype, batch, k, draft))
+    if syn is not None:
+      ratios.append(syn / us)
+    print(f"{dtype:8s} B={batch:<4d} k={k} draft={'yes' if draft else 'no ':3s} "
+          f"plan={plan:24s} synthetic/standard="
+          f"{syn / us if syn else float('nan'):.3f} xla/pallas="
+          f"{xla / us if xla else float('nan'):.2f}")
+  if ratios:
+    print(f"# synthetic/standard: median {statistics.median(ratios):.3f}, "
+          f"max {max(ratios):.3f}")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"device": device.device_kind, "backend": jax.default_backend(),
+                 "jax": jax.__version__, "bandwidth_bytes_per_s": bandwidth,
+                 "argv": sys.argv, "rows": rows}, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
