@@ -1,14 +1,31 @@
 """Benchmarks with device-side timing: ``python -m jaxsample.bench --help``.
 
-Each op is jitted, warmed up, then called ``--iters`` times on rotating
-inputs (enough distinct logits buffers to exceed the GPU's L2, so nothing is
-timed from cache) under the JAX profiler.  Device time per call is the summed
-duration of the GPU kernels and copies the profiler recorded, divided by the
-number of calls; the median of ``--repeats`` such runs is reported, with the
-wall-clock time per call (dispatch included) alongside.  The HBM floor of an
-op is the bytes it must read (the logits, once) over the bandwidth of a large
-device copy measured in the same run.  On CPU the profiler has no device
-plane and the wall-clock figure stands in.
+Each op is jitted, warmed up, then called ``--iters * --repeats`` times on
+rotating inputs (enough distinct logits buffers to exceed the GPU's L2, so
+nothing is timed from cache) under one JAX profiler trace.  The GPU events
+(kernels and copies) of the trace are cut into calls in time order; device
+time per call is the median over ``--repeats`` consecutive blocks of
+``--iters`` calls of the block's mean, with the wall-clock time per call
+(dispatch included) alongside.  The HBM floor of an op is the bytes it must
+read (the logits, once) over the bandwidth of a large device copy measured in
+the same run.  On CPU the profiler has no device plane and the wall-clock
+figure stands in.
+
+Logit distributions (``--dists``; each row of ``[B, V]`` independent):
+
+* ``randn``: i.i.d. ``2 * N(0, 1)``.  The sampler's worst case: at T = 0.7
+  every RNG tile of the Gumbel kernel may hold the winner, so none is skipped.
+* ``llm``: an LLM-like row: a bulk of ``2 * N(0, 1)`` plus ``LLM_HEADS`` (8)
+  head tokens at random ids with logits uniform in [15, 25], i.e. 6 to 16
+  above the bulk's maximum (~9 at V = 151936).  With the kernel's tile skip,
+  tiles of bulk only are skipped once a head's race value bounds them
+  (``jaxsample.pallas.gumbel``).
+
+``jaxsample pallas philox skip`` is the kernel with its opt-in tile skip
+(``jaxsample.pallas.gumbel.TILE_SKIP``); on fp32 logits the fraction of RNG
+tiles that drew random bits with it (``raced``, from
+``GumbelPartials.raced_tiles``, over the first 4 input buffers) is printed
+alongside.
 """
 
 from __future__ import annotations
@@ -27,52 +44,66 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsample as js
+from jaxsample import rng
+from jaxsample.pallas import gumbel
 
 L2_BYTES = 50 * 2**20
 _TOP_K = 50
 _TOP_P = 0.9
 
 
-def _device_kernel_ns(trace_dir: str) -> int | None:
-  """Sum of GPU event durations in a profiler trace, or None without a GPU plane."""
+def _device_events(trace_dir: str) -> list[tuple[int, int]] | None:
+  """(start_ns, duration_ns) of the GPU events of a trace, in time order."""
   files = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
   if not files:
     return None
   data = jax.profiler.ProfileData.from_file(files[0])
-  total, seen = 0, False
+  events = []
   for plane in data.planes:
     if not plane.name.startswith("/device:GPU"):
       continue
     for line in plane.lines:
-      # Stream lines hold the kernels and copies; skip derived summary lines.
       if not line.name.startswith("Stream"):
         continue
-      for event in line.events:
-        seen = True
-        total += event.duration_ns
-  return total if seen else None
+      events.extend((e.start_ns, e.duration_ns) for e in line.events)
+  return sorted(events) or None
 
 
 def time_op(fn: Callable, inputs: list, iters: int, repeats: int) -> dict:
-  """Median device and wall time (microseconds) of ``fn`` over rotating inputs."""
+  """Median device and wall time (microseconds) of ``fn`` over rotating inputs.
+
+  One trace of ``iters * repeats`` calls; the device events are split into
+  calls in time order (every call launches the same kernels), and the
+  reported figure is the median over ``repeats`` blocks of ``iters`` calls of
+  the block mean.  If the event count is no multiple of the calls, the mean
+  over all calls is reported (``device_split`` False).
+  """
   jax.block_until_ready(fn(inputs[0]))
-  device_us, wall_us = [], []
-  for _ in range(repeats):
-    with tempfile.TemporaryDirectory() as trace_dir:
-      jax.profiler.start_trace(trace_dir)
-      start = time.perf_counter()
-      out = None
-      for i in range(iters):
-        out = fn(inputs[i % len(inputs)])
-      jax.block_until_ready(out)
-      wall_us.append((time.perf_counter() - start) * 1e6 / iters)
-      jax.profiler.stop_trace()
-      ns = _device_kernel_ns(trace_dir)
-    if ns is not None:
-      device_us.append(ns / 1e3 / iters)
-  result = {"wall_us": statistics.median(wall_us)}
-  if device_us:
-    result["device_us"] = statistics.median(device_us)
+  calls = iters * repeats
+  with tempfile.TemporaryDirectory() as trace_dir:
+    jax.profiler.start_trace(trace_dir)
+    start = time.perf_counter()
+    out = None
+    for i in range(calls):
+      out = fn(inputs[i % len(inputs)])
+    jax.block_until_ready(out)
+    wall_us = (time.perf_counter() - start) * 1e6 / calls
+    jax.profiler.stop_trace()
+    events = _device_events(trace_dir)
+  result = {"wall_us": wall_us}
+  if events:
+    durations = [d for _, d in events]
+    if len(durations) % calls == 0:
+      per_call = len(durations) // calls
+      block = iters * per_call
+      means = [sum(durations[r * block:(r + 1) * block]) / 1e3 / iters
+               for r in range(repeats)]
+      result["device_us"] = statistics.median(means)
+      result["device_split"] = True
+      result["kernels_per_call"] = per_call
+    else:
+      result["device_us"] = sum(durations) / 1e3 / calls
+      result["device_split"] = False
   result["us"] = result.get("device_us", result["wall_us"])
   return result
 
@@ -86,13 +117,47 @@ def measure_bandwidth(gib: float = 2.0) -> float:
   return 2 * n * 4 / (t * 1e-6)
 
 
-def rotating_inputs(batch, vocab, dtype, seed=0):
+DISTS = ("randn", "llm")
+LLM_HEADS = 8
+
+
+def make_logits(key, batch: int, vocab: int, dist: str = "randn"):
+  """fp32 logits ``[batch, vocab]`` of a named distribution (module doc)."""
+  bulk_key, id_key, value_key = jax.random.split(key, 3)
+  x = jax.random.normal(bulk_key, (batch, vocab), jnp.float32) * 2
+  if dist == "randn":
+    return x
+  if dist == "llm":
+    ids = jax.vmap(lambda k: jax.random.choice(k, vocab, (LLM_HEADS,),
+                                               replace=False))(
+        jax.random.split(id_key, batch))
+    heads = jax.random.uniform(value_key, (batch, LLM_HEADS), jnp.float32,
+                               15.0, 25.0)
+    return x.at[jnp.arange(batch)[:, None], ids].set(heads)
+  raise ValueError(f"unknown distribution {dist!r}; expected one of {DISTS}")
+
+
+def rotating_inputs(batch, vocab, dtype, seed=0, dist="randn"):
   """Distinct random logits buffers, enough to exceed 2x the L2 (at most 64)."""
   n_bytes = batch * vocab * jnp.dtype(dtype).itemsize
   count = int(min(64, max(2, -(-2 * L2_BYTES // max(n_bytes, 1)))))
   keys = jax.random.split(jax.random.key(seed), count)
-  return [(jax.random.normal(k, (batch, vocab), jnp.float32) * 2).astype(dtype)
-          for k in keys]
+  return [make_logits(k, batch, vocab, dist).astype(dtype) for k in keys]
+
+
+def raced_fraction(inputs: list, temperature: float) -> float:
+  """Fraction of RNG tiles that drew random bits in the Pallas philox kernel
+  with the tile skip on (``gumbel.TILE_SKIP``)."""
+  batch, vocab = inputs[0].shape
+  params = js.SamplingParams.make(batch, temperature=temperature)
+  config = js.SamplerConfig(implementation="pallas", rng="philox")
+  streams, _ = rng.row_streams(jax.random.key(1), None, batch, vocab)
+  fn = jax.jit(lambda x: gumbel.gumbel_partials(
+      x, params.temperature, streams, config).raced_tiles)
+  tiles = -(-vocab // rng.PHILOX_TILE)
+  with gumbel.options(tile_skip=True):
+    raced = [float(jnp.sum(fn(x))) for x in inputs[:4]]
+  return sum(raced) / (len(raced) * batch * tiles)
 
 
 def ops(batch: int, temperature: float, fp64: bool) -> dict[str, Callable]:
@@ -101,20 +166,22 @@ def ops(batch: int, temperature: float, fp64: bool) -> dict[str, Callable]:
   params = js.SamplingParams.make(batch, temperature=temperature)
   t = params.temperature[:, None]
 
-  def sampler(**config):
+  def sampler(tile_skip=False, **config):
     cfg = js.SamplerConfig(**config)
     fn = jax.jit(lambda x: js.sample(x, params, key, config=cfg).tokens)
-    if not cfg.use_fp64_gumbel:
-      return fn
 
-    def fp64_call(x):
-      with jax.enable_x64(True):
+    def call(x):
+      # The kernel's opt-in flags are read while tracing (first call).
+      with jax.enable_x64(cfg.use_fp64_gumbel), gumbel.options(
+          tile_skip=tile_skip):
         return fn(x)
 
-    return fp64_call
+    return call
 
   table = {
       "jaxsample pallas philox": sampler(implementation="pallas", rng="philox"),
+      "jaxsample pallas philox skip": sampler(
+          tile_skip=True, implementation="pallas", rng="philox"),
       "jaxsample pallas threefry": sampler(implementation="pallas",
                                            rng="threefry"),
       "jaxsample xla reference": sampler(implementation="xla", rng="philox"),
@@ -153,9 +220,16 @@ def main(argv=None) -> int:
   parser.add_argument("--batch", default="1,8,32,128,256,512")
   parser.add_argument("--vocab", type=int, default=151936)
   parser.add_argument("--dtypes", default="float32,bfloat16")
+  parser.add_argument("--dists", default="randn,llm",
+                      help=f"logit distributions, of {DISTS} (module doc)")
   parser.add_argument("--temperature", type=float, default=0.7)
   parser.add_argument("--ops", default="",
                       help="comma-separated substrings selecting ops")
+  parser.add_argument("--later-dist-ops",
+                      default="pallas,jax.random.categorical,jnp.argmax",
+                      help="substrings selecting the ops timed on every "
+                      "distribution after the first (the others do not "
+                      "depend on the data)")
   parser.add_argument("--iters", type=int, default=64)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--fp64", action="store_true")
@@ -165,27 +239,41 @@ def main(argv=None) -> int:
   bandwidth = measure_bandwidth()
   device = jax.devices()[0]
   print(f"# device: {device.device_kind} ({jax.default_backend()}), jax "
-        f"{jax.__version__}; copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+        f"{jax.__version__}; copy bandwidth {bandwidth / 1e12:.2f} TB/s; "
+        f"floor = logits bytes / copy bandwidth")
   rows = []
   selected = [s for s in args.ops.split(",") if s]
-  header = (f"{'op':34s} {'dtype':8s} {'B':>4s} {'us':>9s} {'wall_us':>9s} "
-            f"{'floor_us':>9s} {'x_floor':>8s}")
+  later = [s for s in args.later_dist_ops.split(",") if s]
+  dists = args.dists.split(",")
+  header = (f"{'op':34s} {'dist':6s} {'dtype':8s} {'B':>4s} {'us':>9s} "
+            f"{'wall_us':>9s} {'floor_us':>9s} {'x_floor':>8s} {'raced':>6s}")
   print(header)
   for dtype in args.dtypes.split(","):
     for batch in [int(b) for b in args.batch.split(",")]:
-      inputs = rotating_inputs(batch, args.vocab, jnp.dtype(dtype))
       floor_us = batch * args.vocab * jnp.dtype(dtype).itemsize / bandwidth * 1e6
-      for name, fn in ops(batch, args.temperature, args.fp64).items():
-        if selected and not any(s in name for s in selected):
-          continue
-        r = time_op(fn, inputs, args.iters, args.repeats)
-        row = dict(op=name, dtype=dtype, batch=batch, vocab=args.vocab,
-                   floor_us=floor_us, x_floor=r["us"] / floor_us, **r)
-        rows.append(row)
-        print(f"{name:34s} {dtype:8s} {batch:4d} {r['us']:9.1f} "
-              f"{r['wall_us']:9.1f} {floor_us:9.1f} {row['x_floor']:8.2f}",
-              flush=True)
-      del inputs
+      table = ops(batch, args.temperature, args.fp64)  # compiled once per B
+      for d, dist in enumerate(dists):
+        inputs = rotating_inputs(batch, args.vocab, jnp.dtype(dtype), dist=dist)
+        raced = None
+        for name, fn in table.items():
+          if selected and not any(s in name for s in selected):
+            continue
+          if d and not any(s in name for s in later):
+            continue
+          r = time_op(fn, inputs, args.iters, args.repeats)
+          row = dict(op=name, dist=dist, dtype=dtype, batch=batch,
+                     vocab=args.vocab, floor_us=floor_us,
+                     x_floor=r["us"] / floor_us, **r)
+          if (name == "jaxsample pallas philox skip" and dtype == "float32" and
+              jax.default_backend() == "gpu"):
+            raced = raced_fraction(inputs, args.temperature)
+            row["raced_fraction"] = raced
+          rows.append(row)
+          tag = f"{row['raced_fraction']:6.2f}" if "raced_fraction" in row else ""
+          print(f"{name:34s} {dist:6s} {dtype:8s} {batch:4d} {r['us']:9.1f} "
+                f"{r['wall_us']:9.1f} {floor_us:9.1f} {row['x_floor']:8.2f} "
+                f"{tag}", flush=True)
+        del inputs
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"device": device.device_kind, "backend": jax.default_backend(),

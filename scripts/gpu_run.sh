@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks, in one call (run from the repo root there):
-#   bash scripts/gpu_run.sh [smoke] [tests] [bench]      (default: all three)
+#   bash scripts/gpu_run.sh [smoke] [tests] [sweep] [bench]   (default: smoke tests bench)
 # Logs and JSON go to $OUT (the device tool's output folder) or ./gpu-out.
+# GPU_TEST_WORKERS: pytest-xdist workers for the GPU tests (default 6; 0: none).
+# SWEEP_BASELINE: a gumbel.py to compare against in the sweep (optional).
 set -uo pipefail
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 out="${OUT:-gpu-out}"; mkdir -p "$out"
 steps=("$@"); [[ ${#steps[@]} -gt 0 ]] || steps=(smoke tests bench)
 quiet() { grep -v "UserWarning\|warnings.warn"; }
+workers="${GPU_TEST_WORKERS:-6}"; xdist=(); [[ "$workers" == 0 ]] || xdist=(-n "$workers")
 status=0
 for step in "${steps[@]}"; do
   case "$step" in
     smoke) python3 scripts/gpu_smoke.py 2>&1 | quiet | tee "$out/smoke.log" || exit 1 ;;
-    tests) python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | quiet | tee "$out/gpu-tests.log"
+    tests) python3 -m pytest -m gpu -q -rA -p no:cacheprovider "${xdist[@]}" tests/test_gpu.py \
+             2>&1 | quiet > "$out/gpu-tests.log"
+           status=$((status | ${PIPESTATUS[0]})); tail -n 3 "$out/gpu-tests.log" ;;
+    sweep) python3 scripts/sweep_gumbel.py ${SWEEP_BASELINE:+--baseline "$SWEEP_BASELINE"} \
+             2>&1 | quiet | tee "$out/sweep.log"
            status=$((status | ${PIPESTATUS[0]})) ;;
     bench) python3 -m jaxsample.bench --batch 1,8,32,128,256,512 --dtypes float32,bfloat16 \
-             --fp64 --json "$out/bench.json" 2>&1 | quiet | tee "$out/bench.log"
+             --dists randn,llm --fp64 --iters 32 --repeats 5 \
+             --ops "pallas,xla reference,jax.random.categorical,jnp.argmax" \
+             --json "$out/bench.json" 2>&1 | quiet | tee "$out/bench.log"
            status=$((status | ${PIPESTATUS[0]})) ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac

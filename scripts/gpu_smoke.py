@@ -12,17 +12,22 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsample as js
+from jaxsample import bench
 
 
 def main() -> int:
   print(jax.devices(), flush=True)
   failures = 0
-  for gen, dtype, fp64, (batch, vocab) in itertools.product(
+  for gen, dtype, fp64, (batch, vocab, dist) in itertools.product(
       ["philox", "threefry"], ["float32", "bfloat16", "float16"], [False, True],
-      [(4, 151936), (513, 1007), (1, 32000)]):
+      [(4, 151936, "randn"), (513, 1007, "randn"), (1, 32000, "randn"),
+       (32, 151936, "llm")]):
     if fp64 and dtype != "float32":
       continue
-    x = (jax.random.normal(jax.random.key(batch), (batch, vocab)) * 3).astype(dtype)
+    # randn: 3 * N(0, 1); llm: jaxsample.bench's peaked rows (tile skip and
+    # shared bounds at B = 32).
+    x = (bench.make_logits(jax.random.key(batch), batch, vocab, dist) *
+         (1.5 if dist == "randn" else 1.0)).astype(dtype)
     x = x.at[0, :7].set(-jnp.inf)
     temps = np.where(np.arange(batch) % 3 == 1, 0.0, 0.6 + 0.01 * (np.arange(batch) % 50))
     params = js.SamplingParams.make(batch, temperature=temps)
@@ -39,7 +44,7 @@ def main() -> int:
         where = [f"{f.filename.split('/')[-1]}:{f.lineno} {f.line}"
                  for f in traceback.extract_tb(e.__traceback__)
                  if "jaxsample" in f.filename][-3:]
-        print(f"FAIL {gen} {dtype} fp64={fp64} {batch}x{vocab} {impl}: "
+        print(f"FAIL {gen} {dtype} fp64={fp64} {batch}x{vocab} {dist} {impl}: "
               f"{type(e).__name__}: {str(e)[:500]} at {where}", flush=True)
         failures += 1
     if len(out) == 2:
@@ -47,7 +52,7 @@ def main() -> int:
       lp = np.max(np.abs(out["pallas"].logprobs - out["xla"].logprobs))
       ok = same == 1.0 and lp < 1e-4
       failures += not ok
-      print(f"{'ok  ' if ok else 'BAD '} {gen} {dtype} fp64={fp64} {batch}x{vocab}: "
+      print(f"{'ok  ' if ok else 'BAD '} {gen} {dtype} fp64={fp64} {batch}x{vocab} {dist}: "
             f"token match {same:.4f}, max |dlogprob| {lp:.2e} ({time.time() - t0:.1f}s)",
             flush=True)
   print("failures:", failures)

@@ -1,8 +1,18 @@
-"""Times the Gumbel kernel over launch plans (warps, splits, stages) on the GPU.
+"""Times variants of the Gumbel kernel on the GPU: before/after, shared bounds, plans.
 
-``PYTHONPATH=. python3 scripts/sweep_gumbel.py`` prints device time per call
-(profiler-summed kernel time, median) for each plan, to tune ``make_plan``.
+``PYTHONPATH=. python3 scripts/sweep_gumbel.py [--baseline PATH]`` prints device
+time per call (profiler-summed kernel time, median; ``jaxsample.bench.time_op``)
+of ``combine_partials(gumbel_partials(...))`` (tokens only), for the logit
+distributions of ``jaxsample.bench`` (randn: no tile can be skipped; llm: bulk
+plus a few head tokens), with the fraction of RNG tiles that drew random bits
+(``raced``).  Variants: ``baseline`` (another ``gumbel.py``, e.g. the previous
+commit's, loaded from ``--baseline``), ``default`` (chunk filter only),
+``skip`` (``gumbel.TILE_SKIP``, bounds per program) and, with ``--shared``,
+``shared`` (tile skip, bounds shared by the programs of a row), each with the
+default plan unless ``splits`` says otherwise.
 """
+import argparse
+import importlib.util
 import itertools
 import sys
 
@@ -10,27 +20,79 @@ import jax
 import jax.numpy as jnp
 
 import jaxsample as js
-from jaxsample import bench
+from jaxsample import bench, rng
+from jaxsample.pallas import common, gumbel
 
 
-def main() -> int:
-  vocab = 151936
+def load_module(path):
+  spec = importlib.util.spec_from_file_location("gumbel_baseline", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--baseline", default="")
+  parser.add_argument("--batch", default="1,8,32,128,512")
+  parser.add_argument("--vocab", type=int, default=151936)
+  parser.add_argument("--iters", type=int, default=32)
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--no-plans", dest="plans", action="store_false",
+                      help="only the default plans at --batch, fp32")
+  parser.add_argument("--shared", action="store_true",
+                      help="also time the shared-bounds variant")
+  args = parser.parse_args(argv)
+  baseline = load_module(args.baseline) if args.baseline else None
+  vocab = args.vocab
   bandwidth = bench.measure_bandwidth()
   print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
-  for dtype, batch in itertools.product(["float32", "bfloat16"], [1, 32, 128, 256, 512]):
-    inputs = bench.rotating_inputs(batch, vocab, jnp.dtype(dtype))
-    floor = batch * vocab * jnp.dtype(dtype).itemsize / bandwidth * 1e6
+  cases = [("float32", int(b), None) for b in args.batch.split(",")]
+  if args.plans:  # other dtypes and plans at a few batch sizes
+    cases += [("bfloat16", 128, None), ("float32", 128, 2), ("float32", 128, 8),
+              ("float32", 32, 26), ("float32", 512, 2)]
+  for dtype, batch, splits in cases:
     params = js.SamplingParams.make(batch, temperature=0.7)
-    key = jax.random.key(1)
-    splits = [None, 16, 38] if batch <= 32 else [None, 2, 4, 8]
-    for warps, stages, split in itertools.product([4, 8], [1], splits):
-      cfg = js.SamplerConfig(implementation="pallas", num_warps=warps,
-                             num_stages=stages, num_splits=split)
-      fn = jax.jit(lambda x, cfg=cfg: js.sample(x, params, key, config=cfg).tokens)
-      r = bench.time_op(fn, inputs, iters=32, repeats=3)
-      print(f"{dtype:8s} B={batch:4d} warps={warps:2d} stages={stages} "
-            f"splits={str(split):4s} {r['us']:8.1f} us  x_floor {r['us'] / floor:5.2f}",
-            flush=True)
+    streams, _ = rng.row_streams(jax.random.key(1), None, batch, vocab)
+    cfg = js.SamplerConfig(implementation="pallas", num_splits=splits)
+    plan = common.make_plan(batch, vocab, dtype, cfg, generator="philox")
+    variants = {}
+    if baseline is not None and splits is None:
+      variants["baseline"] = (baseline, {})
+    variants["default"] = (gumbel, dict(tile_skip=False))
+    variants["skip"] = (gumbel, dict(tile_skip=True))
+    if plan.steps > 1 and args.shared:
+      variants["shared"] = (gumbel, dict(tile_skip=True, share_bounds=True))
+    fns = {}
+    dummy = jnp.zeros((batch, vocab), jnp.dtype(dtype))
+    for name, (module, flags) in variants.items():
+      with gumbel.options(**flags):  # read while tracing: trace here
+        partials = jax.jit(lambda x, m=module: m.gumbel_partials(
+            x, params.temperature, streams, cfg))
+        tokens = jax.jit(lambda x, m=module: m.combine_partials(
+            m.gumbel_partials(x, params.temperature, streams, cfg))[0])
+        jax.block_until_ready((tokens(dummy), partials(dummy)))
+      fns[name] = (tokens, partials)
+    floor = batch * vocab * jnp.dtype(dtype).itemsize / bandwidth * 1e6
+    for dist in bench.DISTS:
+      inputs = bench.rotating_inputs(batch, vocab, jnp.dtype(dtype), dist=dist)
+      want = None
+      for name, (tokens, partials) in fns.items():
+        got = tokens(inputs[0])
+        if want is None:
+          want = got
+        same = bool(jnp.all(got == want))
+        r = bench.time_op(tokens, inputs, args.iters, args.repeats)
+        p = partials(inputs[0])
+        raced = ""
+        if hasattr(p, "raced_tiles"):
+          tiles = batch * -(-vocab // rng.PHILOX_TILE)
+          raced = f"{float(jnp.sum(p.raced_tiles)) / tiles:.3f}"
+        print(f"{dtype:8s} {dist:5s} B={batch:4d} splits={plan.num_splits:3d}x"
+              f"{plan.steps:<3d} {name:8s} {r['us']:8.1f} us  x_floor "
+              f"{r['us'] / floor:5.2f}  raced {raced:5s} same_tokens {same}",
+              flush=True)
+      del inputs
   return 0
 
 

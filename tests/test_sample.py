@@ -132,6 +132,188 @@ def test_kernel_plan_overrides_keep_parity(gen, overrides):
 
 
 # ---------------------------------------------------------------------------
+# The kernel's tile skip (no random bits for tiles that cannot win) and the
+# race bounds shared between the programs of a row.
+# ---------------------------------------------------------------------------
+
+SKIP_B, SKIP_V = 6, 16384  # 8 philox tiles (16 threefry tiles) per row
+
+
+def llm_like_rows(seed, batch=SKIP_B, vocab=SKIP_V):
+  """Rows whose bulk lies far below a few head tokens (the skip path), and
+  rows of the kinds every kernel change must keep: ties, -inf, greedy."""
+  r = np.random.default_rng(seed)
+  x = (r.standard_normal((batch, vocab)) * 2).astype(np.float32)
+  heads = r.choice(vocab, size=(batch, 4), replace=False)
+  for b in range(batch):
+    x[b, heads[b]] = r.uniform(15, 25, 4)
+  x[1, heads[1, :2]] = 24.0  # two tied heads (far apart in the row)
+  x[1, heads[1, 2:]] = -np.inf
+  x[2, : vocab // 2] = -np.inf  # a whole -inf half (skipped tiles of -inf)
+  x[2, vocab - 3] = 30.0
+  x[[0, 3], 5] = 40.0  # a head in the first tile: every later tile skips
+  # Bulk right at the skip boundary: head race ~ 30 + g, bulk 16 below it.
+  x[4] = np.float32(14.0) + (r.standard_normal(vocab) * 1e-3).astype(np.float32)
+  x[4, heads[4, 0]] = 30.0
+  temps = np.float32([0.7, 1.0, 0.9, 0.0, 1.0, 1.3])[:batch]  # row 3 greedy
+  return jnp.asarray(x), SamplingParams.make(batch, temperature=temps)
+
+
+def run_partials(x, params, key, config, share, skip=True):
+  """Kernel partials (with the raced-tile counts), tile skip on (opt-in)."""
+  from jaxsample.pallas import gumbel
+  streams, _ = jaxsample.rng.row_streams(key, None, *x.shape)
+  with gumbel.options(tile_skip=skip, share_bounds=share):
+    # A fresh jit: the flags are read while tracing.
+    fn = jax.jit(lambda x: gumbel.gumbel_partials(
+        x, params.canonical(x.shape[1]).temperature, streams, config))
+    return jax.tree.map(np.asarray, fn(x))
+
+
+def run_sample_shared(x, params, key, share, *, fp64=False, **config_kw):
+  """``sample`` through the kernel with the tile skip on (opt-in)."""
+  from jaxsample.pallas import gumbel
+  config = SamplerConfig(implementation="pallas", use_fp64_gumbel=fp64,
+                         **config_kw)
+  with gumbel.options(tile_skip=True, share_bounds=share):
+    fn = jax.jit(lambda x: jaxsample.sample(x, params, key, config=config))
+    with jax.enable_x64(fp64):
+      return jax.tree.map(np.asarray, fn(x))
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["own", "shared"])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_tile_skip_keeps_tokens(gen, num_splits, share):
+  """Rows where most tiles are skipped draw the reference's tokens bit for
+  bit, with or without bounds shared between the programs of a row."""
+  x, params = llm_like_rows(31 + num_splits)
+  key = jax.random.key(31)
+  a = run_sample_shared(x, params, key, share, rng=gen, num_splits=num_splits)
+  b = run_sample(x, params, key, impl="xla", rng=gen)
+  assert_same_result(a, b)
+  assert a.valid.all()
+  assert a.tokens[0] == 5 and a.tokens[3] == 5 and a.logprobs[3] == 0.0
+  config = SamplerConfig(implementation="pallas", rng=gen,
+                         num_splits=num_splits)
+  p = run_partials(x, params, key, config, share)
+  tile = 2048 if gen == "philox" else 1024
+  n_tiles = SKIP_V // tile
+  raced = p.raced_tiles.sum(axis=1)
+  assert raced[3] == 0  # greedy: no noise at all
+  # Row 0: the head in tile 0 makes every later tile of its program skip;
+  # programs of other splits skip only tiles after their own first race,
+  # unless they adopted the head's bound.
+  assert 1 <= raced[0] < n_tiles, raced
+  in_order = jax.default_backend() != "gpu"  # interpret: programs in turn
+  if num_splits == 1 or (share and in_order):
+    assert raced[0] == 1, raced
+  sampled = np.asarray(params.temperature) > 0
+  assert np.all(raced[sampled] >= 1) and np.all(raced <= n_tiles), raced
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_tile_skip_never_on_flat_rows(gen):
+  """randn rows: every tile may hold the winner, so none is skipped (the
+  worst case; also shows the counts are real)."""
+  x = random_logits(32, 3, SKIP_V, scale=2.0)
+  params = SamplingParams.make(3, temperature=0.7)
+  key = jax.random.key(32)
+  config = SamplerConfig(implementation="pallas", rng=gen, num_splits=1)
+  tile = 2048 if gen == "philox" else 1024
+  for skip in (True, False):  # counted by the kernel / all tiles (default)
+    p = run_partials(x, params, key, config, False, skip=skip)
+    np.testing.assert_array_equal(p.raced_tiles.sum(axis=1), SKIP_V // tile)
+  a = run_sample_shared(x, params, key, False, rng=gen, num_splits=1)
+  assert_same_result(a, run_sample(x, params, key, impl="xla", rng=gen))
+
+
+def _exact_race_tie(gen, key, vocab, a, b, level=30.0):
+  """Logits where ids ``a < b`` tie exactly for the best fp32 race (T = 1)."""
+  streams, _ = jaxsample.rng.row_streams(key, None, 1, vocab)
+  g = np.asarray(jaxsample.rng.gumbel_noise(gen, streams, vocab))[0]
+  x = np.full(vocab, -np.inf, np.float32)
+  race = lambda v, i: np.float32(np.float32(v) + g[i])
+  xa = np.float32(level) - g[a]
+  target = race(xa, a)
+  xb = np.float32(target - g[b])
+  for _ in range(64):  # walk xb until its race equals target exactly
+    rb = race(xb, b)
+    if rb == target:
+      break
+    xb = np.nextafter(xb, np.float32(np.inf if rb < target else -np.inf),
+                      dtype=np.float32)
+  assert race(xb, b) == target
+  x[a], x[b] = xa, xb
+  # A bulk far below (skipped once a bound exists) and a few runners-up.
+  r = np.random.default_rng(a + b)
+  bulk = np.arange(vocab) % 3 == 0
+  x[bulk] = (r.standard_normal(bulk.sum()) * 2).astype(np.float32)
+  x[a], x[b] = xa, xb
+  return x
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["own", "shared"])
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_exact_race_tie_takes_smallest_id(gen, share):
+  """Two ids with bit-equal race values in different splits: the smaller id
+  wins (the reference's argmax), also when the later split adopted the
+  earlier one's bound (an element equal to the bound is never skipped)."""
+  key = jax.random.key(33)
+  for a, b in [(100, SKIP_V - 50), (SKIP_V // 2 + 7, SKIP_V - 1)]:
+    x = _exact_race_tie(gen, key, SKIP_V, a, b)
+    xs = jnp.asarray(x[None])
+    params = SamplingParams.make(1, temperature=1.0)
+    ref = run_sample(xs, params, key, impl="xla", rng=gen)
+    assert ref.tokens[0] == a
+    for splits in (1, 2, 4):
+      got = run_sample_shared(xs, params, key, share, rng=gen, num_splits=splits)
+      assert got.tokens[0] == a, (splits, got.tokens)
+      np.testing.assert_allclose(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["own", "shared"])
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_tile_skip_fp64(gen, share):
+  x, params = llm_like_rows(34)
+  key = jax.random.key(34)
+  a = run_sample_shared(x, params, key, share, fp64=True, rng=gen, num_splits=2)
+  b = run_sample(x, params, key, impl="xla", rng=gen, fp64=True)
+  assert_same_result(a, b)
+
+
+@pytest.mark.parametrize("gen", GENERATORS)
+def test_shared_bounds_with_invalid_rows(gen):
+  """Shared bounds never cross rows: invalid rows (NaN, +inf, all -inf) keep
+  their documented tokens next to rows that skip most tiles."""
+  x, params = llm_like_rows(35)
+  x = np.array(x)
+  x[0, 700] = np.nan
+  x[2, :] = -np.inf
+  x[5, 9000] = np.inf
+  key = jax.random.key(35)
+  a = run_sample_shared(jnp.asarray(x), params, key, True, rng=gen, num_splits=3)
+  b = run_sample(jnp.asarray(x), params, key, impl="xla", rng=gen)
+  assert_same_result(a, b)
+  np.testing.assert_array_equal(a.valid, [False, True, False, True, True, False])
+  np.testing.assert_array_equal(a.tokens[[0, 2, 5]], [700, 0, 9000])
+
+
+def test_gumbel_noise_bound():
+  """G_MAX bounds every Gumbel value the generators can produce."""
+  from jaxsample.pallas import gumbel
+  top32 = jaxsample.rng.uniform(jnp.uint32(0xFFFFFFFF))
+  assert float(top32) == 1 - 2.0**-23 == 1 - gumbel.MIN_ONE_MINUS_U[False]
+  assert float(jaxsample.rng.gumbel(top32)) <= gumbel.G_MAX[False]
+  np.testing.assert_allclose(gumbel.G_MAX[False], 23 * math.log(2))
+  np.testing.assert_allclose(gumbel.G_MAX[True], 52 * math.log(2))
+  with jax.enable_x64(True):
+    top64 = jaxsample.rng.uniform((jnp.uint32(0xFFFFFFFF), jnp.uint32(0xFFFFFFFF)))
+    assert float(top64) == 1 - gumbel.MIN_ONE_MINUS_U[True]
+    assert float(jaxsample.rng.gumbel(top64)) <= gumbel.G_MAX[True]
+
+
+# ---------------------------------------------------------------------------
 # Row kinds.
 # ---------------------------------------------------------------------------
 

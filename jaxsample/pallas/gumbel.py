@@ -1,32 +1,48 @@
 """Gumbel-max sampling kernel: logits ``[B, V]`` to tokens in one pass over HBM.
 
 Per row ``b`` and vocab split ``s`` (grid ``(B, S)``), one program streams its
-split chunk by chunk and keeps, lane-wise:
+split one RNG tile (4 x 512 ids for philox) at a time and keeps, lane-wise:
 
 * the running argmax of ``x / T + g`` (``g`` the Gumbel noise of
-  ``jaxsample.rng`` for the global vocab ids: the reference's noise), behind a
-  cheap filter that skips the exact arithmetic for chunks that cannot win
-  (``GumbelRace``), and
-* the running ``sum exp(x / T - bound)`` (one exp per element),
+  ``jaxsample.rng`` for the global vocab ids: the reference's noise), behind
+  two cheap exact filters (``GumbelRace``): a tile whose tempered logits all
+  lie more than ``G_MAX`` (the largest Gumbel value the uniform allows, 15.94
+  in fp32) below the race bound is skipped without drawing its random bits
+  (the generator is most of a tile's arithmetic), and in the other tiles a
+  test on the uniforms skips the exact arithmetic for chunks that cannot win;
+* the running ``sum exp(x / T - bound)`` (one exp per element, shared with
+  both filters),
 
-then writes per-split partials.  ``combine_partials`` merges partials along
-the split axis, by a max and a rescaled sum; the vocab-parallel sampler merges
-partials of vocab shards the same way.  Greedy rows (T = 0) run a branch with
-no noise and no exp.  Equivalent to ``jaxsample.reference.sample_reference``
-for untruncated rows: the same tokens bit for bit, and logprobs within 1e-5
-plus a few ulp of the row's largest tempered logit (the sum-exp uses
-``x * (1 / T)``, within ~1 ulp of the reference's ``x / T``).
+then writes per-split partials.  The tile skip is opt-in (``TILE_SKIP``:
+measured slower on an H100 except on peaked rows at large batch); with it,
+optionally (``SHARE_BOUNDS``, also slower on an H100) the programs of a row
+publish their race bounds to each other, so a
+split holding only the bulk of a peaked row skips tiles as soon as any split
+of the row has met a head token.  ``combine_partials`` merges partials
+along the split axis, by a max and a rescaled sum; the vocab-parallel sampler
+merges partials of vocab shards the same way.  Greedy rows (T = 0) run a
+branch with no noise and no exp.  Equivalent to
+``jaxsample.reference.sample_reference`` for untruncated rows: the same tokens
+bit for bit, and logprobs within 1e-5 plus a few ulp of the row's largest
+tempered logit (the sum-exp uses ``x * (1 / T)``, within ~1 ulp of the
+reference's ``x / T``; with shared bounds its reference point, hence its
+rounding, depends on the programs' timing).  ``GumbelPartials.raced_tiles``
+counts the tiles that drew random bits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from jaxsample import reference, rng
 from jaxsample.pallas import common
@@ -43,16 +59,21 @@ class GumbelPartials:
     race: best ``y + g`` of the split (fp64 on the FP64 path; the kernel
       returns fp64 as two uint32 words, see ``_split_words``).
     index: its global vocab id (smallest on ties).
-    max: the split's reference for ``sumexp``: its best race value in fp32
-      (the max of ``x`` for greedy rows); finite iff the split's tempered
-      logits have a finite max.
+    max: the split's reference for ``sumexp``: its race bound in fp32 (its
+      best race value, or a higher one adopted from another split of the
+      row; the max of ``x`` for greedy rows).  The max over a row's splits
+      is the row's best race value: finite iff the row's tempered logits
+      have a finite max.
     sumexp: ``sum exp(y - max)`` over the split.
+    raced_tiles: RNG tiles of the split that drew random bits (the others
+      were skipped whole); 0 on greedy rows.  Diagnostics only.
   """
 
   race: jax.Array
   index: jax.Array
   max: jax.Array
   sumexp: jax.Array
+  raced_tiles: jax.Array
 
 
 def combine_partials(p: GumbelPartials):
@@ -74,30 +95,56 @@ def combine_partials(p: GumbelPartials):
 
 _LOG2E = 1.4426950408889634
 _SLACK = 2.0**-12
+# The smallest value of ``1 - u``: the fp32 uniform is at most 1 - 2^-23 and
+# the fp64 one at most 1 - 2^-52.  Since ``g = -log(-log u) <= -log(1 - u)``,
+# every Gumbel value is at most ``G_MAX = -log(MIN_ONE_MINUS_U)``.
+MIN_ONE_MINUS_U = {False: 2.0**-23, True: 2.0**-52}
+G_MAX = {wide: -math.log(v) for wide, v in MIN_ONE_MINUS_U.items()}
+"""Upper bounds of the Gumbel noise: 23 ln 2 = 15.9424 (fp32), 52 ln 2 = 36.0437
+(fp64).  (The fp32 noise actually reaches -log(-log(1 - 2^-23)) = 15.9424
+minus 6e-8.)"""
 
 
 @dataclasses.dataclass(frozen=True)
 class GumbelRace:
-  """Exact Gumbel-max race over chunks, with a cheap filter in front.
+  """Exact Gumbel-max race over RNG tiles, with two cheap filters in front.
 
-  The state is lane-wise ``(best, index)``, the program-wide best race value
-  ``bound`` and lane-wise ``sumexp = sum exp(y - bound)``.  For each chunk a
-  conservative test proves most elements cannot reach ``bound``: with
-  ``E = -log(u) >= 1 - u``, ``y + g = y - log(E) < bound`` whenever
-  ``(1 - u) * (1 - slack) > exp(y' - bound)`` (``1 - u`` from the uniform's
-  top 23 bits, less 2^-23 on the fp64 path), where ``y' = x * (1 / T)``
-  approximates ``y`` and ``slack = 2^-12 (|bound| + 32)`` covers every
-  approximation error (``y'``, ``ex2.approx``, the rounding of the exact
-  race).  Only chunks with a possible winner compute the exact race
-  ``x / T + g`` (IEEE division, accurate logs: the reference's arithmetic), so
-  tokens are the reference's bit for bit; the filter's exponential is also the
-  sum-exp term, one exp per element.  Elements below the bound by more than
-  ~30 are always proven losers; ``|bound| >= 4064`` disables it (still exact).
+  The state is lane-wise ``(best, index)``, the race ``bound`` (a lower bound
+  of the row's best race value: the program's best so far, or a better one
+  published by another program of the row, see ``SHARE_BOUNDS``) and
+  lane-wise ``sumexp = sum exp(y - bound)``.  ``y' = x * (1 / T)`` approximates
+  ``y = x / T``, and ``e = exp(y' - bound)`` (FFMA, ex2.approx) is computed
+  once per element: it is the sum-exp term and feeds both filters.
+  ``slack = 2^-12 (|bound| + 32)`` covers every approximation error (``y'``,
+  ``ex2.approx``, fp32 rounding of the bound and of the exact race).
+
+  * **Tile skip** (``step``; opt-in, ``TILE_SKIP``; no random bits at all).
+    ``g <= G_MAX = -log(m)`` with
+    ``m = MIN_ONE_MINUS_U`` (2^-23 fp32, 2^-52 fp64), so an element with
+    ``e < m (1 - slack)``, i.e. ``y' + G_MAX + slack < bound``, cannot reach
+    the bound.  A tile whose elements all pass adds its ``e`` to the sum-exp
+    and is done: the generator never runs for it (``Tile.bits()`` is only
+    called in the other branch).  On the fp32 path this is exactly the chunk
+    filter below with ``1 - u`` replaced by its minimum (every element would
+    have passed it); on the fp64 path the same argument holds with the true
+    ``1 - u >= 2^-52``.
+  * **Chunk filter** (tiles that may hold a winner).  With ``E = -log(u) >= 1
+    - u``, ``y + g = y - log(E) < bound`` whenever ``(1 - u) (1 - slack) > e``
+    (``1 - u`` from the uniform's top 23 bits, less 2^-23 on the fp64 path).
+    Only chunks with a possible winner compute the exact race ``x / T + g``
+    (IEEE division, accurate logs: the reference's arithmetic), so tokens are
+    the reference's bit for bit.  ``|bound| >= 4064`` disables both filters
+    (still exact).
+
+  Elements strictly below the bound never tie with the row's winner (whose
+  race is >= any bound), so adopting another program's bound keeps the
+  smallest-id tie rule.
   """
 
   math: common.KernelMath
   t: jax.Array
   race_dtype: jnp.dtype
+  wide: bool
 
   def init(self, first_index):
     n = first_index.shape[0]
@@ -108,27 +155,45 @@ class GumbelRace:
     """``exp(x * (1 / T) - bound)`` to ~6e-8 |x / T| (FFMA, FMUL, ex2)."""
     return self.math.exp2_approx((x * (1.0 / self.t) - bound32) * _LOG2E)
 
-  def step(self, state, chunk: common.Chunk, x):
+  @staticmethod
+  def _margin(bound32):
+    return 1.0 - _SLACK * (jnp.abs(bound32) + 32.0)
+
+  def raise_bound(self, state, other):
+    """Adopts ``other`` (a lower bound of the row's best race) if it is higher."""
     best, index, bound, sumexp = state
-    x = x.astype(jnp.float32)
-    wide = isinstance(chunk.bits, tuple)
-    bits = chunk.bits[0] if wide else chunk.bits
+    new_bound = jnp.maximum(bound, other.astype(self.race_dtype))
+    old32, new32 = bound.astype(jnp.float32), new_bound.astype(jnp.float32)
+    scale = jnp.where(new32 == old32, 1.0, jnp.exp(old32 - new32))
+    return best, index, new_bound, sumexp * scale
+
+  def _one_minus_u(self, bits):
+    """A lower bound of ``1 - u`` from the uniform's top 23 bits."""
     one_minus_u = 2.0 - lax.bitcast_convert_type(
-        (bits >> jnp.uint32(9)) | jnp.uint32(0x3F800000), jnp.float32)
-    if wide:  # The high word fixes an fp64 uniform only to within 2^-23.
+        ((bits[0] if self.wide else bits) >> jnp.uint32(9)) |
+        jnp.uint32(0x3F800000), jnp.float32)
+    if self.wide:  # The high word fixes an fp64 uniform only to within 2^-23.
       one_minus_u = one_minus_u - 2.0**-23
+    return one_minus_u
+
+  def chunk(self, state, index, bits, x, e, e_bound32):
+    """Filter + exact race of one chunk; ``e = exp_below(x, e_bound32)``
+    (``e_bound32=None``: ``e`` is for the current bound)."""
+    best, index_best, bound, sumexp = state
     bound32 = bound.astype(jnp.float32)
-    e = self._exp_below(x, bound32)
-    margin = 1.0 - _SLACK * (jnp.abs(bound32) + 32.0)
+    if e_bound32 is not None:
+      # The bound moved since e was computed (rare): recompute e.
+      e = lax.cond(bound32 == e_bound32, lambda: e,
+                   lambda: self._exp_below(x, bound32))
     # NaN-safe: a NaN anywhere makes the element a possible winner.
-    loses = one_minus_u * margin > e
+    loses = self._one_minus_u(bits) * self._margin(bound32) > e
     maybe = jnp.max(jnp.where(loses, 0, 1)) > 0
 
     def exact(_):
       xs = jnp.where(x != x, jnp.inf, x)
       race = self.math.div(xs, self.t).astype(self.race_dtype) + rng.gumbel(
-          rng.uniform(chunk.bits))
-      new_best, new_index = common.argmax_update(best, index, race, chunk.index)
+          rng.uniform(bits))
+      new_best, new_index = common.argmax_update(best, index_best, race, index)
       new_bound = jnp.maximum(bound, jnp.max(race))
       new_bound32 = new_bound.astype(jnp.float32)
       # A scalar: plain exp (inline asm only takes blocks).
@@ -138,23 +203,118 @@ class GumbelRace:
       return new_best, new_index, new_bound, sumexp * scale + e_new
 
     def fast(_):
-      return best, index, bound, sumexp + e
+      return best, index_best, bound, sumexp + e
 
     return lax.cond(maybe, exact, fast, None)
+
+  def step(self, state, tile: common.Tile, loaded):
+    """One RNG tile, skipped whole or raced chunk by chunk: ``(state, raced)``
+    (``raced`` 1 if the tile drew its random bits, else 0)."""
+    bound = state[2]
+    bound32 = bound.astype(jnp.float32)
+    xs = [x.astype(jnp.float32) for x in loaded]
+    es = [self._exp_below(x, bound32) for x in xs]
+    threshold = MIN_ONE_MINUS_U[self.wide] * self._margin(bound32)
+    ok = es[0] < threshold  # False for NaN: not skippable
+    for e in es[1:]:
+      ok = ok & (e < threshold)
+    raced_tile = jnp.max(jnp.where(ok, 0, 1)).astype(jnp.int32)  # 0 or 1
+    skip = raced_tile == 0
+
+    def skipped(_):
+      best, index, bound, sumexp = state
+      total = es[0]
+      for e in es[1:]:
+        total = total + e
+      return best, index, bound, sumexp + total
+
+    def raced(_):
+      bits = tile.bits()  # the generator runs only here
+      s = state
+      for c, (x, e) in enumerate(zip(xs, es)):
+        s = self.chunk(s, tile.index(c), bits[c], x, e, bound32 if c else None)
+      return s
+
+    return lax.cond(skip, skipped, raced, None), raced_tile
+
+  def chunk_step(self, state, chunk: common.Chunk, x):
+    """The chunk filter and race alone (no tile skip): ``chunk_loop``'s step."""
+    x = x.astype(jnp.float32)
+    e = self._exp_below(x, state[2].astype(jnp.float32))
+    return self.chunk(state, chunk.index, chunk.bits, x, e, None)
 
   def finish(self, state):
     """``(race, index, reference, sumexp)`` of the program: its best race value
     and id, and ``sumexp = sum exp(y - reference)`` with ``reference`` the
-    fp32 best race value (any finite reference combines exactly)."""
+    fp32 bound (any finite reference combines exactly)."""
     best, index, bound, sumexp = state
     top, index = common.argmax_finish(best, index)
     return top, index, bound.astype(jnp.float32), jnp.sum(sumexp)
 
 
-def _kernel(temp_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
-            offset_ref, x_ref, race_ref, index_ref, max_ref, sumexp_ref,
-            *race_lo_ref, plan: common.KernelPlan, vocab: int, generator: str,
-            fp64: bool):
+def _publishable(bound: jax.Array) -> jax.Array:
+  """fp32 value <= ``bound`` (fp32 bounds as they are; fp64 rounded down)."""
+  if bound.dtype == jnp.float32:
+    return bound
+  b32 = bound.astype(jnp.float32)
+  # Finite b32 is within 2^-24 |b| of the fp64 bound: step below it.
+  lower = b32 - (jnp.abs(b32) * 2.0**-20 + 2.0**-100)
+  return jnp.where(jnp.abs(b32) < jnp.inf, lower, b32)
+
+
+TILE_SKIP: bool = False
+"""Opt-in: the tile skip (``GumbelRace.step``).  Exact (CPU and GPU tests),
+but measured on an H100 (benchmarks/results/2026-11-22-h100-gumbel-skip) it
+pays only on peaked rows at large batch (B = 512: 132 us vs 146 us); its
+extra block reduction per tile costs more than the generator it saves at B <=
+128 (peaked rows: 49.4 us vs 47.7 us at B = 128) and on flat rows (randn:
++10% to +15%).  Off: the chunk filter alone (``GumbelRace.chunk_step``)."""
+
+SHARE_BOUNDS: bool = False
+"""Opt-in, with ``TILE_SKIP``: programs of a row share race bounds through a
+``[B, S]`` slot buffer.  Exact (tests force it on), and it skips more tiles
+(on the ``llm`` rows of ``jaxsample.bench`` at B = 128: 32% of tiles raced
+instead of 58%), but on an H100 the per-tile volatile read of the slots made
+the kernel 1.3x to 2.5x slower (same results folder)."""
+
+
+@contextlib.contextmanager
+def options(*, tile_skip: bool = False, share_bounds: bool = False):
+  """Sets ``TILE_SKIP`` and ``SHARE_BOUNDS`` while tracing (tests, benchmarks).
+
+  The flags are read when a kernel is traced: jit a fresh function inside.
+  """
+  global TILE_SKIP, SHARE_BOUNDS
+  old = TILE_SKIP, SHARE_BOUNDS
+  TILE_SKIP, SHARE_BOUNDS = tile_skip, share_bounds
+  try:
+    yield
+  finally:
+    TILE_SKIP, SHARE_BOUNDS = old
+
+
+def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
+            fp64: bool, skip: bool, share: bool):
+  """One (row, split) program.
+
+  With ``share``, ``shared_ref`` ``[B, S]`` (aliased to the slots input, all
+  -inf on entry) holds each program's published race bound: every step
+  stores the program's bound into its slot and reads the row's slots (a
+  volatile load, consumed one step later so its latency hides behind a tile);
+  a program adopts the best published bound.  Any value read is -inf or a
+  lower bound of the row's best race, so the order of programs only changes
+  how much is skipped, never the token (the sum-exp reference may differ in
+  rounding between runs).
+  """
+  refs = list(refs)
+  (temp_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref, offset_ref,
+   x_ref) = refs[:7]
+  del refs[:7 + share]  # The aliased slots input is the slots output.
+  race_ref, index_ref, max_ref, sumexp_ref = refs[:4]
+  del refs[:4]
+  raced_ref = refs.pop(0) if skip else None
+  shared_ref = refs.pop(0) if share else None
+  race_lo_ref = refs
   row, split = pl.program_id(0), pl.program_id(1)
   math = common.KernelMath(plan.interpret)
   split_start = split * plan.split_len
@@ -179,18 +339,58 @@ def _kernel(temp_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
     # Greedy rows need no sum-exp; it is a computed 1 because Triton's cond
     # lowering cannot yield a literal.
     one = (index - index + 1).astype(jnp.float32)
-    return top.astype(race_dtype), index, top, one
+    return (top.astype(race_dtype), index, top, one) + (index - index,) * skip
 
   def sampled():
     stream = rng.RowStreams(key0_ref[row], key1_ref[row], base_hi_ref[row],
                             base_lo_ref[row])
-    race = GumbelRace(math, t, race_dtype)
+    race = GumbelRace(math, t, race_dtype, wide=fp64)
     noise = common.Noise(generator, stream, offset, wide=fp64)
-    state = common.chunk_loop(plan, math, split_start, vocab, load, race.step,
-                              race.init(first_index), noise=noise)
-    return race.finish(state)
+    if not skip:
+      state = common.chunk_loop(plan, math, split_start, vocab, load,
+                                race.chunk_step, race.init(first_index),
+                                noise=noise)
+      return race.finish(state)
+    init = race.init(first_index), split_start * 0  # (state, raced tiles)
+    if not share:
+      def step(carry, tile, loaded):
+        state, count = carry
+        state, raced = race.step(state, tile, loaded)
+        return state, count + raced
 
-  top, index, m, s = lax.cond(t > 0, sampled, greedy)
+      state, count = common.tile_loop(plan, math, split_start, vocab, load,
+                                      step, init, noise=noise)
+      return (*race.finish(state), count)
+
+    n_slots = shared_ref.shape[1]
+    # At least one lane per thread: a narrower block would be replicated
+    # across threads, each replica loaded at its own time, and Triton's
+    # reduction trusts replicas to agree; slots change while programs run, so
+    # threads could adopt different bounds (and sum exps against different
+    # references).  With distinct lanes the reduced max is one value.
+    width = max(pl.next_power_of_2(n_slots), 32 * plan.num_warps)
+    slot_lanes = jnp.arange(width, dtype=jnp.int32)
+
+    def read_slots():
+      return plgpu.load(shared_ref.at[row, pl.ds(0, width)],
+                        mask=slot_lanes < n_slots, other=-jnp.inf,
+                        volatile=True)
+
+    def shared_step(carry, tile, loaded):
+      (state, count), pending = carry
+      state = race.raise_bound(state, jnp.max(pending))
+      shared_ref[row, split] = _publishable(state[2])
+      upcoming = read_slots()
+      state, raced = race.step(state, tile, loaded)
+      return (state, count + raced), upcoming
+
+    (state, count), _ = common.tile_loop(plan, math, split_start, vocab, load,
+                                         shared_step, (init, read_slots()),
+                                         noise=noise)
+    shared_ref[row, split] = _publishable(state[2])  # for programs still to run
+    return (*race.finish(state), count)
+
+  top, index, m, s, *raced = lax.cond(t > 0, sampled, greedy)
   if fp64:
     race_ref[row, split], race_lo_ref[0][row, split] = _split_words(top)
   else:
@@ -198,6 +398,8 @@ def _kernel(temp_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
   index_ref[row, split] = index + offset
   max_ref[row, split] = m
   sumexp_ref[row, split] = s
+  if skip:
+    raced_ref[row, split] = raced[0]
 
 
 def _split_words(value: jax.Array):
@@ -229,25 +431,40 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
   plan = common.make_plan(batch, vocab, logits.dtype, config,
                           generator=config.rng)
   shape = (batch, plan.num_splits)
+  skip, share = bool(TILE_SKIP), bool(TILE_SKIP and SHARE_BOUNDS)
   out_shape = [
       jax.ShapeDtypeStruct(shape, jnp.uint32 if fp64 else jnp.float32),
       jax.ShapeDtypeStruct(shape, jnp.int32),
       jax.ShapeDtypeStruct(shape, jnp.float32),
       jax.ShapeDtypeStruct(shape, jnp.float32),
-  ] + [jax.ShapeDtypeStruct(shape, jnp.uint32)] * fp64
+  ] + [jax.ShapeDtypeStruct(shape, jnp.int32)] * skip + [
+      jax.ShapeDtypeStruct(shape, jnp.float32)] * share + [
+      jax.ShapeDtypeStruct(shape, jnp.uint32)] * fp64
   kernel = functools.partial(_kernel, plan=plan, vocab=vocab,
-                             generator=config.rng, fp64=fp64)
+                             generator=config.rng, fp64=fp64, skip=skip,
+                             share=share)
   call = pl.pallas_call(kernel, out_shape=out_shape,
                         grid=(batch, plan.num_splits),
+                        input_output_aliases={7: 4 + skip} if share else {},
                         compiler_params=plan.compiler_params(),
                         interpret=plan.interpret, name="jaxsample_gumbel_max")
   offset = jnp.asarray(vocab_offset, jnp.int32).reshape(1)
-  race, index, row_max, sumexp, *race_lo = call(
+  # With share, the bound slots [B, S] start at -inf (aliased in and out).
+  slots = [jnp.full(shape, -jnp.inf, jnp.float32)] * share
+  race, index, row_max, sumexp, *rest = call(
       temperature.astype(jnp.float32), streams.key0, streams.key1,
-      streams.base_hi, streams.base_lo, offset, logits)
+      streams.base_hi, streams.base_lo, offset, logits, *slots)
+  if skip:
+    raced = rest[0]
+  else:  # every tile of a sampled row races
+    starts = np.arange(plan.num_splits) * plan.split_len
+    tiles = np.minimum(-(-(vocab - starts) // plan.tile), plan.steps)
+    raced = jnp.where(temperature[:, None] > 0,
+                      jnp.asarray(tiles, jnp.int32)[None], 0)
+  race_lo = rest[skip + share:]
   if fp64:
     race = _join_words(race, race_lo[0])
-  return GumbelPartials(race, index, row_max, sumexp)
+  return GumbelPartials(race, index, row_max, sumexp, raced)
 
 
 def sample_untruncated(logits: jax.Array, params: SamplingParams,
