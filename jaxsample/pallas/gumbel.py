@@ -472,8 +472,10 @@ def sample_untruncated(logits: jax.Array, params: SamplingParams,
                        config: SamplerConfig):
   """Kernel sampling of every row as if no filter were on.
 
-  Returns ``(SampleResult, row_max, lse)``: ``row_max = max(y)`` and ``lse =
-  logsumexp(y)`` of each row (``y = x / T``; ``y = x`` on greedy rows).
+  Returns ``(SampleResult, row_max, lse)`` per row.  Sampled rows: ``lse =
+  logsumexp(y)`` (``y = x / T``) and ``row_max`` the row's best race value
+  ``max(y + g)`` (not ``max(y)``; finite iff the row is valid).  Greedy rows:
+  ``row_max = lse = max(x)``.
   """
   partials = gumbel_partials(logits, params.temperature, streams, config)
   token, row_max, lse = combine_partials(partials)
