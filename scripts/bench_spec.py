@@ -14,8 +14,13 @@ measured in the same run (``bench.measure_bandwidth``).
 Ops per (dtype, B, k, draft logits or one-hot drafts):
 
 * ``pallas``: ``rejection_sample(implementation="pallas")``, standard mode;
-* ``pallas synthetic``: the same with ``synthetic_rates`` = ``--rate`` per
-  slot (its run time should match the standard mode's);
+* ``pallas syn=R``: the same with ``synthetic_rates`` = ``R`` per slot, for
+  each ``R`` of ``--rates``.  Pass 1 and the glue do the same work as the
+  standard mode; pass 2 emits one token per request either way, but a
+  rejection with draft logits races the residual (two rows) and a bonus token
+  the plain target (one row), so the mix of ``num_accepted`` matters: on
+  random logits the standard mode rejects at slot 0 almost always, which is
+  the mix of ``R = 0``;
 * ``xla``: the XLA reference (``implementation="xla"``), standard mode.
 
 For the Pallas ops an extra traced run splits the device time per call into
@@ -108,7 +113,7 @@ def make_inputs(batch, k, vocab, dtype, with_draft, dist, seed):
           for i in range(count)]
 
 
-def ops(batch, k, vocab, temperature, rate, config_kw) -> dict:
+def ops(batch, k, vocab, temperature, rates, config_kw) -> dict:
   """The timed ops, each a jitted function of one ``(target, draft)`` pair."""
   r = np.random.default_rng(batch * 100 + k)
   params = js.SamplingParams.make(batch, temperature=temperature)
@@ -116,9 +121,7 @@ def ops(batch, k, vocab, temperature, rate, config_kw) -> dict:
   positions = jnp.asarray(r.integers(0, 2**20, batch), jnp.int32)
   n = jnp.full((batch,), k, jnp.int32)
   random_drafts = jnp.asarray(r.integers(0, vocab, (batch, k)), jnp.int32)
-  rates = jnp.full((k,), rate, jnp.float32)
-
-  def op(impl, synthetic):
+  def op(impl, rate=None):
     config = js.SamplerConfig(implementation=impl, **config_kw)
 
     @jax.jit
@@ -128,14 +131,17 @@ def ops(batch, k, vocab, temperature, rate, config_kw) -> dict:
                 jnp.argmax(draft, axis=-1).astype(jnp.int32))
       out = js.spec.rejection_sample(
           target, drafts, n, params, keys, draft_logits=draft,
-          synthetic_rates=rates if synthetic else None, positions=positions,
+          synthetic_rates=None if rate is None else jnp.full(
+              (k,), rate, jnp.float32), positions=positions,
           config=config)
       return out.tokens, out.num_accepted
 
     return fn
 
-  return {"pallas": op("pallas", False), "pallas synthetic": op("pallas", True),
-          "xla": op("xla", False)}
+  table = {"pallas": op("pallas")}
+  table.update({f"pallas syn={r:g}": op("pallas", r) for r in rates})
+  table["xla"] = op("xla")
+  return table
 
 
 def main(argv=None) -> int:
@@ -147,8 +153,8 @@ def main(argv=None) -> int:
   parser.add_argument("--draft", default="both", choices=("both", "yes", "no"))
   parser.add_argument("--dist", default="randn")
   parser.add_argument("--temperature", type=float, default=0.7)
-  parser.add_argument("--rate", type=float, default=0.8,
-                      help="synthetic acceptance rate per slot")
+  parser.add_argument("--rates", default="0.8,0",
+                      help="synthetic acceptance rates per slot to time")
   parser.add_argument("--ops", default="",
                       help="comma-separated substrings selecting ops")
   parser.add_argument("--iters", type=int, default=32)
@@ -190,13 +196,16 @@ def main(argv=None) -> int:
                          args.dist, seed=batch * 10 + k)
     for plan in plans:
       config_kw = {key: v for key, v in plan.items() if v is not None}
-      table = ops(batch, k, args.vocab, args.temperature, args.rate,
+      table = ops(batch, k, args.vocab, args.temperature,
+                  [float(v) for v in args.rates.split(",") if v],
                   dict(config_kw, rng=args.rng))
       for name, fn in table.items():
         if selected and not any(s in name for s in selected):
           continue
         if name == "xla" and len(plans) > 1 and plan is not plans[0]:
           continue  # the reference ignores the plan
+        for pair in inputs[:2]:  # warm-up beyond time_op's single call
+          jax.block_until_ready(fn(pair))
         r = bench.time_op(fn, inputs, args.iters, args.repeats)
         row = dict(op=name, plan=config_kw, dtype=dtype, batch=batch, k=k,
                    draft=with_draft, vocab=args.vocab, floor_us=floor_us,
@@ -216,24 +225,27 @@ def main(argv=None) -> int:
     del inputs
 
   # Summary: synthetic vs standard, kernels vs reference.
-  print("\n# synthetic / standard and xla / pallas (device time)")
+  print("\n# device time ratios: synthetic / standard, xla / pallas")
   index = {(r["op"], str(r["plan"]), r["dtype"], r["batch"], r["k"],
             r["draft"]): r["us"] for r in rows}
-  ratios = []
+  ratios = collections.defaultdict(list)
   for (op, plan, dtype, batch, k, draft), us in index.items():
     if op != "pallas":
       continue
-    syn = index.get(("pallas synthetic", plan, dtype, batch, k, draft))
+    line = (f"{dtype:8s} B={batch:<4d} k={k} draft={'yes' if draft else 'no ':3s}"
+            f" plan={plan:20s}")
+    for other, syn_us in index.items():
+      if other[0].startswith("pallas syn=") and other[1:] == (
+          plan, dtype, batch, k, draft):
+        ratios[other[0]].append(syn_us / us)
+        line += f" {other[0][7:]}/std={syn_us / us:.3f}"
     xla = index.get(("xla", str({}), dtype, batch, k, draft))
-    if syn is not None:
-      ratios.append(syn / us)
-    print(f"{dtype:8s} B={batch:<4d} k={k} draft={'yes' if draft else 'no ':3s} "
-          f"plan={plan:24s} synthetic/standard="
-          f"{syn / us if syn else float('nan'):.3f} xla/pallas="
-          f"{xla / us if xla else float('nan'):.2f}")
-  if ratios:
-    print(f"# synthetic/standard: median {statistics.median(ratios):.3f}, "
-          f"max {max(ratios):.3f}")
+    if xla is not None:
+      line += f" xla/pallas={xla / us:.2f}"
+    print(line)
+  for name, values in ratios.items():
+    print(f"# {name[7:]} / standard: median {statistics.median(values):.3f}, "
+          f"min {min(values):.3f}, max {max(values):.3f}")
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"device": device.device_kind, "backend": jax.default_backend(),

@@ -53,10 +53,12 @@ def random_case(seed, batch, k, *, with_draft, scale=2.0):
                     positions=r.integers(0, 2**31, batch))
 
 
-@pytest.mark.parametrize("gen", ["philox", "threefry"])
-@pytest.mark.parametrize("with_draft", [True, False], ids=["draft", "one_hot"])
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16],
-                         ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("dtype,with_draft,gen", [
+    (jnp.float32, True, "philox"), (jnp.float32, False, "philox"),
+    (jnp.bfloat16, True, "philox"), (jnp.bfloat16, False, "philox"),
+    (jnp.float32, True, "threefry")],
+    ids=["f32-draft", "f32-one_hot", "bf16-draft", "bf16-one_hot",
+         "f32-draft-threefry"])
 def test_edge_cases_match_reference(dtype, with_draft, gen):
   """All accepted, first rejected, zero residual, invalid target / draft
   rows, -inf entries, greedy rows (``test_spec.edge_case_batch``)."""
@@ -69,10 +71,10 @@ def test_edge_cases_match_reference(dtype, with_draft, gen):
 
 
 @pytest.mark.parametrize("with_draft", [True, False], ids=["draft", "one_hot"])
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16],
-                         ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("batch,k", [(1, 4), (32, 1), (8, 8), (128, 4)],
-                         ids=lambda v: str(v))
+@pytest.mark.parametrize("batch,k,dtype", [
+    (1, 4, jnp.float32), (32, 1, jnp.float32), (8, 8, jnp.float32),
+    (128, 4, jnp.float32), (128, 4, jnp.bfloat16)],
+    ids=["1x4", "32x1", "8x8", "128x4", "128x4-bf16"])
 def test_random_requests_match_reference(batch, k, dtype, with_draft):
   args, kw = cast(*random_case(batch * 10 + k, batch, k,
                                with_draft=with_draft), dtype)

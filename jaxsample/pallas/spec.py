@@ -21,7 +21,8 @@ Gumbel noise of stream ``(noise_b, p + j)`` drawn in the kernel
 (``gumbel.GumbelRace``: the reference's noise and arithmetic).  Per request,
 one of
 
-* greedy: the argmax of row ``j``;
+* greedy: the argmax of row ``j`` (nothing after a rejection, ``j < n``:
+  pass 1 has that argmax; the program exits at once);
 * race: Gumbel-max of ``y = x / T`` over row ``j``, with the draft token
   ``d_j`` left out after a rejection of a one-hot draft (the residual of a
   one-hot draft is the target without ``d_j``: ``w_v = y_v``, no normalizer);
@@ -246,7 +247,7 @@ def log_probs_at(x, stats_shift, stats_log_sum, temperature):
 # Pass 2: the emitted token (one row per request, Gumbel noise).
 # ---------------------------------------------------------------------------
 
-GREEDY, RACE, RESIDUAL = 0, 1, 2
+SKIP, GREEDY, RACE, RESIDUAL = 0, 1, 2, 3
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -311,6 +312,10 @@ def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
       store(plain_race_ref, 1, plain_top)
       plain_index_ref[b, split] = plain_index
 
+  def skip():  # the token is known from pass 1
+    none = one * -jnp.inf
+    write((none.astype(race_dtype), split - split, none, one))
+
   def greedy():
     top, index = _argmax_split(plan, math, split_start, vocab, load_t)
     write((top.astype(race_dtype), index, top, one))
@@ -328,7 +333,7 @@ def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
                              race.init(first_index), noise=noise)
     write(race.finish(state))
 
-  branches = [greedy, plain_race]
+  branches = [skip, greedy, plain_race]
   if with_draft:
     load_d = common.row_chunk_loader(draft_ref, row_d_ref[b], plan.chunk)
     norms = (shift_t_ref[b], lsum_t_ref[b], shift_d_ref[b], lsum_d_ref[b])
@@ -372,7 +377,8 @@ def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
 class EmitRequest:
   """Pass-2 work of each request, ``[B]`` each.
 
-  ``mode``: ``GREEDY``, ``RACE`` or ``RESIDUAL``; ``row_t`` / ``row_d``: flat
+  ``mode``: ``SKIP`` (token known from pass 1), ``GREEDY``, ``RACE`` or
+  ``RESIDUAL`` (module doc); ``row_t`` / ``row_d``: flat
   target / draft row; ``exclude``: vocab id left out of the race (-1: none);
   ``norms``: ``(shift_t, log_sum_t, shift_d, log_sum_d)`` of those rows
   (``RESIDUAL`` only); ``streams``: noise streams.
@@ -472,16 +478,16 @@ def reject_untruncated(target_logits, d, n, params: SamplingParams, noise_keys,
     split = lambda a: a.reshape(-1, batch, k, a.shape[-1])
     m, arg, sumexp = split(m), split(arg), split(sumexp)
     ts = combine_stats(m[0], arg[0], sumexp[0], t)
-    x_t = reference.sanitize(jnp.take_along_axis(target_logits[:, :k],
-                                                 d[..., None], axis=-1)[..., 0])
+    # The logits at the drafts, gathered from the flat rows (no slice copy).
+    slots = jnp.arange(k, dtype=jnp.int32)
+    x_t = reference.sanitize(target2d[rows[:, None] * k1 + slots, d])
     lt_d = jnp.where(greedy[:, None],
                      jnp.where(d == ts.argmax, 0.0, -jnp.inf),
                      log_probs_at(x_t, ts.shift, ts.log_sum, t[:, None]))
     lt_d = jnp.where(ts.valid, lt_d, -jnp.inf).astype(jnp.float32)
     if with_draft:
       ds = combine_stats(m[1], arg[1], sumexp[1], t)
-      x_d = reference.sanitize(jnp.take_along_axis(draft_logits, d[..., None],
-                                                   axis=-1)[..., 0])
+      x_d = reference.sanitize(draft2d[rows[:, None] * k + slots, d])
       ld_d = jnp.where(ds.valid, log_probs_at(x_d, ds.shift, ds.log_sum,
                                               t[:, None]), 0.0)
     else:
@@ -491,6 +497,10 @@ def reject_untruncated(target_logits, d, n, params: SamplingParams, noise_keys,
     j = spec_ref.accepted_count(u, lt_d, ld_d, d == ts.argmax, greedy,
                                 ts.valid, n, synthetic_rates)
     jc = jnp.minimum(j, k - 1)
+    # A greedy rejection emits row j's argmax: pass 1 has it.
+    known = greedy & (j < n)
+    known_token = _at(ts.argmax, jc)
+    known_lp = jnp.where(_at(ts.valid, jc), 0.0, -jnp.inf)
     rejected = (j < n) & ~greedy & _at(ts.valid, jc)
     d_j = _at(d, jc)
     if with_draft:
@@ -502,14 +512,16 @@ def reject_untruncated(target_logits, d, n, params: SamplingParams, noise_keys,
       norms = (_at(ts.shift, jc), _at(ts.log_sum, jc)) * 2
   else:
     j = jnp.zeros((batch,), jnp.int32)
-    rejected = use_draft = jnp.zeros((batch,), bool)
+    rejected = use_draft = known = jnp.zeros((batch,), bool)
+    known_token, known_lp = j, jnp.zeros((batch,), jnp.float32)
     lt_d = jnp.zeros((batch, 0), jnp.float32)
     d_j = jnp.zeros((batch,), jnp.int32)
     norms = (jnp.zeros((batch,), jnp.float32),) * 4
 
   streams, _ = rng.row_streams(noise_keys, positions + j.astype(jnp.uint32),
                                batch, vocab)
-  mode = jnp.where(greedy, GREEDY, jnp.where(use_draft, RESIDUAL, RACE))
+  mode = jnp.where(known, SKIP, jnp.where(
+      greedy, GREEDY, jnp.where(use_draft, RESIDUAL, RACE)))
   req = EmitRequest(mode.astype(jnp.int32), rows * k1 + j,
                     rows * max(k, 1) + jnp.minimum(j, max(k - 1, 0)),
                     jnp.where(rejected & ~use_draft, d_j, -1).astype(jnp.int32),
@@ -527,5 +539,7 @@ def reject_untruncated(target_logits, d, n, params: SamplingParams, noise_keys,
   x_token = reference.sanitize(target2d[req.row_t, token])
   plain_lp = reference.finalize(x_token, params, token, lse, row_max).logprobs
   residual_lp = log_probs_at(x_token, norms[0], norms[1], t)
-  lp = jnp.where(rejected, residual_lp, plain_lp).astype(jnp.float32)
-  return spec_ref.assemble(d, j, token.astype(jnp.int32), lt_d, lp)
+  lp = jnp.where(rejected, residual_lp, plain_lp)
+  token = jnp.where(known, known_token, token).astype(jnp.int32)
+  lp = jnp.where(known, known_lp, lp).astype(jnp.float32)
+  return spec_ref.assemble(d, j, token, lt_d, lp)
