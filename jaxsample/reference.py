@@ -4,9 +4,10 @@ Processing of one row with logits ``x`` (any float dtype, computed in fp32),
 canonical parameters (``SamplingParams.canonical``) and Gumbel noise ``g``:
 
 1. Sanitize: NaN entries become +inf.
-2. Temperature: ``y = x / T`` in fp32 (XLA's division: correctly rounded on
-   GPU, where the kernels use ``div.rn.f32``; XLA:CPU's fp32 division may be 1
-   ulp off the correctly rounded quotient).  Greedy rows (T = 0) keep
+2. Temperature: ``y = x / T`` in fp32, XLA's division on the platform (on
+   NVIDIA GPUs ``div.full.f32``, within 2 ulp of the IEEE quotient, which the
+   kernels issue too; on CPU XLA:CPU's, which interpret mode shares).  Greedy
+   rows (T = 0) keep
    ``y = x``.  The row is *valid* iff ``max(y)`` is finite: no NaN, no +inf,
    at least one finite entry, and no overflow of ``x / T``.
 3. Greedy rows and invalid rows: ``token = argmax(y)`` (smallest index on

@@ -145,7 +145,8 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   truncating = params.truncates() & sampled
   plain, plain_max, plain_lse = _only_if(
       ~truncating,
-      lambda: gumbel.sample_untruncated(logits, params, streams, config))
+      lambda: gumbel.sample_untruncated(logits, params, streams, config,
+                                        active=~truncating))
   if config.use_fp64_gumbel:
     trunc, complete = None, jnp.zeros_like(truncating)
   else:

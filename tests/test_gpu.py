@@ -109,15 +109,26 @@ def test_threefry_kernel_matches_jax_random_categorical():
   np.testing.assert_array_equal(a.tokens, want)
 
 
-def test_reference_tempering_is_correctly_rounded_on_gpu():
-  """On GPU the reference's x / T is the IEEE quotient (as numpy computes it),
-  the same division the kernel performs with div.rn.f32."""
+def test_kernel_division_equals_the_reference_tempering_on_gpu():
+  """The kernels' ``x / T`` (``common.gpu_div``) is XLA's quotient bit for bit
+  on GPU (XLA's fp32 division is not the IEEE quotient there: both issue
+  ``div.full.f32``)."""
+  from jax.experimental import pallas as pl
   from jaxsample import reference
+  from jaxsample.pallas import common
   r = np.random.default_rng(12)
-  x = (r.standard_normal((6, 4096)) * 10).astype(np.float32)
-  temps = np.float32([0.7, 0.3, 1.9, 3.3, 0.9, 1e-3])
-  got = np.asarray(jax.jit(reference.temper)(jnp.asarray(x), jnp.asarray(temps)))
-  np.testing.assert_array_equal(got, x / temps[:, None])
+  x = jnp.asarray((r.standard_normal((6, 4096)) * 10).astype(np.float32))
+  temps = jnp.float32([0.7, 0.3, 1.9, 3.3, 0.9, 1e-3])
+
+  def kernel(t_ref, x_ref, o_ref):
+    row = pl.program_id(0)
+    o_ref[row, :] = common.gpu_div(x_ref[row, :], t_ref[row])
+
+  got = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape,
+                                                              jnp.float32),
+                       grid=(6,))(temps, x)
+  want = jax.jit(reference.temper)(x, temps)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def llm_like_case(batch, vocab, dtype, seed, heads=8):

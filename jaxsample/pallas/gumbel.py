@@ -132,7 +132,7 @@ class GumbelRace:
     - u``, ``y + g = y - log(E) < bound`` whenever ``(1 - u) (1 - slack) > e``
     (``1 - u`` from the uniform's top 23 bits, less 2^-23 on the fp64 path).
     Only chunks with a possible winner compute the exact race ``x / T + g``
-    (IEEE division, accurate logs: the reference's arithmetic), so tokens are
+    (XLA's division, accurate logs: the reference's arithmetic), so tokens are
     the reference's bit for bit.  ``|bound| >= 4064`` disables both filters
     (still exact).
 
@@ -307,9 +307,9 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
   rounding between runs).
   """
   refs = list(refs)
-  (temp_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref, offset_ref,
-   x_ref) = refs[:7]
-  del refs[:7 + share]  # The aliased slots input is the slots output.
+  (temp_ref, active_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
+   offset_ref, x_ref) = refs[:8]
+  del refs[:8 + share]  # The aliased slots input is the slots output.
   race_ref, index_ref, max_ref, sumexp_ref = refs[:4]
   del refs[:4]
   raced_ref = refs.pop(0) if skip else None
@@ -390,16 +390,18 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
     shared_ref[row, split] = _publishable(state[2])  # for programs still to run
     return (*race.finish(state), count)
 
-  top, index, m, s, *raced = lax.cond(t > 0, sampled, greedy)
-  if fp64:
-    race_ref[row, split], race_lo_ref[0][row, split] = _split_words(top)
-  else:
-    race_ref[row, split] = top
-  index_ref[row, split] = index + offset
-  max_ref[row, split] = m
-  sumexp_ref[row, split] = s
-  if skip:
-    raced_ref[row, split] = raced[0]
+  @pl.when(active_ref[row] != 0)
+  def _():
+    top, index, m, s, *raced = lax.cond(t > 0, sampled, greedy)
+    if fp64:
+      race_ref[row, split], race_lo_ref[0][row, split] = _split_words(top)
+    else:
+      race_ref[row, split] = top
+    index_ref[row, split] = index + offset
+    max_ref[row, split] = m
+    sumexp_ref[row, split] = s
+    if skip:
+      raced_ref[row, split] = raced[0]
 
 
 def _split_words(value: jax.Array):
@@ -420,11 +422,14 @@ def _join_words(hi: jax.Array, lo: jax.Array) -> jax.Array:
 
 def gumbel_partials(logits: jax.Array, temperature: jax.Array,
                     streams: rng.RowStreams, config: SamplerConfig, *,
-                    vocab_offset: jax.Array | int = 0) -> GumbelPartials:
+                    vocab_offset: jax.Array | int = 0,
+                    active: jax.Array | None = None) -> GumbelPartials:
   """Runs the kernel: per-split partials for ``logits`` ``[B, V_local]``.
 
   ``temperature`` is canonical (0 = greedy); ``vocab_offset`` is the global id
   of local column 0 (vocab-parallel shards), a multiple of the RNG tile.
+  ``active`` ``[B]`` bool: rows to sample (default all); the programs of the
+  other rows return at once and their partials are undefined.
   """
   batch, vocab = logits.shape
   fp64 = config.use_fp64_gumbel
@@ -445,14 +450,16 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
                              share=share)
   call = pl.pallas_call(kernel, out_shape=out_shape,
                         grid=(batch, plan.num_splits),
-                        input_output_aliases={7: 4 + skip} if share else {},
+                        input_output_aliases={8: 4 + skip} if share else {},
                         compiler_params=plan.compiler_params(),
                         interpret=plan.interpret, name="jaxsample_gumbel_max")
   offset = jnp.asarray(vocab_offset, jnp.int32).reshape(1)
   # With share, the bound slots [B, S] start at -inf (aliased in and out).
   slots = [jnp.full(shape, -jnp.inf, jnp.float32)] * share
+  active = jnp.ones((batch,), bool) if active is None else active
   race, index, row_max, sumexp, *rest = call(
-      temperature.astype(jnp.float32), streams.key0, streams.key1,
+      temperature.astype(jnp.float32), active.astype(jnp.int32), streams.key0,
+      streams.key1,
       streams.base_hi, streams.base_lo, offset, logits, *slots)
   if skip:
     raced = rest[0]
@@ -469,15 +476,18 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
 
 def sample_untruncated(logits: jax.Array, params: SamplingParams,
                        streams: rng.RowStreams,
-                       config: SamplerConfig):
-  """Kernel sampling of every row as if no filter were on.
+                       config: SamplerConfig, *,
+                       active: jax.Array | None = None):
+  """Kernel sampling of every row as if no filter were on (of the ``active``
+  rows only, when given: the results of other rows are undefined).
 
   Returns ``(SampleResult, row_max, lse)`` per row.  Sampled rows: ``lse =
   logsumexp(y)`` (``y = x / T``) and ``row_max`` the row's best race value
   ``max(y + g)`` (not ``max(y)``; finite iff the row is valid).  Greedy rows:
   ``row_max = lse = max(x)``.
   """
-  partials = gumbel_partials(logits, params.temperature, streams, config)
+  partials = gumbel_partials(logits, params.temperature, streams, config,
+                             active=active)
   token, row_max, lse = combine_partials(partials)
   x_token = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
   result = reference.finalize(reference.sanitize(x_token), params, token, lse,

@@ -33,7 +33,7 @@ so the vocab-parallel sampler combines shards exactly as it combines splits:
 a max/sum of the stats, one candidate buffer per shard concatenated in shard
 order.
 
-Arithmetic: ``y`` and the race are the reference's bit for bit (IEEE division,
+Arithmetic: ``y`` and the race are the reference's bit for bit (XLA's division,
 the same noise), so ``t1``, ``t2``, ties and tokens match exactly.  Masses are
 fp32 sums in a different order than the reference's sorted cumsum: a row whose
 top-p crossing lies within fp32 rounding of ``p`` times its mass may keep an
@@ -65,16 +65,27 @@ _GROUP_ELEMENTS = 2048  # group maxima per row (about), before padding
 # The select kernel is a chain of 64 block reductions (latency-bound); 4 warps
 # measured best on an H100 (1 or 2 warps: 3x slower).
 _SELECT_WARPS = 4
-# Chunk and warps of the two passes over the row (config fields override;
-# 2048 x 8 and 4096 x 8 measured slower on an H100).
-_PASS_BLOCK = 1024
+# Chunk, chunks per step and warps of the two passes over the row (config's
+# block_size and num_warps override; on an H100, 4 x 512 with 4 warps beat
+# 1 x 1024, 2 x 1024 and 4 x 1024 with 8 warps: scripts/profile_truncation.py).
+_PASS_BLOCK = 512
 _PASS_WARPS = 4
 
 
+_PASS_TILE = 4  # chunks per loop step (loads run one step ahead)
+
+
 def _pass_plan(batch, vocab, dtype, config: SamplerConfig) -> common.KernelPlan:
-  return common.make_plan(batch, vocab, dtype, dataclasses.replace(
+  plan = common.make_plan(batch, vocab, dtype, dataclasses.replace(
       config, block_size=config.block_size or _PASS_BLOCK,
       num_warps=config.num_warps or _PASS_WARPS), generator=None)
+  if _PASS_TILE == 1:
+    return plan
+  tiles = -(-vocab // (plan.chunk * _PASS_TILE))
+  splits = min(plan.num_splits, tiles)
+  steps = -(-tiles // splits)
+  return dataclasses.replace(plan, tile=plan.chunk * _PASS_TILE,
+                             num_splits=-(-tiles // steps), steps=steps)
 
 
 def _sanitize(x):
