@@ -38,6 +38,7 @@ import jaxsample
 from conftest import (IMPLEMENTATIONS, assert_chi2_fits, make_params,
                       oracle_keep, run_sample)
 from jaxsample import SamplerConfig, SamplingParams, rng, spec
+from jaxsample.pallas import gumbel
 
 B, K, V = 64, 3, 16  # the shared workhorse shape
 PALLAS_SLICE = 1024
@@ -775,6 +776,29 @@ def test_kernel_vocab_splits_match_the_reference(gen, vocab, splits):
   both(*args, gen=gen, block_size=64, num_splits=splits, **kw)
 
 
+def test_kernel_tile_skip_matches_the_reference():
+  """Pass 2 with ``gumbel``'s opt-in tile skip, on peaked rows whose bulk
+  tiles are skipped (V = 4100: three philox tiles per row)."""
+  args, kw = edge_case_batch(55, 34, 2, 4100, with_draft=False)
+  target, drafts = args[:2]
+  r = np.random.default_rng(55)
+  heads = r.integers(0, 4100, (34, 3, 2))
+  for b in range(34):
+    for i in range(3):
+      target[b, i, heads[b, i]] += 40.0  # bulk tiles: y + G_MAX < bound
+  drafts[:] = heads[:, :2, 0]
+  fresh = jax.jit(spec.rejection_sample, static_argnames=("config",))
+  call = lambda impl: jax.tree.map(np.asarray, fresh(
+      jnp.asarray(target), jnp.asarray(drafts, jnp.int32),
+      jnp.asarray(args[2], jnp.int32), args[3], args[4],
+      positions=jnp.asarray(kw["positions"], jnp.int32),
+      config=SamplerConfig(implementation=impl)))
+  with gumbel.options(tile_skip=True):
+    out = call("pallas")
+  assert_same(out, call("xla"))
+  assert 0 < out.num_accepted.sum()
+
+
 def test_kernel_bf16_matches_the_reference():
   args, kw = edge_case_batch(60, B, K, V, with_draft=True)
   args = (jnp.asarray(args[0], jnp.bfloat16),) + args[1:]
@@ -831,3 +855,5 @@ def test_kernels_lower_to_triton(monkeypatch):
         assert lowered(dtype, with_draft, rng=gen) == 2
   with jax.enable_x64(True):
     assert lowered(jnp.float32, True, use_fp64_gumbel=True) == 2
+  with gumbel.options(tile_skip=True):
+    assert lowered(jnp.bfloat16, False) == 2

@@ -254,7 +254,7 @@ SKIP, GREEDY, RACE, RESIDUAL = 0, 1, 2, 3
 class _ResidualMath(common.KernelMath):
   """``KernelMath`` whose ``div`` yields the residual logits of one chunk.
 
-  ``GumbelRace.chunk`` races ``div(x, T) + g`` and filters on ``x / T``
+  ``GumbelRace.chunk_step`` races ``div(x, T) + g`` and filters on ``x / T``
   alone; with ``div(x, T) = w = y + log1p(-exp(ld - lt)) <= y``
   (``jaxsample.spec.residual_logits``) its filter stays a valid bound and its
   exact branch races ``w + g``, computing ``w`` only for chunks that may win.
@@ -322,15 +322,21 @@ def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
 
   def plain_race():
     excl = excl_ref[b]
+    left_out = lambda index, x: jnp.where(index == excl, -jnp.inf,
+                                          x.astype(jnp.float32))
+    if gumbel.TILE_SKIP:
+      def tile_step(state, tile, loaded):
+        loaded = [left_out(tile.index(c), x) for c, x in enumerate(loaded)]
+        return race.step(state, tile, loaded)[0]
 
-    def step(state, tile, loaded):
-      loaded = [jnp.where(tile.index(c) == excl, -jnp.inf,
-                          x.astype(jnp.float32))
-                for c, x in enumerate(loaded)]
-      return race.step(state, tile, loaded)[0]
+      state = common.tile_loop(plan, math, split_start, vocab, load_t,
+                               tile_step, race.init(first_index), noise=noise)
+    else:
+      def step(state, chunk, x):
+        return race.chunk_step(state, chunk, left_out(chunk.index, x))
 
-    state = common.tile_loop(plan, math, split_start, vocab, load_t, step,
-                             race.init(first_index), noise=noise)
+      state = common.chunk_loop(plan, math, split_start, vocab, load_t, step,
+                                race.init(first_index), noise=noise)
     write(race.finish(state))
 
   branches = [skip, greedy, plain_race]
@@ -338,31 +344,23 @@ def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
     load_d = common.row_chunk_loader(draft_ref, row_d_ref[b], plan.chunk)
     norms = (shift_t_ref[b], lsum_t_ref[b], shift_d_ref[b], lsum_d_ref[b])
 
-    def chunk_race(gr, state, tile, c, bits, x):
-      e = gr._exp_below(x, state[2].astype(jnp.float32))  # pylint: disable=protected-access
-      return gr.chunk(state, tile.index(c), bits[c], x, e, None)
-
     def residual():
       def load(start, mask):
         return load_t(start, mask), load_d(start, mask)
 
-      def step(states, tile, loaded):
+      def step(states, chunk, xs):
+        x, xd = xs
         res_state, plain_state = states
-        bits = tile.bits()
-        for c, (x, xd) in enumerate(loaded):
-          x = x.astype(jnp.float32)
-          res = dataclasses.replace(race, math=_ResidualMath(
-              plan.interpret, xd.astype(jnp.float32), norms))
-          res_state = chunk_race(res, res_state, tile, c, bits, x)
-          # Once the split holds a residual element the plain race is moot.
-          plain_state = lax.cond(
-              res_state[2] > -jnp.inf, lambda s=plain_state: s,
-              lambda s=plain_state, c=c, x=x: chunk_race(race, s, tile, c,
-                                                        bits, x))
+        res = dataclasses.replace(race, math=_ResidualMath(
+            plan.interpret, xd.astype(jnp.float32), norms))
+        res_state = res.chunk_step(res_state, chunk, x)
+        # Once the split holds a residual element the plain race is moot.
+        plain_state = lax.cond(res_state[2] > -jnp.inf, lambda: plain_state,
+                               lambda: race.chunk_step(plain_state, chunk, x))
         return res_state, plain_state
 
       init = race.init(first_index)
-      res_state, plain_state = common.tile_loop(
+      res_state, plain_state = common.chunk_loop(
           plan, math, split_start, vocab, load, step, (init, init),
           noise=noise)
       plain_top, plain_index, _, _ = race.finish(plain_state)
