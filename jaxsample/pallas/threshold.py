@@ -323,7 +323,7 @@ def _compact_kernel(temp_ref, active_ref, bound_ref, t1_ref, row_max_ref,
       count, outside, finite = carry
       x = _sanitize(x)
       approx = x * inv_t
-      flag = jnp.where(approx >= filter_bound, 1, 0)
+      flag = jnp.where((approx >= filter_bound) & (x > -jnp.inf), 1, 0)
       e = math.exp2_approx(approx * _LOG2E - ref)
       outside = outside + jnp.where((flag == 0) & (approx >= t1), e, 0.0)
       finite = finite + jnp.where(x > -jnp.inf, 1, 0)
