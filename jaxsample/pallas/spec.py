@@ -174,13 +174,21 @@ def _stats_kernel(temp_ref, n_ref, target_ref, *refs, plan, k, batch, vocab,
     return branch
 
   branches = [skip, greedy, sampled(target_load)]
-  kind = jnp.where(t == 0, 1, 2)
+  # Computed constants: Triton lowers no select of two scalar literals.
+  kind = jnp.where(t == 0, zero + 1, zero + 2)
   if with_draft:
     branches.append(sampled(common.row_chunk_loader(draft_ref, local,
                                                     plan.chunk)))
-    kind = jnp.where(is_draft, jnp.where(t == 0, 0, 3), kind)
-  kind = jnp.where(i < n_ref[b], kind, 0)
-  lax.switch(kind, branches)
+    kind = jnp.where(is_draft, jnp.where(t == 0, zero, zero + 3), kind)
+  kind = jnp.where(i < n_ref[b], kind, zero)
+  _switch(kind, branches)
+
+
+def _switch(index, branches):
+  """Runs ``branches[index]`` (side effects only).  ``lax.switch``'s index
+  clamp does not compile in Triton (its ``maxsi`` mixes integer widths)."""
+  for j, branch in enumerate(branches):
+    pl.when(index == j)(branch)
 
 
 def stats_plan(rows: int, vocab: int, dtype, config: SamplerConfig):
@@ -367,7 +375,7 @@ def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
       write(race.finish(res_state), (plain_top, plain_index))
 
     branches.append(residual)
-  lax.switch(mode_ref[b], branches)
+  _switch(mode_ref[b], branches)
 
 
 @jax.tree_util.register_dataclass
