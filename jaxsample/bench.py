@@ -215,6 +215,15 @@ def _sort_top_p_sample(key, y):
   return jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
 
 
+def write_json(path: str, bandwidth: float, rows: list) -> None:
+  """Writes a benchmark's rows with the device, JAX version, bandwidth and argv."""
+  with open(path, "w") as f:
+    json.dump({"device": jax.devices()[0].device_kind,
+               "backend": jax.default_backend(), "jax": jax.__version__,
+               "bandwidth_bytes_per_s": bandwidth, "argv": sys.argv,
+               "rows": rows}, f, indent=1)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batch", default="1,8,32,128,256,512")
@@ -275,10 +284,7 @@ def main(argv=None) -> int:
                 f"{tag}", flush=True)
         del inputs
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"device": device.device_kind, "backend": jax.default_backend(),
-                 "jax": jax.__version__, "bandwidth_bytes_per_s": bandwidth,
-                 "argv": sys.argv, "rows": rows}, f, indent=1)
+    write_json(args.json, bandwidth, rows)
   return 0
 
 

@@ -41,7 +41,6 @@ import argparse
 import collections
 import glob
 import itertools
-import json
 import statistics
 import sys
 import tempfile
@@ -247,10 +246,7 @@ def main(argv=None) -> int:
     print(f"# {name[7:]} / standard: median {statistics.median(values):.3f}, "
           f"min {min(values):.3f}, max {max(values):.3f}")
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"device": device.device_kind, "backend": jax.default_backend(),
-                 "jax": jax.__version__, "bandwidth_bytes_per_s": bandwidth,
-                 "argv": sys.argv, "rows": rows}, f, indent=1)
+    bench.write_json(args.json, bandwidth, rows)
   return 0
 
 

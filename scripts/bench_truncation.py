@@ -13,7 +13,6 @@ floor = bytes of logits / measured copy bandwidth.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -196,10 +195,7 @@ def main(argv=None) -> int:
                   f"{us:9.1f} {floor:7.1f} {us / floor:7.2f}", flush=True)
         del inputs
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"device": jax.devices()[0].device_kind,
-                 "bandwidth_bytes_per_s": bandwidth, "argv": sys.argv,
-                 "rows": rows}, f, indent=1)
+    bench.write_json(args.json, bandwidth, rows)
   return 0
 
 

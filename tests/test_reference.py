@@ -109,24 +109,24 @@ KINDS = ("random", "wide", "peaked", "flat", "ties", "ties_halves", "neg_inf",
          "few_finite", "single_finite")
 
 
+def oracle_grid(vocab, seed, m_values=M_VALUES):
+  """Rows of every kind for every (p, k, min-p): ``(y, ks, ps, ms, combos)``."""
+  r = np.random.default_rng(seed)
+  combos = list(itertools.product(P_VALUES, k_values(vocab), m_values))
+  rows = [make_row(kind, r, vocab) for kind in KINDS for _ in combos]
+  ks, ps, ms = ([c[i] for _ in KINDS for c in combos] for i in (1, 0, 2))
+  return np.asarray(rows, np.float32), ks, ps, ms, combos
+
+
 @pytest.mark.parametrize("vocab", [16, 1007])
 def test_keep_threshold_matches_oracle(vocab):
-  r = np.random.default_rng(vocab)
-  combos = list(itertools.product(P_VALUES, k_values(vocab), M_VALUES))
-  rows, ks, ps, ms = [], [], [], []
-  for kind in KINDS:
-    for p, k, m in combos:
-      rows.append(make_row(kind, r, vocab))
-      ks.append(k)
-      ps.append(p)
-      ms.append(m)
-  y = np.asarray(rows, np.float32)
-  params = SamplingParams.make(len(rows), top_k=ks, top_p=ps,
+  y, ks, ps, ms, combos = oracle_grid(vocab, seed=vocab)
+  params = SamplingParams.make(len(y), top_k=ks, top_p=ps,
                                min_p=ms).canonical(vocab)
   t = np.asarray(jax.jit(reference.keep_threshold)(jnp.asarray(y), params))
   kept = (y >= t[:, None]) & (y > -np.inf)
   near = 0
-  for i in range(len(rows)):
+  for i in range(len(y)):
     o = oracle_keep(y[i], ks[i], ps[i], ms[i])
     near += o.near_boundary
     ctx = (f"row {i} kind={KINDS[i // len(combos)]} k={ks[i]} p={ps[i]} "
@@ -137,7 +137,7 @@ def test_keep_threshold_matches_oracle(vocab):
       assert any(np.array_equal(kept[i], a) for a in o.admissible), ctx
     else:
       np.testing.assert_array_equal(kept[i], o.kept, err_msg=ctx)
-  assert near <= 0.02 * len(rows), f"{near} of {len(rows)} rows near a boundary"
+  assert near <= 0.02 * len(y), f"{near} of {len(y)} rows near a boundary"
 
 
 def test_keep_threshold_ties_at_top_k_kept():

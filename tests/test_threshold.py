@@ -8,7 +8,6 @@ for rows whose kept set overflows the candidate buffer.
 from __future__ import annotations
 
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +17,7 @@ import pytest
 from conftest import oracle_keep, run_sample
 from jaxsample import SamplerConfig, SamplingParams, reference, rng
 from jaxsample.pallas import threshold
-from test_reference import KINDS, M_VALUES, P_VALUES, k_values, make_row
+from test_reference import KINDS, M_VALUES, oracle_grid
 
 
 def truncate(x, params, config=SamplerConfig(), key=jax.random.key(0)):
@@ -44,17 +43,9 @@ def test_order_key_is_monotone_and_invertible():
 def test_kept_sets_match_oracle(vocab):
   """Every kind of row x p x k x min-p: complete rows keep the oracle's set
   (an admissible one on a rounding boundary), with its count and mass."""
-  r = np.random.default_rng(vocab + 1)
-  combos = list(itertools.product(P_VALUES, k_values(vocab), M_VALUES[:3]))
-  rows, ks, ps, ms = [], [], [], []
-  for kind in KINDS:
-    for p, k, m in combos:
-      rows.append(make_row(kind, r, vocab))
-      ks.append(k)
-      ps.append(p)
-      ms.append(m)
-  y = np.asarray(rows, np.float32)
-  params = SamplingParams.make(len(rows), top_k=ks, top_p=ps, min_p=ms)
+  y, ks, ps, ms, combos = oracle_grid(vocab, seed=vocab + 1,
+                                     m_values=M_VALUES[:3])
+  params = SamplingParams.make(len(y), top_k=ks, top_p=ps, min_p=ms)
   tr = truncate(y, params)
   truncating = np.asarray(params.canonical(vocab).truncates())
   assert not tr.complete[~truncating].any()
