@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import oracle_keep, run_sample
+import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, reference, rng
 from jaxsample.pallas import threshold
 from test_reference import KINDS, M_VALUES, oracle_grid
@@ -147,3 +148,30 @@ def test_low_precision_logits(dtype):
   a = run_sample(x, params, key, impl="pallas")
   b = run_sample(x.astype(jnp.float32), params, key, impl="xla")
   np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
+def test_kernels_lower_to_triton(monkeypatch):
+  """The sampler with truncation (stats, select and candidate kernels, and the
+  Gumbel kernel for the other rows) lowers to Triton IR for an abstract H100;
+  the PTX compile and the run are the GPU suite's."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3",
+                                       num_cores=132, platform="cuda")
+  mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+  batch, vocab = 8, 151936
+
+  def fn(x, temperature, top_k, top_p, min_p, key):
+    params = SamplingParams(temperature, top_k, top_p, min_p)
+    return jaxsample.sample(x, params, key, return_mask=True,
+                            config=SamplerConfig(implementation="pallas"))
+
+  S = jax.ShapeDtypeStruct
+  for dtype in (jnp.float32, jnp.bfloat16):
+    args = (S((batch, vocab), dtype), S((batch,), jnp.float32),
+            S((batch,), jnp.int32), S((batch,), jnp.float32),
+            S((batch,), jnp.float32), S((2,), jnp.uint32))
+    with jax.sharding.use_abstract_mesh(mesh):
+      text = jax.jit(fn).trace(*args).lower(
+          lowering_platforms=("cuda",)).as_text()
+    # gumbel, stats, two selects, candidates
+    assert text.count("__gpu$xla.gpu.triton") == 5, dtype
