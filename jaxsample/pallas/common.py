@@ -272,3 +272,52 @@ def argmax_finish(best, best_index):
   top = jnp.max(best)
   index = jnp.min(jnp.where(best == top, best_index, jnp.iinfo(jnp.int32).max))
   return top, index
+
+
+_LOG2E = 1.4426950408889634
+
+
+def split_argmax(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
+                 load):
+  """``(max, argmax)`` of one split's logits, NaN read as +inf (smallest id
+  on ties; an all -inf split reports its first id)."""
+
+  def step(carry, chunk, x):
+    x = x.astype(jnp.float32)
+    return argmax_update(*carry, jnp.where(x != x, jnp.inf, x), chunk.index)
+
+  lanes = jnp.arange(plan.chunk, dtype=jnp.int32)
+  init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32), split_start + lanes)
+  best, index = chunk_loop(plan, math, split_start, vocab, load, step, init)
+  return argmax_finish(best, index)
+
+
+def split_sumexp(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
+                 load, t):
+  """``(lane_max, m, s)`` of one split of logits ``x`` (NaN read as +inf):
+  lane-wise maxima, ``m = max(x)`` and ``s = sum exp((x - m) / T)``.
+
+  Lane-wise online sum-exp, one ``ex2.approx`` per element and no block
+  reduction in the loop: the larger of ``x`` and the lane max is the lane's
+  reference.
+  """
+  scale = _LOG2E / t
+
+  def step(carry, chunk, x):
+    del chunk
+    lane_max, s = carry
+    x = x.astype(jnp.float32)
+    x = jnp.where(x != x, jnp.inf, x)
+    e = math.exp2_approx(-jnp.abs(x - lane_max) * scale)
+    e = jnp.where(x == -jnp.inf, 0.0, jnp.where(x == lane_max, 1.0, e))
+    s = jnp.where(x > lane_max, s * e + 1.0, s + e)
+    return jnp.maximum(lane_max, x), s
+
+  init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32),
+          jnp.zeros((plan.chunk,), jnp.float32))
+  lane_max, s = chunk_loop(plan, math, split_start, vocab, load, step, init)
+  m = jnp.max(lane_max)
+  ref = jnp.where(m == -jnp.inf, 0.0, m)
+  s = jnp.where(lane_max > -jnp.inf,
+                s * math.exp2_approx((lane_max - ref) * scale), 0.0)
+  return lane_max, m, jnp.sum(s)

@@ -327,15 +327,7 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
   load = common.row_chunk_loader(x_ref, row, plan.chunk)
 
   def greedy():
-    def step(carry, chunk, x):
-      x = x.astype(jnp.float32)
-      return common.argmax_update(*carry, jnp.where(x != x, jnp.inf, x),
-                                  chunk.index)
-
-    init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32), first_index)
-    best, index = common.chunk_loop(plan, math, split_start, vocab, load, step,
-                                    init)
-    top, index = common.argmax_finish(best, index)
+    top, index = common.split_argmax(plan, math, split_start, vocab, load)
     # Greedy rows need no sum-exp; it is a computed 1 because Triton's cond
     # lowering cannot yield a literal.
     one = (index - index + 1).astype(jnp.float32)

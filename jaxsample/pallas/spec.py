@@ -57,7 +57,6 @@ from jaxsample import spec as spec_ref
 from jaxsample.pallas import common, gumbel
 from jaxsample.params import SamplerConfig, SamplingParams
 
-_LOG2E = 1.4426950408889634
 STATS_BLOCK = 4096
 """Default elements per load of pass 1 (``SamplerConfig.block_size`` overrides)."""
 
@@ -65,52 +64,6 @@ STATS_BLOCK = 4096
 # ---------------------------------------------------------------------------
 # Row reductions shared by both passes.
 # ---------------------------------------------------------------------------
-
-
-def _argmax_split(plan, math, split_start, vocab, load):
-  """``(max, argmax)`` of the sanitized logits of one split (smallest id on
-  ties; an all -inf split reports its first id)."""
-
-  def step(carry, chunk, x):
-    x = reference.sanitize(x)
-    return common.argmax_update(*carry, x, chunk.index)
-
-  lanes = jnp.arange(plan.chunk, dtype=jnp.int32)
-  init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32), split_start + lanes)
-  best, index = common.chunk_loop(plan, math, split_start, vocab, load, step,
-                                  init)
-  return common.argmax_finish(best, index)
-
-
-def _sumexp_split(plan, math, split_start, vocab, load, t):
-  """``(m, s)`` of one split: ``m`` the max of the sanitized logits ``x``,
-  ``s = sum exp((x - m) / T)``.
-
-  Lane-wise online sum-exp, one ``ex2.approx`` per element and no block
-  reduction in the loop: the larger of ``x`` and the lane max is the lane's
-  reference (the scheme of ``threshold``'s stats pass; one shared helper in
-  ``common`` should serve both).
-  """
-  scale_log2 = _LOG2E / t
-
-  def step(carry, chunk, x):
-    del chunk
-    lane_max, s = carry
-    x = reference.sanitize(x)
-    e = math.exp2_approx(-jnp.abs(x - lane_max) * scale_log2)
-    e = jnp.where(x == -jnp.inf, 0.0, jnp.where(x == lane_max, 1.0, e))
-    s = jnp.where(x > lane_max, s * e + 1.0, s + e)
-    return jnp.maximum(lane_max, x), s
-
-  init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32),
-          jnp.zeros((plan.chunk,), jnp.float32))
-  lane_max, s = common.chunk_loop(plan, math, split_start, vocab, load, step,
-                                  init)
-  m = jnp.max(lane_max)
-  ref = jnp.where(m == -jnp.inf, 0.0, m)
-  s = jnp.where(lane_max > -jnp.inf,
-                s * math.exp2_approx((lane_max - ref) * scale_log2), 0.0)
-  return m, jnp.sum(s)
 
 
 # ---------------------------------------------------------------------------
@@ -164,12 +117,13 @@ def _stats_kernel(temp_ref, n_ref, target_ref, *refs, plan, k, batch, vocab,
                                         plan.chunk)
 
   def greedy():
-    m, arg = _argmax_split(plan, math, split_start, vocab, target_load)
+    m, arg = common.split_argmax(plan, math, split_start, vocab,
+                                  target_load)
     write(m, arg, zero.astype(jnp.float32))
 
   def sampled(load):
     def branch():
-      m, s = _sumexp_split(plan, math, split_start, vocab, load, t)
+      _, m, s = common.split_sumexp(plan, math, split_start, vocab, load, t)
       write(m, zero, s)
     return branch
 
@@ -325,7 +279,7 @@ def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
     write((none.astype(race_dtype), split - split, none, one))
 
   def greedy():
-    top, index = _argmax_split(plan, math, split_start, vocab, load_t)
+    top, index = common.split_argmax(plan, math, split_start, vocab, load_t)
     write((top.astype(race_dtype), index, top, one))
 
   def plain_race():

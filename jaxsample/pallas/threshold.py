@@ -107,31 +107,11 @@ def _stats_kernel(temp_ref, active_ref, x_ref, max_ref, sumexp_ref,
   def _():
     math = common.KernelMath(plan.interpret)
     split_start = split * plan.split_len
-    scale = _LOG2E / temp_ref[row]
-
-    def step(carry, chunk, x):
-      del chunk
-      lane_max, sumexp = carry
-      x = _sanitize(x)
-      # Lane-wise online sum-exp, one exp per element: the larger of x and
-      # the lane max becomes the reference.
-      e = math.exp2_approx(-jnp.abs(x - lane_max) * scale)
-      grows = x > lane_max
-      e = jnp.where(x == -jnp.inf, 0.0, jnp.where(x == lane_max, 1.0, e))
-      sumexp = jnp.where(grows, sumexp * e + 1.0, sumexp + e)
-      return jnp.maximum(lane_max, x), sumexp
-
-    init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32),
-            jnp.zeros((plan.chunk,), jnp.float32))
-    lane_max, sumexp = common.chunk_loop(
+    lane_max, top, sumexp = common.split_sumexp(
         plan, math, split_start, vocab,
-        common.row_chunk_loader(x_ref, row, plan.chunk), step, init)
-    top = jnp.max(lane_max)
-    ref = jnp.where(top == -jnp.inf, 0.0, top)
-    sumexp = jnp.where(lane_max > -jnp.inf,
-                       sumexp * math.exp2_approx((lane_max - ref) * scale), 0.0)
+        common.row_chunk_loader(x_ref, row, plan.chunk), temp_ref[row])
     max_ref[row, split] = top
-    sumexp_ref[row, split] = jnp.sum(sumexp)
+    sumexp_ref[row, split] = sumexp
     groups_ref[row, split, :] = jnp.max(
         lane_max.reshape(groups, plan.chunk // groups), axis=1)
 
