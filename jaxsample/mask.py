@@ -102,9 +102,10 @@ def assemble(*, valid, greedy, token, count, finite, logz, lse, row_max,
   ``count``/``logz``/``lse``: ``|K|``, ``logsumexp_K(y) - lse`` and
   ``logsumexp(y)`` of sampled rows; ``finite`` the row's number of finite
   entries; ``token`` the sampler's token (greedy rows' ``K``); ``row_max =
-  max(y)``.  ``ordered_ids()`` gives ``K`` by descending ``y`` (smallest id
-  first on ties), ``[B, w]`` with ``w <= max_ids``; it runs only when some
-  sampled row truncates.
+  max(y)``.  ``ordered_ids`` gives ``K`` by descending ``y`` (smallest id
+  first on ties), ``[B, w]`` with ``w <= max_ids`` (only rows that list ``K``
+  are read): an array, or a function run only when some sampled row
+  truncates (for a costly ordering).
   """
   count = jnp.where(valid, jnp.where(greedy, 1, count), 0).astype(jnp.int32)
   truncated = ~valid | greedy | (count < finite)
@@ -112,11 +113,15 @@ def assemble(*, valid, greedy, token, count, finite, logz, lse, row_max,
   lse = jnp.where(greedy, row_max, lse)
   logz, lse = (jnp.where(valid, v, -jnp.inf).astype(jnp.float32)
                for v in (logz, lse))
-  width = jax.eval_shape(ordered_ids).shape[1]
-  points = jnp.broadcast_to(token[:, None], (token.shape[0], width))
-  ids = jax.lax.cond(jnp.any(truncated & valid & ~greedy),
-                     lambda: jnp.where(greedy[:, None], points, ordered_ids()),
-                     lambda: points)
+  if callable(ordered_ids):
+    width = jax.eval_shape(ordered_ids).shape[1]
+    points = jnp.broadcast_to(token[:, None], (token.shape[0], width))
+    ids = jax.lax.cond(jnp.any(truncated & valid & ~greedy),
+                       lambda: jnp.where(greedy[:, None], points, ordered_ids()),
+                       lambda: points)
+  else:
+    ids = jnp.where(greedy[:, None], token[:, None], ordered_ids)
+    width = ids.shape[1]
   listed = (jnp.arange(width) < count[:, None]) & truncated[:, None]
   ids = jnp.where(listed, ids.astype(jnp.int32), -1)
   ids = jnp.pad(ids, ((0, 0), (0, max_ids - width)), constant_values=-1)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -178,16 +177,16 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   # when some such row exists).
   finite = _only_if(sampled & ~truncating, lambda: jnp.sum(
       logits > -jnp.inf, axis=-1, dtype=jnp.int32))
-  count, logz, lse, ordered = finite, jnp.zeros_like(plain_lse), plain_lse, (
-      lambda: jnp.zeros((logits.shape[0], 1), jnp.int32))
+  count, logz, lse = finite, jnp.zeros_like(plain_lse), plain_lse
+  ordered = jnp.zeros((logits.shape[0], 1), jnp.int32)
   if trunc is not None:
     count = jnp.where(complete, trunc.count, count)
     finite = jnp.where(complete, trunc.candidates.finite, finite)
     logz = jnp.where(complete, (trunc.row_max + trunc.log_kept) - trunc.lse,
                      logz)
     lse = jnp.where(complete, trunc.lse, lse)
-    ordered = functools.partial(threshold.kept_ids_by_probability, trunc,
-                                config.max_mask_ids)
+    # The candidate buffer is small: order it without a lax.cond.
+    ordered = threshold.kept_ids_by_probability(trunc, config.max_mask_ids)
   fast_mask = mask.assemble(
       valid=result.valid, greedy=~sampled, token=plain.tokens, count=count,
       finite=finite, logz=logz, lse=lse, row_max=plain_max,

@@ -31,7 +31,9 @@ SETTINGS = {
     "top_p0.9": dict(top_p=0.9),
     "top_k50+top_p0.9": dict(top_k=50, top_p=0.9),
     "min_p0.05": dict(min_p=0.05),
+    "top_p0.95": dict(top_p=0.95),
 }
+MASK_SETTINGS = ("top_k50+top_p0.9", "top_p0.95")
 DISTRIBUTIONS = ("randn_x1", "randn_x5", "zipf")
 
 
@@ -67,7 +69,8 @@ def jax_ops(batch, setting, with_mask_caps, peers):
     if mask_cap:
       return jax.jit(lambda x: js.sample(x, params, key, config=cfg,
                                          return_mask=True))
-    return jax.jit(lambda x: js.sample(x, params, key, config=cfg).tokens)
+    # The whole result (tokens, logprobs, valid), as the mask rows return it.
+    return jax.jit(lambda x: js.sample(x, params, key, config=cfg))
 
   table = {"jaxsample pallas": sampler("pallas")}
   if peers:
@@ -178,7 +181,7 @@ def main(argv=None) -> int:
       for dist in args.distributions.split(","):
         inputs = make_inputs(dist, batch, args.vocab, jnp.dtype(dtype))
         for setting in args.settings.split(","):
-          mask_caps = caps if setting in ("top_k50+top_p0.9",) else []
+          mask_caps = caps if setting in MASK_SETTINGS else []
           peers = str(batch) in args.peers.split(",")
           timed = {name: bench.time_op(fn, inputs, args.iters, args.repeats)["us"]
                    for name, fn in jax_ops(batch, setting, mask_caps,

@@ -1,6 +1,9 @@
 """Per-kernel device times of the truncated sampler (one configuration).
 
     PYTHONPATH=. python3 scripts/profile_truncation.py [B] [dtype] [KNOB=int ...]
+
+For each setting: the truncated kernels alone, ``jaxsample.sample`` and
+``jaxsample.sample(..., return_mask=True)``; the 14 costliest device ops each.
 """
 import glob
 import sys
@@ -20,6 +23,7 @@ for setting in sys.argv[3:]:  # module knobs, e.g. _SELECT_WARPS=2
   setattr(threshold, name, int(value))
   print(f"# threshold.{name} = {value}")
 vocab = 151936
+TOP = 14
 xs = [(jax.random.normal(jax.random.key(i), (batch, vocab)) * s).astype(dtype)
       for i, s in enumerate([1, 1, 5, 5])]
 
@@ -43,7 +47,7 @@ def profile(label, fn):
           for e in line.events:
             per[e.name] = per.get(e.name, 0) + e.duration_ns / 1e3 / 20
   print(f"== {label}: total {sum(per.values()):.1f} us")
-  for k, v in sorted(per.items(), key=lambda kv: -kv[1])[:6]:
+  for k, v in sorted(per.items(), key=lambda kv: -kv[1])[:TOP]:
     print(f"   {v:8.1f}  {k[:90]}")
 
 
@@ -58,3 +62,7 @@ for name, kw in [("top_k50+top_p0.9", dict(top_k=50, top_p=0.9)),
       lambda x: jaxsample.sample(
           x, params, jax.random.key(0),
           config=SamplerConfig(implementation="pallas")).tokens))
+  profile(f"jaxsample.sample + mask {name} B={batch} {dtype.name}", jax.jit(
+      lambda x: jaxsample.sample(
+          x, params, jax.random.key(0), return_mask=True,
+          config=SamplerConfig(implementation="pallas"))))

@@ -465,6 +465,8 @@ def kept_ids_by_probability(truncation: Truncation, max_ids: int) -> jax.Array:
   c = truncation.candidates
   width = min(max_ids, c.y.shape[1])
   kept = c.y >= truncation.threshold[:, None]
-  _, slots = lax.top_k(jnp.where(kept, c.y, -jnp.inf), width, is_stable=True)
-  ids = jnp.take_along_axis(c.ids, slots, axis=-1)
+  # A stable sort by -y carries the ids along (no gather); the rest go last.
+  _, ids = lax.sort((jnp.where(kept, -c.y, jnp.inf), c.ids), num_keys=1,
+                    is_stable=True)
+  ids = ids[:, :width]
   return jnp.where(jnp.arange(width) < truncation.count[:, None], ids, -1)
