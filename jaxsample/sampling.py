@@ -150,7 +150,8 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     trunc, complete = None, jnp.zeros_like(truncating)
   else:
     trunc = _only_if(truncating, lambda: threshold.sample_truncated(
-        logits, params, truncating, streams, config))
+        logits, params, truncating, streams, config,
+        order_width=config.max_mask_ids if return_mask else 0))
     complete = trunc.complete
   fallback = truncating & ~complete
 
@@ -185,8 +186,7 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     logz = jnp.where(complete, (trunc.row_max + trunc.log_kept) - trunc.lse,
                      logz)
     lse = jnp.where(complete, trunc.lse, lse)
-    # The candidate buffer is small: order it without a lax.cond.
-    ordered = threshold.kept_ids_by_probability(trunc, config.max_mask_ids)
+    ordered = trunc.ordered_ids
   fast_mask = mask.assemble(
       valid=result.valid, greedy=~sampled, token=plain.tokens, count=count,
       finite=finite, logz=logz, lse=lse, row_max=plain_max,

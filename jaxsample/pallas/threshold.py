@@ -21,12 +21,14 @@ them with the sort-based XLA reference):
    the pass also sums the mass of the min-p survivors below ``L`` (top-p's
    normalizer when top-k is off).  The candidates' Gumbel noise is then drawn
    for their ids alone (``rng.bits_at``), so no RNG runs over the row.
-4. ``select`` on the candidates (final mode) finds the exact thresholds by a
-   32-step bisection on the order-preserving integer keys of ``y``: the
-   ``k``-th largest survivor (``t2``) and the largest value whose upper mass
-   reaches ``p`` times the survivors' mass (``t3``), then the kept count and
-   mass.  The token is the largest race value among kept candidates (smallest
-   id on ties: the buffer is in vocab order).
+4. ``select`` on the candidates (final mode) finds the exact thresholds by
+   comparing each candidate with every min-p survivor among the ``n`` filled
+   slots (no sort, no search; ``n x pow2ceil(n)`` comparisons): the ``k``-th largest survivor (``t2``) and the largest value
+   whose upper mass reaches ``p`` times the survivors' mass (``t3``), then the
+   kept count and mass; the same counts give each kept id its position in
+   descending order (the sampling mask).  The token is the largest race value
+   among kept candidates (smallest id on ties: the buffer is in vocab
+   order).
 
 Every partial result is a max, a sum or a list of candidates in vocab order,
 so the vocab-parallel sampler combines shards exactly as it combines splits:
@@ -62,8 +64,6 @@ _BOUND_MARGIN = 2.0**-10
 # |x * (1 / T) - x / T| <= 2 ulp: the filter widens the candidate test by this.
 _FILTER_SLACK = 2.0**-21
 _GROUP_ELEMENTS = 2048  # group maxima per row (about), before padding
-# The select kernel is a chain of 64 block reductions (latency-bound); 4 warps
-# measured best on an H100 (1 or 2 warps: 3x slower).
 _SELECT_WARPS = 4
 # Chunk, chunks per step and warps of the two passes over the row (config's
 # block_size and num_warps override; on an H100, 4 x 512 with 4 warps beat
@@ -204,77 +204,169 @@ def _largest_key(reaches) -> tuple[jax.Array, jax.Array]:
   return v, reaches(jnp.uint32(0))
 
 
-def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
-                   threshold_ref, count_ref, kept_mass_ref, certified_ref, *,
-                   bound: bool):
-  row = pl.program_id(0)
-  y = y_ref[row, :]
-  finite = y > -jnp.inf
+def _bisect_thresholds(y, survives, e, k, p, mass):
+  """``(t2, k_found, survivors of t2, total, t3)`` by two 32-step bisections
+  on order keys: 64 block reductions, whatever the number of values."""
   key = order_key(y)
-  e = jnp.where(finite, jnp.exp(y - row_max_ref[row]), 0.0)
-  t1 = t1_ref[row]
-  survives = finite & (y >= t1)
-  k = k_ref[row]
-  p = p_ref[row]
-
-  def count_from(v):
-    return jnp.sum(jnp.where(survives & (key >= v), 1, 0))
-
-  def at_least_k(v):
-    return count_from(v) >= k
-
-  k_key, k_found = _largest_key(at_least_k)
+  k_key, k_found = _largest_key(
+      lambda v: jnp.sum(jnp.where(survives & (key >= v), 1, 0)) >= k)
   t2 = jnp.where((k > 0) & k_found, key_value(k_key), -jnp.inf)
   survives = survives & (y >= t2)
-  mass = mass_ref[row]
+  target = p * mass
+  p_key, p_found = _largest_key(
+      lambda v: jnp.sum(jnp.where(survives & (key >= v), e, 0.0)) >= target)
+  t3 = jnp.where(p_found, key_value(p_key), -jnp.inf)
+  return t2, k_found, t3
+
+
+# Values ``y_j`` (scalars) compared per loop step of the ranking (the next
+# step's are loaded while this one is compared).
+_RANK_STEP = 16
+
+
+def _rank(y_ref, row, scan, y, t1, row_max, with_ties: bool):
+  """Per entry ``i`` of ``y`` (a prefix of row ``row`` of ``y_ref``), over the
+  min-p survivors ``j`` among the first ``scan`` slots: ``(above_i = #{y_j >
+  y_i}, mass_i = sum_{y_j >= y_i} exp(y_j - row_max), ties_i = #{y_j = y_i, j
+  < i})`` (``ties`` only ``with_ties``); ``scan x len(y)`` comparisons, in
+  steps of ``_RANK_STEP`` scalars."""
+  size = y.shape[0]
+  step = min(_RANK_STEP, size)
+  lanes = jnp.arange(size, dtype=jnp.int32)
+
+  def load(j):
+    return tuple(y_ref[row, j * step + t] for t in range(step))
+
+  def body(j, carry):
+    (above, mass, ties), loaded = carry
+    upcoming = load(jnp.minimum(j + 1, size // step - 1))
+    for t, yj in enumerate(loaded):
+      alive = (yj > -jnp.inf) & (yj >= t1)
+      ej = jnp.where(alive, jnp.exp(yj - row_max), 0.0)
+      above = above + jnp.where(alive & (yj > y), 1, 0)
+      mass = mass + jnp.where(alive & (yj >= y), ej, 0.0)
+      if with_ties:
+        ties = ties + jnp.where(alive & (yj == y) & (j * step + t < lanes), 1,
+                                0)
+    return (above, mass, ties), upcoming
+
+  zeros = jnp.zeros((size,), jnp.int32)
+  (above, mass, ties), _ = lax.fori_loop(
+      0, (scan + step - 1) // step, body,
+      ((zeros, jnp.zeros((size,), jnp.float32), zeros), load(0)))
+  return above, mass, ties
+
+
+def _rank_sizes(n: int) -> list[int]:
+  """Block sizes of the final select's variants: 64, 128, ... up to ``n``."""
+  return [min(n, 64 << i) for i in range(max(n // 64, 1).bit_length())]
+
+
+def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
+                   *refs, bound: bool, width: int):
+  """One row's thresholds (``select_threshold``).
+
+  Bound mode (all ``N`` group maxima filled): ``_bisect_thresholds``.  Final
+  mode (a candidate buffer with ``scan`` filled slots): on the smallest
+  prefix in ``_rank_sizes`` holding them, ``_rank``, then ``t2 = min{y_i :
+  above_i < k}`` (the ``k``-th largest survivor) and ``t3 = max{y_i >= t2 :
+  mass_i >= p * total}`` (the sorted cumulative sum first reaches ``p *
+  total`` inside ``y_i``'s group of equal values); ``above_i + ties_i`` is
+  ``i``'s position in the stable descending order.
+  """
+  ids_ref, *refs = refs if width else (None, *refs)
+  threshold_ref, count_ref, kept_mass_ref, certified_ref, *order_ref = refs
+  row = pl.program_id(0)
+  row_max = row_max_ref[row]
+  t1 = t1_ref[row]
+  k = k_ref[row]
+  p = p_ref[row]
+  scan = scan_ref[row]
+
+  def select(size):
+    y = y_ref[row, pl.ds(0, size)]
+    finite = y > -jnp.inf
+    e = jnp.where(finite, jnp.exp(y - row_max), 0.0)
+    survives = finite & (y >= t1)
+    if bound:
+      t2, k_found, t3 = _bisect_thresholds(y, survives, e, k, p,
+                                           mass_ref[row])
+      t3 = jnp.where(k > 0, -jnp.inf, t3)  # every top-k survivor stays in
+    else:
+      above, mass, ties = _rank(y_ref, row, scan, y, t1, row_max,
+                                with_ties=bool(width))
+      k_found = jnp.sum(jnp.where(survives, 1, 0)) >= k
+      t2 = jnp.min(jnp.where(survives & (above < k), y, jnp.inf))
+      t2 = jnp.where((k > 0) & k_found, t2, -jnp.inf)
+      survives = survives & (y >= t2)
+      # Survivors of top-k all lie in the buffer.
+      total = jnp.sum(jnp.where(survives, e, 0.0)) + jnp.where(
+          t2 > -jnp.inf, 0.0, mass_ref[row])
+      t3 = jnp.max(jnp.where(survives & (mass >= p * total), y, -jnp.inf))
+    t3 = jnp.where(p < 1, t3, -jnp.inf)
+    threshold = jnp.maximum(jnp.maximum(t1, t2), t3)
+    kept = finite & (y >= threshold)
+    count = jnp.sum(jnp.where(kept, 1, 0))
+    threshold_ref[row] = threshold
+    count_ref[row] = count
+    kept_mass_ref[row] = jnp.sum(jnp.where(kept, e, 0.0))
+    certified_ref[row] = jnp.where((k <= 0) | k_found, 1, 0)
+    if order_ref:  # K fills positions 0 .. count - 1; the rest are -1.
+      (order,) = order_ref
+      position = above + ties
+      plgpu.store(order.at[row, position], ids_ref[row, pl.ds(0, size)],
+                  mask=kept & (position < width))
+      slots = jnp.arange(_pow2_ceil(width), dtype=jnp.int32)
+      plgpu.store(order.at[row, slots], jnp.full(slots.shape, -1, jnp.int32),
+                  mask=(slots >= count) & (slots < width))
+
   if bound:
-    total = mass
-  else:  # Survivors of top-k all lie in the buffer.
-    total = jnp.sum(jnp.where(survives, e, 0.0)) + jnp.where(
-        t2 > -jnp.inf, 0.0, mass)
-  target = p * total
-
-  def reaches_p(v):
-    return jnp.sum(jnp.where(survives & (key >= v), e, 0.0)) >= target
-
-  p_key, p_found = _largest_key(reaches_p)
-  t3 = jnp.where((p < 1) & p_found, key_value(p_key), -jnp.inf)
-  if bound:  # With top-k on, every top-k survivor must stay a candidate.
-    t3 = jnp.where(k > 0, -jnp.inf, t3)
-  threshold = jnp.maximum(jnp.maximum(t1, t2), t3)
-  kept = finite & (y >= threshold)
-  threshold_ref[row] = threshold
-  count_ref[row] = jnp.sum(jnp.where(kept, 1, 0))
-  kept_mass_ref[row] = jnp.sum(jnp.where(kept, e, 0.0))
-  certified_ref[row] = jnp.where((k <= 0) | k_found, 1, 0)
+    select(y_ref.shape[1])
+    return
+  smaller = -1
+  for size in _rank_sizes(y_ref.shape[1]):
+    pl.when((scan > smaller) & (scan <= size))(functools.partial(select, size))
+    smaller = size
 
 
 def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
-                     bound: bool, interpret: bool):
-  """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded).
+                     bound: bool, interpret: bool, ids=None, scan=None,
+                     order_width: int = 0):
+  """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded), no sort.
+
+  Bound mode bisects on order keys (64 block reductions); final mode ranks
+  the entries against the min-p survivors among the first ``scan`` slots
+  (``[B]``, default N; every finite entry must lie there): ``scan x
+  pow2ceil(scan)`` comparisons, below the bisection's latency up to a few
+  hundred filled slots.
 
   Final mode: the reference's ``max(t1, t2, t3)`` for a row whose min-p
   survivors outside ``y`` have mass ``mass`` (relative to ``row_max``), exact
   whenever the kept set lies inside ``y``.  Bound mode: a lower bound of the
   row's threshold when ``y`` is a subset of the row and ``mass`` is at least
   the mass of the row's min-p survivors (``t2``/``t3`` are -inf where ``y``
-  cannot certify them), and no higher than the row's ``t2`` when top-k is on.  Returns ``(threshold, kept count, kept mass,
-  certified)``: ``certified`` is False where top-k is on and ``y`` holds
-  fewer than ``k`` survivors.
+  cannot certify them), and no higher than the row's ``t2`` when top-k is on.
+  Returns ``(threshold, kept count, kept mass, certified)``: ``certified`` is
+  False where top-k is on and ``y`` holds fewer than ``k`` survivors.  With
+  ``order_width``, also ``ids`` ``[B, N]``'s kept entries by descending ``y``
+  (smallest slot first on ties), ``[B, order_width]``, -1 padded.
   """
-  batch, width = y.shape
-  kernel = functools.partial(_select_kernel, bound=bound)
+  batch, size = y.shape
+  scan = jnp.full((batch,), size, jnp.int32) if scan is None else scan
+  kernel = functools.partial(_select_kernel, bound=bound, width=order_width)
+  out_shape = [jax.ShapeDtypeStruct((batch,), jnp.float32),
+               jax.ShapeDtypeStruct((batch,), jnp.int32),
+               jax.ShapeDtypeStruct((batch,), jnp.float32),
+               jax.ShapeDtypeStruct((batch,), jnp.int32)]
+  if order_width:
+    out_shape.append(jax.ShapeDtypeStruct((batch, order_width), jnp.int32))
   return pl.pallas_call(
-      kernel,
-      out_shape=[jax.ShapeDtypeStruct((batch,), jnp.float32),
-                 jax.ShapeDtypeStruct((batch,), jnp.int32),
-                 jax.ShapeDtypeStruct((batch,), jnp.float32),
-                 jax.ShapeDtypeStruct((batch,), jnp.int32)],
-      grid=(batch,),
+      kernel, out_shape=out_shape, grid=(batch,),
       compiler_params=plgpu.CompilerParams(num_warps=_SELECT_WARPS,
                                            num_stages=1),
       interpret=interpret, name="jaxsample_select_threshold")(
-          y, row_max, t1, params.top_k, params.top_p, mass)
+          y, scan.astype(jnp.int32), row_max, t1, params.top_k, params.top_p,
+          mass, *([ids] if order_width else []))
 
 
 # ---------------------------------------------------------------------------
@@ -411,7 +503,8 @@ class Truncation:
   the candidate buffer.  ``row_max``, ``lse``: of the tempered row;
   ``threshold``, ``count``: the kept set ``{y >= threshold}`` and its size;
   ``log_kept`` = ``log sum_K exp(y - row_max)``; ``candidates`` holds ``K``
-  (``y >= threshold`` entries) for masks.
+  (``y >= threshold`` entries); ``ordered_ids`` ``[B, W]`` (when asked for):
+  ``K``'s ids by descending ``y``, smallest id first on ties, -1 padded.
   """
 
   token: jax.Array
@@ -423,13 +516,15 @@ class Truncation:
   count: jax.Array
   log_kept: jax.Array
   candidates: Candidates
+  ordered_ids: jax.Array | None
 
 
 def sample_truncated(logits, params: SamplingParams, active,
-                     streams: rng.RowStreams,
-                     config: SamplerConfig) -> Truncation:
+                     streams: rng.RowStreams, config: SamplerConfig, *,
+                     order_width: int = 0) -> Truncation:
   """Truncated Gumbel-max for canonical params on rows where ``active``
-  (sampled rows with a filter on; fp32 noise)."""
+  (sampled rows with a filter on; fp32 noise); with ``order_width``, also the
+  kept ids in probability order (``min(order_width, C)`` wide)."""
   interpret = jax.default_backend() != "gpu"
   t = params.temperature
   stats = row_stats(logits, t, active, config)
@@ -442,9 +537,12 @@ def sample_truncated(logits, params: SamplingParams, active,
       interpret=interpret)
   candidates = collect_candidates(logits, t, valid, bound, t1, safe_max,
                                   streams, config)
-  threshold, count, kept_mass, certified = select_threshold(
+  capacity = config.max_candidates
+  threshold, count, kept_mass, certified, *ordered = select_threshold(
       candidates.y, safe_max, t1, params, candidates.outside_mass, bound=False,
-      interpret=interpret)
+      interpret=interpret, ids=candidates.ids,
+      scan=jnp.minimum(candidates.count, capacity),
+      order_width=min(order_width, capacity))
   kept = candidates.y >= threshold[:, None]
   race = jnp.where(kept, candidates.race, -jnp.inf)
   slot = jnp.argmax(race, axis=-1)
@@ -453,20 +551,8 @@ def sample_truncated(logits, params: SamplingParams, active,
   logprob = (take(candidates.y) - safe_max) - log_kept
   # Exact iff every kept element and every top-k survivor is a candidate
   # (bound == t1: the candidates are all min-p survivors).
-  complete = (valid & (candidates.count <= config.max_candidates) &
+  complete = (valid & (candidates.count <= capacity) &
               (threshold >= bound) & ((certified != 0) | (bound == t1)))
   return Truncation(take(candidates.ids), logprob, complete, stats.row_max,
-                    stats.lse, threshold, count, log_kept, candidates)
-
-
-def kept_ids_by_probability(truncation: Truncation, max_ids: int) -> jax.Array:
-  """Kept ids ``[B, min(max_ids, C)]`` by descending ``y``, smallest id first
-  among equal values (the buffer is in vocab order), -1 past the kept set."""
-  c = truncation.candidates
-  width = min(max_ids, c.y.shape[1])
-  kept = c.y >= truncation.threshold[:, None]
-  # A stable sort by -y carries the ids along (no gather); the rest go last.
-  _, ids = lax.sort((jnp.where(kept, -c.y, jnp.inf), c.ids), num_keys=1,
-                    is_stable=True)
-  ids = ids[:, :width]
-  return jnp.where(jnp.arange(width) < truncation.count[:, None], ids, -1)
+                    stats.lse, threshold, count, log_kept, candidates,
+                    ordered[0] if ordered else None)
