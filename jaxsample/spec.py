@@ -212,14 +212,11 @@ def accepted_count(u, lt_d, ld_d, greedy_ok, greedy, valid_t, n,
   doc): ``lt_d`` / ``ld_d`` the target / draft log-probabilities of the draft
   tokens, ``greedy_ok`` whether the draft is the target argmax."""
   k = u.shape[1]
-  ratio = jnp.where(ld_d > -jnp.inf, lt_d - ld_d, -jnp.inf)
-  accept = jnp.where(greedy[:, None], greedy_ok, jnp.log(u) < ratio)
-  if synthetic_rates is not None:
-    rate = synthetic_rates.astype(jnp.float32)
-    # The standard test only counts where ``rate > 1`` (then ``u < rate``
-    # anyway): the result is ``u < rate``, but XLA cannot drop the standard
-    # mode's work, so both modes cost the same.
-    accept = (u < rate) | (accept & (rate > 1.0))
+  if synthetic_rates is None:
+    ratio = jnp.where(ld_d > -jnp.inf, lt_d - ld_d, -jnp.inf)
+    accept = jnp.where(greedy[:, None], greedy_ok, jnp.log(u) < ratio)
+  else:
+    accept = u < synthetic_rates.astype(jnp.float32)
   accept &= valid_t & (jnp.arange(k) < n[:, None])
   return jnp.sum(jnp.cumprod(accept, axis=1), axis=1).astype(jnp.int32)
 

@@ -83,11 +83,15 @@ class OracleKeep:
   """
 
   kept: np.ndarray
-  admissible: list
+  admissible: "UpwardSets"
 
   @property
   def near_boundary(self) -> bool:
     return len(self.admissible) > 1
+
+  def admits(self, kept) -> bool:
+    """Whether ``kept`` is one of the admissible sets."""
+    return self.admissible.holds(np.asarray(kept, bool))
 
   def probs(self, y) -> np.ndarray:
     """The processed distribution: softmax of ``y`` on ``kept`` (float64)."""
@@ -162,14 +166,41 @@ def oracle_keep(y, top_k: int, top_p: float, min_p: float, *,
   thresholds = set()
   for s1 in (0.0, -d1, d1):
     thresholds |= _oracle_thresholds(ys, finite, k, p, t1 + s1, rtol)[1]
-  mask = lambda t: (y >= t) & (y > -np.inf)
-  kept = mask(exact)
-  admissible = [kept]
-  for t in sorted(thresholds):
-    cand = mask(t)
-    if not any(np.array_equal(cand, a) for a in admissible):
-      admissible.append(cand)
-  return OracleKeep(kept, admissible)
+  kept = (y >= exact) & (y > -np.inf)
+  # {y >= t} is fixed by its size: one set per distinct count (sets are built
+  # on demand: a window near p = 1 may hold thousands).
+  n_finite = int(finite.sum())
+  counts = np.minimum(np.searchsorted(-ys, -np.fromiter(thresholds, float),
+                                      side="right"), n_finite)
+  first = int(kept.sum())
+  others = sorted(set(counts.tolist()) - {first})
+  return OracleKeep(kept, UpwardSets(y, ys, [first] + others))
+
+
+class UpwardSets:
+  """The upward-closed sets ``{y >= ys[n - 1]}`` (``ys`` = ``y`` sorted
+  descending) for each kept count ``n`` of ``counts``, as a lazy sequence of
+  boolean masks."""
+
+  def __init__(self, y, ys, counts):
+    self.y, self.ys, self.counts = y, ys, counts
+
+  def __len__(self):
+    return len(self.counts)
+
+  def __getitem__(self, i):
+    n = self.counts[i]
+    if n == 0:
+      return np.zeros(self.y.shape, bool)
+    return (self.y >= self.ys[n - 1]) & (self.y > -np.inf)
+
+  def __iter__(self):
+    return (self[i] for i in range(len(self)))
+
+  def holds(self, kept) -> bool:
+    n = int(kept.sum())
+    return n in self.counts and np.array_equal(
+        kept, self[self.counts.index(n)])
 
 
 # ---------------------------------------------------------------------------
