@@ -24,8 +24,7 @@ def main() -> int:
        (32, 151936, "llm")]):
     if fp64 and dtype != "float32":
       continue
-    # randn: 3 * N(0, 1); llm: jaxsample.bench's peaked rows (tile skip and
-    # shared bounds at B = 32).
+    # randn: 3 * N(0, 1); llm: jaxsample.bench's peaked rows.
     x = (bench.make_logits(jax.random.key(batch), batch, vocab, dist) *
          (1.5 if dist == "randn" else 1.0)).astype(dtype)
     x = x.at[0, :7].set(-jnp.inf)

@@ -1,4 +1,4 @@
-"""Times variants of the Gumbel kernel on the GPU: before/after, shared bounds, plans.
+"""Times variants of the Gumbel kernel on the GPU: before/after, tile skip, plans.
 
 ``PYTHONPATH=. python3 scripts/sweep_gumbel.py [--baseline PATH]`` prints device
 time per call (profiler-summed kernel time, median; ``jaxsample.bench.time_op``)
@@ -7,8 +7,7 @@ distributions of ``jaxsample.bench`` (randn: no tile can be skipped; llm: bulk
 plus a few head tokens), with the fraction of RNG tiles that drew random bits
 (``raced``).  Variants: ``baseline`` (another ``gumbel.py``, e.g. the previous
 commit's, loaded from ``--baseline``), ``default`` (chunk filter only),
-``skip`` (``gumbel.TILE_SKIP``, bounds per program) and, with ``--shared``,
-``shared`` (tile skip, bounds shared by the programs of a row), each with the
+and ``skip`` (``gumbel.TILE_SKIP``), each with the
 default plan unless ``splits`` says otherwise.
 """
 import argparse
@@ -40,8 +39,6 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--no-plans", dest="plans", action="store_false",
                       help="only the default plans at --batch, fp32")
-  parser.add_argument("--shared", action="store_true",
-                      help="also time the shared-bounds variant")
   args = parser.parse_args(argv)
   baseline = load_module(args.baseline) if args.baseline else None
   vocab = args.vocab
@@ -61,8 +58,6 @@ def main(argv=None) -> int:
       variants["baseline"] = (baseline, {})
     variants["default"] = (gumbel, dict(tile_skip=False))
     variants["skip"] = (gumbel, dict(tile_skip=True))
-    if plan.steps > 1 and args.shared:
-      variants["shared"] = (gumbel, dict(tile_skip=True, share_bounds=True))
     fns = {}
     dummy = jnp.zeros((batch, vocab), jnp.dtype(dtype))
     for name, (module, flags) in variants.items():

@@ -132,8 +132,7 @@ def test_kernel_plan_overrides_keep_parity(gen, overrides):
 
 
 # ---------------------------------------------------------------------------
-# The kernel's tile skip (no random bits for tiles that cannot win) and the
-# race bounds shared between the programs of a row.
+# The kernel's opt-in tile skip (no random bits for tiles that cannot win).
 # ---------------------------------------------------------------------------
 
 SKIP_B, SKIP_V = 6, 16384  # 8 philox tiles (16 threefry tiles) per row
@@ -159,54 +158,51 @@ def llm_like_rows(seed, batch=SKIP_B, vocab=SKIP_V):
   return jnp.asarray(x), SamplingParams.make(batch, temperature=temps)
 
 
-def run_partials(x, params, key, config, share, skip=True):
+def run_partials(x, params, key, config, skip=True):
   """Kernel partials (with the raced-tile counts), tile skip on (opt-in)."""
   from jaxsample.pallas import gumbel
   streams, _ = jaxsample.rng.row_streams(key, None, *x.shape)
-  with gumbel.options(tile_skip=skip, share_bounds=share):
+  with gumbel.options(tile_skip=skip):
     # A fresh jit: the flags are read while tracing.
     fn = jax.jit(lambda x: gumbel.gumbel_partials(
         x, params.canonical(x.shape[1]).temperature, streams, config))
     return jax.tree.map(np.asarray, fn(x))
 
 
-def run_sample_shared(x, params, key, share, *, fp64=False, **config_kw):
+def run_sample_skip(x, params, key, *, fp64=False, **config_kw):
   """``sample`` through the kernel with the tile skip on (opt-in)."""
   from jaxsample.pallas import gumbel
   config = SamplerConfig(implementation="pallas", use_fp64_gumbel=fp64,
                          **config_kw)
-  with gumbel.options(tile_skip=True, share_bounds=share):
+  with gumbel.options(tile_skip=True):
     fn = jax.jit(lambda x: jaxsample.sample(x, params, key, config=config))
     with jax.enable_x64(fp64):
       return jax.tree.map(np.asarray, fn(x))
 
 
-@pytest.mark.parametrize("share", [False, True], ids=["own", "shared"])
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("gen", GENERATORS)
-def test_tile_skip_keeps_tokens(gen, num_splits, share):
+def test_tile_skip_keeps_tokens(gen, num_splits):
   """Rows where most tiles are skipped draw the reference's tokens bit for
-  bit, with or without bounds shared between the programs of a row."""
+  bit."""
   x, params = llm_like_rows(31 + num_splits)
   key = jax.random.key(31)
-  a = run_sample_shared(x, params, key, share, rng=gen, num_splits=num_splits)
+  a = run_sample_skip(x, params, key, rng=gen, num_splits=num_splits)
   b = run_sample(x, params, key, impl="xla", rng=gen)
   assert_same_result(a, b)
   assert a.valid.all()
   assert a.tokens[0] == 5 and a.tokens[3] == 5 and a.logprobs[3] == 0.0
   config = SamplerConfig(implementation="pallas", rng=gen,
                          num_splits=num_splits)
-  p = run_partials(x, params, key, config, share)
+  p = run_partials(x, params, key, config)
   tile = 2048 if gen == "philox" else 1024
   n_tiles = SKIP_V // tile
   raced = p.raced_tiles.sum(axis=1)
   assert raced[3] == 0  # greedy: no noise at all
   # Row 0: the head in tile 0 makes every later tile of its program skip;
-  # programs of other splits skip only tiles after their own first race,
-  # unless they adopted the head's bound.
+  # programs of other splits skip only tiles after their own first race.
   assert 1 <= raced[0] < n_tiles, raced
-  in_order = jax.default_backend() != "gpu"  # interpret: programs in turn
-  if num_splits == 1 or (share and in_order):
+  if num_splits == 1:
     assert raced[0] == 1, raced
   sampled = np.asarray(params.temperature) > 0
   assert np.all(raced[sampled] >= 1) and np.all(raced <= n_tiles), raced
@@ -222,9 +218,9 @@ def test_tile_skip_never_on_flat_rows(gen):
   config = SamplerConfig(implementation="pallas", rng=gen, num_splits=1)
   tile = 2048 if gen == "philox" else 1024
   for skip in (True, False):  # counted by the kernel / all tiles (default)
-    p = run_partials(x, params, key, config, False, skip=skip)
+    p = run_partials(x, params, key, config, skip=skip)
     np.testing.assert_array_equal(p.raced_tiles.sum(axis=1), SKIP_V // tile)
-  a = run_sample_shared(x, params, key, False, rng=gen, num_splits=1)
+  a = run_sample_skip(x, params, key, rng=gen, num_splits=1)
   assert_same_result(a, run_sample(x, params, key, impl="xla", rng=gen))
 
 
@@ -253,12 +249,11 @@ def _exact_race_tie(gen, key, vocab, a, b, level=30.0):
   return x
 
 
-@pytest.mark.parametrize("share", [False, True], ids=["own", "shared"])
 @pytest.mark.parametrize("gen", GENERATORS)
-def test_exact_race_tie_takes_smallest_id(gen, share):
+def test_exact_race_tie_takes_smallest_id(gen):
   """Two ids with bit-equal race values in different splits: the smaller id
-  wins (the reference's argmax), also when the later split adopted the
-  earlier one's bound (an element equal to the bound is never skipped)."""
+  wins (the reference's argmax; an element equal to the bound is never
+  skipped)."""
   key = jax.random.key(33)
   for a, b in [(100, SKIP_V - 50), (SKIP_V // 2 + 7, SKIP_V - 1)]:
     x = _exact_race_tie(gen, key, SKIP_V, a, b)
@@ -267,32 +262,31 @@ def test_exact_race_tie_takes_smallest_id(gen, share):
     ref = run_sample(xs, params, key, impl="xla", rng=gen)
     assert ref.tokens[0] == a
     for splits in (1, 2, 4):
-      got = run_sample_shared(xs, params, key, share, rng=gen, num_splits=splits)
+      got = run_sample_skip(xs, params, key, rng=gen, num_splits=splits)
       assert got.tokens[0] == a, (splits, got.tokens)
       np.testing.assert_allclose(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("share", [False, True], ids=["own", "shared"])
 @pytest.mark.parametrize("gen", GENERATORS)
-def test_tile_skip_fp64(gen, share):
+def test_tile_skip_fp64(gen):
   x, params = llm_like_rows(34)
   key = jax.random.key(34)
-  a = run_sample_shared(x, params, key, share, fp64=True, rng=gen, num_splits=2)
+  a = run_sample_skip(x, params, key, fp64=True, rng=gen, num_splits=2)
   b = run_sample(x, params, key, impl="xla", rng=gen, fp64=True)
   assert_same_result(a, b)
 
 
 @pytest.mark.parametrize("gen", GENERATORS)
-def test_shared_bounds_with_invalid_rows(gen):
-  """Shared bounds never cross rows: invalid rows (NaN, +inf, all -inf) keep
-  their documented tokens next to rows that skip most tiles."""
+def test_tile_skip_with_invalid_rows(gen):
+  """Invalid rows (NaN, +inf, all -inf) keep their documented tokens next to
+  rows that skip most tiles."""
   x, params = llm_like_rows(35)
   x = np.array(x)
   x[0, 700] = np.nan
   x[2, :] = -np.inf
   x[5, 9000] = np.inf
   key = jax.random.key(35)
-  a = run_sample_shared(jnp.asarray(x), params, key, True, rng=gen, num_splits=3)
+  a = run_sample_skip(jnp.asarray(x), params, key, rng=gen, num_splits=3)
   b = run_sample(jnp.asarray(x), params, key, impl="xla", rng=gen)
   assert_same_result(a, b)
   np.testing.assert_array_equal(a.valid, [False, True, False, True, True, False])

@@ -14,19 +14,15 @@ split one RNG tile (4 x 512 ids for philox) at a time and keeps, lane-wise:
   both filters),
 
 then writes per-split partials.  The tile skip is opt-in (``TILE_SKIP``:
-measured slower on an H100 except on peaked rows at large batch); with it,
-optionally (``SHARE_BOUNDS``, also slower on an H100) the programs of a row
-publish their race bounds to each other, so a
-split holding only the bulk of a peaked row skips tiles as soon as any split
-of the row has met a head token.  ``combine_partials`` merges partials
+measured slower on an H100 except on peaked rows at large batch).
+``combine_partials`` merges partials
 along the split axis, by a max and a rescaled sum; the vocab-parallel sampler
 merges partials of vocab shards the same way.  Greedy rows (T = 0) run a
 branch with no noise and no exp.  Equivalent to
 ``jaxsample.reference.sample_reference`` for untruncated rows: the same tokens
 bit for bit, and logprobs within 1e-5 plus a few ulp of the row's largest
 tempered logit (the sum-exp uses ``x * (1 / T)``, within ~1 ulp of the
-reference's ``x / T``; with shared bounds its reference point, hence its
-rounding, depends on the programs' timing).  ``GumbelPartials.raced_tiles``
+reference's ``x / T``).  ``GumbelPartials.raced_tiles``
 counts the tiles that drew random bits.
 """
 
@@ -42,7 +38,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from jaxsample import reference, rng
 from jaxsample.pallas import common
@@ -60,8 +55,8 @@ class GumbelPartials:
       returns fp64 as two uint32 words, see ``_split_words``).
     index: its global vocab id (smallest on ties).
     max: the split's reference for ``sumexp``: its race bound in fp32 (its
-      best race value, or a higher one adopted from another split of the
-      row; the max of ``x`` for greedy rows).  The max over a row's splits
+      best race value; the max of ``x`` for greedy rows).  The max over a
+      row's splits
       is the row's best race value: finite iff the row's tempered logits
       have a finite max.
     sumexp: ``sum exp(y - max)`` over the split.
@@ -109,9 +104,8 @@ minus 6e-8.)"""
 class GumbelRace:
   """Exact Gumbel-max race over RNG tiles, with two cheap filters in front.
 
-  The state is lane-wise ``(best, index)``, the race ``bound`` (a lower bound
-  of the row's best race value: the program's best so far, or a better one
-  published by another program of the row, see ``SHARE_BOUNDS``) and
+  The state is lane-wise ``(best, index)``, the race ``bound`` (the
+  program's best race value so far, a lower bound of the row's) and
   lane-wise ``sumexp = sum exp(y - bound)``.  ``y' = x * (1 / T)`` approximates
   ``y = x / T``, and ``e = exp(y' - bound)`` (FFMA, ex2.approx) is computed
   once per element: it is the sum-exp term and feeds both filters.
@@ -135,10 +129,6 @@ class GumbelRace:
     (XLA's division, accurate logs: the reference's arithmetic), so tokens are
     the reference's bit for bit.  ``|bound| >= 4064`` disables both filters
     (still exact).
-
-  Elements strictly below the bound never tie with the row's winner (whose
-  race is >= any bound), so adopting another program's bound keeps the
-  smallest-id tie rule.
   """
 
   math: common.KernelMath
@@ -158,14 +148,6 @@ class GumbelRace:
   @staticmethod
   def _margin(bound32):
     return 1.0 - _SLACK * (jnp.abs(bound32) + 32.0)
-
-  def raise_bound(self, state, other):
-    """Adopts ``other`` (a lower bound of the row's best race) if it is higher."""
-    best, index, bound, sumexp = state
-    new_bound = jnp.maximum(bound, other.astype(self.race_dtype))
-    old32, new32 = bound.astype(jnp.float32), new_bound.astype(jnp.float32)
-    scale = jnp.where(new32 == old32, 1.0, jnp.exp(old32 - new32))
-    return best, index, new_bound, sumexp * scale
 
   def _one_minus_u(self, bits):
     """A lower bound of ``1 - u`` from the uniform's top 23 bits."""
@@ -252,68 +234,43 @@ class GumbelRace:
     return top, index, bound.astype(jnp.float32), jnp.sum(sumexp)
 
 
-def _publishable(bound: jax.Array) -> jax.Array:
-  """fp32 value <= ``bound`` (fp32 bounds as they are; fp64 rounded down)."""
-  if bound.dtype == jnp.float32:
-    return bound
-  b32 = bound.astype(jnp.float32)
-  # Finite b32 is within 2^-24 |b| of the fp64 bound: step below it.
-  lower = b32 - (jnp.abs(b32) * 2.0**-20 + 2.0**-100)
-  return jnp.where(jnp.abs(b32) < jnp.inf, lower, b32)
-
-
 TILE_SKIP: bool = False
 """Opt-in: the tile skip (``GumbelRace.step``).  Exact (CPU and GPU tests),
 but measured on an H100 (benchmarks/results/2026-11-22-h100-gumbel-skip) it
 pays only on peaked rows at large batch (B = 512: 132 us vs 146 us); its
 extra block reduction per tile costs more than the generator it saves at B <=
 128 (peaked rows: 49.4 us vs 47.7 us at B = 128) and on flat rows (randn:
-+10% to +15%).  Off: the chunk filter alone (``GumbelRace.chunk_step``)."""
-
-SHARE_BOUNDS: bool = False
-"""Opt-in, with ``TILE_SKIP``: programs of a row share race bounds through a
-``[B, S]`` slot buffer.  Exact (tests force it on), and it skips more tiles
-(on the ``llm`` rows of ``jaxsample.bench`` at B = 128: 32% of tiles raced
-instead of 58%), but on an H100 the per-tile volatile read of the slots made
-the kernel 1.3x to 2.5x slower (same results folder)."""
++10% to +15%).  Off: the chunk filter alone (``GumbelRace.chunk_step``).
+(Sharing race bounds between the programs of a row through a ``[B, S]`` slot
+buffer skipped more tiles but made the kernel 1.3x to 2.5x slower, same
+results folder; removed.)"""
 
 
 @contextlib.contextmanager
-def options(*, tile_skip: bool = False, share_bounds: bool = False):
-  """Sets ``TILE_SKIP`` and ``SHARE_BOUNDS`` while tracing (tests, benchmarks).
+def options(*, tile_skip: bool = False):
+  """Sets ``TILE_SKIP`` while tracing (tests, benchmarks).
 
-  The flags are read when a kernel is traced: jit a fresh function inside.
+  The flag is read when a kernel is traced: jit a fresh function inside.
   """
-  global TILE_SKIP, SHARE_BOUNDS
-  old = TILE_SKIP, SHARE_BOUNDS
-  TILE_SKIP, SHARE_BOUNDS = tile_skip, share_bounds
+  global TILE_SKIP
+  old = TILE_SKIP
+  TILE_SKIP = tile_skip
   try:
     yield
   finally:
-    TILE_SKIP, SHARE_BOUNDS = old
+    TILE_SKIP = old
 
 
 def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
-            fp64: bool, skip: bool, share: bool):
-  """One (row, split) program.
-
-  With ``share``, ``shared_ref`` ``[B, S]`` (aliased to the slots input, all
-  -inf on entry) holds each program's published race bound: every step
-  stores the program's bound into its slot and reads the row's slots (a
-  volatile load, consumed one step later so its latency hides behind a tile);
-  a program adopts the best published bound.  Any value read is -inf or a
-  lower bound of the row's best race, so the order of programs only changes
-  how much is skipped, never the token (the sum-exp reference may differ in
-  rounding between runs).
-  """
+            fp64: bool, skip: bool):
+  """One (row, split) program."""
   refs = list(refs)
   (temp_ref, active_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
    offset_ref, x_ref) = refs[:8]
-  del refs[:8 + share]  # The aliased slots input is the slots output.
+  del refs[:8]
   race_ref, index_ref, max_ref, sumexp_ref = refs[:4]
   del refs[:4]
   raced_ref = refs.pop(0) if skip else None
-  shared_ref = refs.pop(0) if share else None
   race_lo_ref = refs
   row, split = pl.program_id(0), pl.program_id(1)
   math = common.KernelMath(plan.interpret)
@@ -344,42 +301,14 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
                                 noise=noise)
       return race.finish(state)
     init = race.init(first_index), split_start * 0  # (state, raced tiles)
-    if not share:
-      def step(carry, tile, loaded):
-        state, count = carry
-        state, raced = race.step(state, tile, loaded)
-        return state, count + raced
 
-      state, count = common.tile_loop(plan, math, split_start, vocab, load,
-                                      step, init, noise=noise)
-      return (*race.finish(state), count)
-
-    n_slots = shared_ref.shape[1]
-    # At least one lane per thread: a narrower block would be replicated
-    # across threads, each replica loaded at its own time, and Triton's
-    # reduction trusts replicas to agree; slots change while programs run, so
-    # threads could adopt different bounds (and sum exps against different
-    # references).  With distinct lanes the reduced max is one value.
-    width = max(pl.next_power_of_2(n_slots), 32 * plan.num_warps)
-    slot_lanes = jnp.arange(width, dtype=jnp.int32)
-
-    def read_slots():
-      return plgpu.load(shared_ref.at[row, pl.ds(0, width)],
-                        mask=slot_lanes < n_slots, other=-jnp.inf,
-                        volatile=True)
-
-    def shared_step(carry, tile, loaded):
-      (state, count), pending = carry
-      state = race.raise_bound(state, jnp.max(pending))
-      shared_ref[row, split] = _publishable(state[2])
-      upcoming = read_slots()
+    def step(carry, tile, loaded):
+      state, count = carry
       state, raced = race.step(state, tile, loaded)
-      return (state, count + raced), upcoming
+      return state, count + raced
 
-    (state, count), _ = common.tile_loop(plan, math, split_start, vocab, load,
-                                         shared_step, (init, read_slots()),
-                                         noise=noise)
-    shared_ref[row, split] = _publishable(state[2])  # for programs still to run
+    state, count = common.tile_loop(plan, math, split_start, vocab, load, step,
+                                    init, noise=noise)
     return (*race.finish(state), count)
 
   @pl.when(active_ref[row] != 0)
@@ -428,31 +357,26 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
   plan = common.make_plan(batch, vocab, logits.dtype, config,
                           generator=config.rng)
   shape = (batch, plan.num_splits)
-  skip, share = bool(TILE_SKIP), bool(TILE_SKIP and SHARE_BOUNDS)
+  skip = bool(TILE_SKIP)
   out_shape = [
       jax.ShapeDtypeStruct(shape, jnp.uint32 if fp64 else jnp.float32),
       jax.ShapeDtypeStruct(shape, jnp.int32),
       jax.ShapeDtypeStruct(shape, jnp.float32),
       jax.ShapeDtypeStruct(shape, jnp.float32),
   ] + [jax.ShapeDtypeStruct(shape, jnp.int32)] * skip + [
-      jax.ShapeDtypeStruct(shape, jnp.float32)] * share + [
       jax.ShapeDtypeStruct(shape, jnp.uint32)] * fp64
   kernel = functools.partial(_kernel, plan=plan, vocab=vocab,
-                             generator=config.rng, fp64=fp64, skip=skip,
-                             share=share)
+                             generator=config.rng, fp64=fp64, skip=skip)
   call = pl.pallas_call(kernel, out_shape=out_shape,
                         grid=(batch, plan.num_splits),
-                        input_output_aliases={8: 4 + skip} if share else {},
                         compiler_params=plan.compiler_params(),
                         interpret=plan.interpret, name="jaxsample_gumbel_max")
   offset = jnp.asarray(vocab_offset, jnp.int32).reshape(1)
-  # With share, the bound slots [B, S] start at -inf (aliased in and out).
-  slots = [jnp.full(shape, -jnp.inf, jnp.float32)] * share
   active = jnp.ones((batch,), bool) if active is None else active
   race, index, row_max, sumexp, *rest = call(
       temperature.astype(jnp.float32), active.astype(jnp.int32), streams.key0,
       streams.key1,
-      streams.base_hi, streams.base_lo, offset, logits, *slots)
+      streams.base_hi, streams.base_lo, offset, logits)
   if skip:
     raced = rest[0]
   else:  # every tile of a sampled row races
@@ -460,7 +384,7 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
     tiles = np.minimum(-(-(vocab - starts) // plan.tile), plan.steps)
     raced = jnp.where(temperature[:, None] > 0,
                       jnp.asarray(tiles, jnp.int32)[None], 0)
-  race_lo = rest[skip + share:]
+  race_lo = rest[skip:]
   if fp64:
     race = _join_words(race, race_lo[0])
   return GumbelPartials(race, index, row_max, sumexp, raced)
