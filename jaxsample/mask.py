@@ -102,10 +102,9 @@ def assemble(*, valid, greedy, token, count, finite, logz, lse, row_max,
   ``count``/``logz``/``lse``: ``|K|``, ``logsumexp_K(y) - lse`` and
   ``logsumexp(y)`` of sampled rows; ``finite`` the row's number of finite
   entries; ``token`` the sampler's token (greedy rows' ``K``); ``row_max =
-  max(y)``.  ``ordered_ids`` gives ``K`` by descending ``y`` (smallest id
-  first on ties), ``[B, w]`` with ``w <= max_ids`` (only rows that list ``K``
-  are read): an array, or a function run only when some sampled row
-  truncates (for a costly ordering).
+  max(y)``.  ``ordered_ids`` ``[B, w]`` (``w <= max_ids``) starts with ``K``
+  by descending ``y``, smallest id first on ties (only rows that list ``K``
+  are read).
   """
   count = jnp.where(valid, jnp.where(greedy, 1, count), 0).astype(jnp.int32)
   truncated = ~valid | greedy | (count < finite)
@@ -113,15 +112,8 @@ def assemble(*, valid, greedy, token, count, finite, logz, lse, row_max,
   lse = jnp.where(greedy, row_max, lse)
   logz, lse = (jnp.where(valid, v, -jnp.inf).astype(jnp.float32)
                for v in (logz, lse))
-  if callable(ordered_ids):
-    width = jax.eval_shape(ordered_ids).shape[1]
-    points = jnp.broadcast_to(token[:, None], (token.shape[0], width))
-    ids = jax.lax.cond(jnp.any(truncated & valid & ~greedy),
-                       lambda: jnp.where(greedy[:, None], points, ordered_ids()),
-                       lambda: points)
-  else:
-    ids = jnp.where(greedy[:, None], token[:, None], ordered_ids)
-    width = ids.shape[1]
+  ids = jnp.where(greedy[:, None], token[:, None], ordered_ids)
+  width = ids.shape[1]
   listed = (jnp.arange(width) < count[:, None]) & truncated[:, None]
   ids = jnp.where(listed, ids.astype(jnp.int32), -1)
   ids = jnp.pad(ids, ((0, 0), (0, max_ids - width)), constant_values=-1)
@@ -131,22 +123,18 @@ def assemble(*, valid, greedy, token, count, finite, logz, lse, row_max,
 
 def from_processed(proc: reference.Processed, params: SamplingParams,
                    max_ids: int) -> SamplingMask:
-  """The mask of rows processed by ``reference.process`` (canonical params)."""
-  vocab = proc.y.shape[1]
+  """The mask of rows processed by ``reference.process(..., order_width=
+  max_ids)`` (canonical params): the ids come from the threshold's sort."""
   finite = proc.y > -jnp.inf
   shift, log_sum = reference.logsumexp_where(proc.y, finite)
   # logsumexp_K(y) - logsumexp(y), shifts apart so large y do not cancel.
   logz = (proc.shift - shift) + (proc.log_sum - log_sum)
-  width = min(max_ids, vocab)
-  # Stable top-k: equal values keep their index order (smallest id first).
-  ordered = lambda: jax.lax.top_k(jnp.where(proc.keep, proc.y, -jnp.inf),
-                                  width, is_stable=True)[1]
   return assemble(
       valid=jnp.isfinite(proc.row_max), greedy=params.temperature == 0,
       token=jnp.argmax(proc.y, axis=-1).astype(jnp.int32),
       count=jnp.sum(proc.keep, axis=-1, dtype=jnp.int32),
       finite=jnp.sum(finite, axis=-1, dtype=jnp.int32), logz=logz,
-      lse=shift + log_sum, row_max=proc.row_max, ordered_ids=ordered,
+      lse=shift + log_sum, row_max=proc.row_max, ordered_ids=proc.order,
       max_ids=max_ids)
 
 
@@ -167,5 +155,6 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   logits = jnp.asarray(logits)
   sampling.check_logits(logits, params)
   params = params.canonical(logits.shape[1])
-  return from_processed(reference.process(logits, params), params,
-                        config.max_mask_ids)
+  return from_processed(
+      reference.process(logits, params, order_width=config.max_mask_ids),
+      params, config.max_mask_ids)

@@ -71,12 +71,22 @@ def temper(x: jax.Array, temperature: jax.Array) -> jax.Array:
   return jnp.where(t > 0, x / jnp.where(t > 0, t, 1.0), x)
 
 
-def keep_threshold(y: jax.Array, params: SamplingParams) -> jax.Array:
+def keep_threshold(y: jax.Array, params: SamplingParams,
+                   order_width: int = 0):
   """Per-row threshold ``t`` of the kept set ``{y >= t, y > -inf}`` (sort-based).
 
   ``y`` are tempered, sanitized logits of valid rows and ``params`` canonical.
+  With ``order_width``, returns ``(t, order)``: ``order`` ``[B, order_width]``
+  the first ids of each row by descending ``y``, smallest id first among
+  equal values (the same sort, carrying the ids).
   """
-  ys = -jnp.sort(-y, axis=-1)  # descending
+  if order_width:
+    ids = jax.lax.broadcasted_iota(jnp.int32, y.shape, 1)
+    # + 0.0 turns -0.0 into +0.0: equal values share a key (stable order).
+    neg, order = jax.lax.sort((-(y + 0.0), ids), num_keys=1, is_stable=True)
+    ys = -neg
+  else:
+    ys = -jnp.sort(-y, axis=-1)  # descending
   y_max = ys[:, 0]
   finite = ys > -jnp.inf
   log_min_p = jnp.log(params.min_p)
@@ -92,7 +102,8 @@ def keep_threshold(y: jax.Array, params: SamplingParams) -> jax.Array:
   first = jnp.argmax(reached, axis=-1)
   t3 = jnp.take_along_axis(ys, first[:, None], axis=-1)[:, 0]
   t3 = jnp.where(params.top_p < 1, t3, -jnp.inf)
-  return jnp.maximum(jnp.maximum(t1, t2), t3)
+  threshold = jnp.maximum(jnp.maximum(t1, t2), t3)
+  return (threshold, order[:, :order_width]) if order_width else threshold
 
 
 def logsumexp_where(y: jax.Array, keep: jax.Array):
@@ -128,8 +139,10 @@ class Processed:
   """Steps 1-4 of a batch of rows, plus the log-normalizer of step 6.
 
   ``x`` sanitized fp32 logits, ``y`` tempered logits, ``keep`` the kept set
-  ``K`` (all ``[B, V]``), ``row_max = max(y)`` (the row is valid iff finite) and
-  ``logsumexp_K(y) = shift + log_sum`` (``[B]`` each).
+  ``K`` (all ``[B, V]``), ``row_max = max(y)`` (the row is valid iff finite),
+  ``logsumexp_K(y) = shift + log_sum`` (``[B]`` each) and, when asked for,
+  ``order`` ``[B, W]``: ``keep_threshold``'s first ids by descending ``y``
+  (meaningful on valid rows when some row truncates).
   """
 
   x: jax.Array
@@ -138,22 +151,32 @@ class Processed:
   row_max: jax.Array
   shift: jax.Array
   log_sum: jax.Array
+  order: jax.Array | None = None
 
 
-def process(logits: jax.Array, params: SamplingParams) -> Processed:
-  """Steps 1-4 and the step-6 normalizer for canonical params (no noise)."""
-  batch = logits.shape[0]
+def process(logits: jax.Array, params: SamplingParams, *,
+            order_width: int = 0) -> Processed:
+  """Steps 1-4 and the step-6 normalizer for canonical params (no noise);
+  with ``order_width``, also ``order`` (``min(order_width, V)`` wide)."""
+  batch, vocab = logits.shape
+  width = min(order_width, vocab)
   x = sanitize(logits)
   y = temper(x, params.temperature)
   valid_rows = jnp.isfinite(jnp.max(y, axis=-1, keepdims=True))
   y_safe = jnp.where(valid_rows, y, 0.0)  # keeps the threshold search NaN-free
   # The sort-based search runs only when some row truncates.
-  threshold = jax.lax.cond(jnp.any(params.truncates()),
-                           lambda: keep_threshold(y_safe, params),
-                           lambda: jnp.full((batch,), -jnp.inf, y.dtype))
+  def untruncated():
+    threshold = jnp.full((batch,), -jnp.inf, y.dtype)
+    return (threshold, jnp.zeros((batch, width), jnp.int32)) if width else (
+        threshold)
+
+  found = jax.lax.cond(jnp.any(params.truncates()),
+                       lambda: keep_threshold(y_safe, params, width),
+                       untruncated)
+  threshold, order = found if width else (found, None)
   keep = (y >= threshold[:, None]) & (y > -jnp.inf)
   shift, log_sum = logsumexp_where(y, keep)
-  return Processed(x, y, keep, jnp.max(y, axis=-1), shift, log_sum)
+  return Processed(x, y, keep, jnp.max(y, axis=-1), shift, log_sum, order)
 
 
 def log_probs(proc: Processed, params: SamplingParams) -> jax.Array:

@@ -97,14 +97,16 @@ def sample(logits: jax.Array,
   if batch == 0:
     result = SampleResult(jnp.zeros((0,), jnp.int32),
                           jnp.zeros((0,), jnp.float32), jnp.zeros((0,), bool))
-    empty = mask.from_processed(reference.process(logits, params), params,
-                                config.max_mask_ids)
+    empty = mask.from_processed(
+        reference.process(logits, params, order_width=config.max_mask_ids),
+        params, config.max_mask_ids)
     return (result, empty) if return_mask else result
   with x64_scope(config.use_fp64_gumbel, logits, key, positions,
                  *jax.tree.leaves(params)):
     if use_pallas(config):
       return _sample_pallas(logits, params, streams, config, return_mask)
-    proc = reference.process(logits, params)
+    proc = reference.process(
+        logits, params, order_width=config.max_mask_ids * return_mask)
     result = reference.sample_reference(
         logits, params, streams, generator=config.rng,
         fp64=config.use_fp64_gumbel, proc=proc)
@@ -156,7 +158,8 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   fallback = truncating & ~complete
 
   def reference_rows():
-    proc = reference.process(logits, params)
+    proc = reference.process(
+        logits, params, order_width=config.max_mask_ids * return_mask)
     result = reference.sample_reference(
         logits, params, streams, generator=config.rng,
         fp64=config.use_fp64_gumbel, proc=proc)
