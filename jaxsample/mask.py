@@ -143,8 +143,8 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   """The sampling mask of ``logits`` ``[B, V]`` under ``params``, no sampling.
 
   Equal to the mask of ``jaxsample.sample(logits, params, key,
-  return_mask=True, config=config)`` for any key: both come from
-  ``reference.process``.  Only ``config.max_mask_ids`` is read.
+  return_mask=True, config=config)`` for any key (on the kernel path, up to
+  fp32 rounding: see ``sample``).  Only ``config.max_mask_ids`` is read.
 
   Raises:
     ValueError: for logits that ``jaxsample.sample`` rejects.

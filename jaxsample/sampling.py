@@ -77,10 +77,11 @@ def sample(logits: jax.Array,
       ``with jax.enable_x64(True):`` (a clear error says so otherwise).
     return_mask: static; also return the ``SamplingMask`` of the kept sets the
       tokens were drawn from (``jaxsample.mask``; ``config.max_mask_ids``
-      wide).  The mask is always computed by the XLA path from the
-      ``reference.process`` result the XLA sampler draws with; with
-      ``implementation="pallas"`` the tokens still come from the kernel, whose
-      tokens are bit-identical to the reference's.
+      wide), built from the same kept set as the tokens: the XLA path's
+      ``reference.process``, or on the kernel path the truncation kernels'
+      candidate buffer and threshold (the XLA path's kept set except where
+      a top-p crossing lies within fp32 rounding of ``p``; ``logz``/``lse``
+      up to fp32 summation order).
 
   Returns:
     ``SampleResult`` with ``tokens`` ``[B]`` int32 (always in ``[0, V)``),

@@ -23,12 +23,12 @@ them with the sort-based XLA reference):
    for their ids alone (``rng.bits_at``), so no RNG runs over the row.
 4. ``select`` on the candidates (final mode) finds the exact thresholds by
    comparing each candidate with every min-p survivor among the ``n`` filled
-   slots (no sort, no search; ``n x pow2ceil(n)`` comparisons): the ``k``-th largest survivor (``t2``) and the largest value
-   whose upper mass reaches ``p`` times the survivors' mass (``t3``), then the
-   kept count and mass; the same counts give each kept id its position in
-   descending order (the sampling mask).  The token is the largest race value
-   among kept candidates (smallest id on ties: the buffer is in vocab
-   order).
+   slots (no sort, no search; ``n x pow2ceil(n)`` comparisons): the ``k``-th
+   largest survivor (``t2``) and the largest value whose upper mass reaches
+   ``p`` times the survivors' mass (``t3``), then the kept count and mass;
+   the same counts give each kept id its position in descending order (the
+   sampling mask).  The token is the largest race value among kept
+   candidates (smallest id on ties: the buffer is in vocab order).
 
 Every partial result is a max, a sum or a list of candidates in vocab order,
 so the vocab-parallel sampler combines shards exactly as it combines splits:
@@ -205,8 +205,9 @@ def _largest_key(reaches) -> tuple[jax.Array, jax.Array]:
 
 
 def _bisect_thresholds(y, survives, e, k, p, mass):
-  """``(t2, k_found, survivors of t2, total, t3)`` by two 32-step bisections
-  on order keys: 64 block reductions, whatever the number of values."""
+  """``(t2, k_found, t3)`` (``t3`` before the ``p < 1`` test) by two 32-step
+  bisections on order keys: 64 block reductions, whatever the number of
+  values."""
   key = order_key(y)
   k_key, k_found = _largest_key(
       lambda v: jnp.sum(jnp.where(survives & (key >= v), 1, 0)) >= k)
