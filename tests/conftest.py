@@ -41,6 +41,15 @@ def require_gpu():
                 f"{jax.default_backend()!r}")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def release_compiled_code():
+  """Drops JAX's compiled code after each test module: XLA:CPU maps memory for
+  every executable, and the whole suite in one process otherwise passes the
+  kernel's ``vm.max_map_count`` (65530 maps) and crashes in a compile."""
+  yield
+  jax.clear_caches()
+
+
 # ---------------------------------------------------------------------------
 # The public sampler, jitted once per static config (shares compilations).
 # ---------------------------------------------------------------------------
