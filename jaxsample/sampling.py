@@ -106,13 +106,21 @@ def sample(logits: jax.Array,
                  *jax.tree.leaves(params)):
     if use_pallas(config):
       return _sample_pallas(logits, params, streams, config, return_mask)
-    proc = reference.process(
-        logits, params, order_width=config.max_mask_ids * return_mask)
-    result = reference.sample_reference(
-        logits, params, streams, generator=config.rng,
-        fp64=config.use_fp64_gumbel, proc=proc)
+    result, result_mask = _sample_xla(logits, params, streams, config,
+                                      return_mask)
+  return (result, result_mask) if return_mask else result
+
+
+def _sample_xla(logits, params: SamplingParams, streams: rng.RowStreams,
+                config: SamplerConfig, return_mask: bool):
+  """The sort-based reference path: ``(SampleResult, mask or None)``."""
+  proc = reference.process(
+      logits, params, order_width=config.max_mask_ids * return_mask)
+  result = reference.sample_reference(
+      logits, params, streams, generator=config.rng,
+      fp64=config.use_fp64_gumbel, proc=proc)
   if not return_mask:
-    return result
+    return result, None
   return result, mask.from_processed(proc, params, config.max_mask_ids)
 
 
@@ -158,17 +166,8 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     complete = trunc.complete
   fallback = truncating & ~complete
 
-  def reference_rows():
-    proc = reference.process(
-        logits, params, order_width=config.max_mask_ids * return_mask)
-    result = reference.sample_reference(
-        logits, params, streams, generator=config.rng,
-        fp64=config.use_fp64_gumbel, proc=proc)
-    if not return_mask:
-      return result, None
-    return result, mask.from_processed(proc, params, config.max_mask_ids)
-
-  slow, slow_mask = _only_if(fallback, reference_rows)
+  slow, slow_mask = _only_if(fallback, lambda: _sample_xla(
+      logits, params, streams, config, return_mask))
   fast = plain
   if trunc is not None:
     fast = SampleResult(jnp.where(complete, trunc.token, plain.tokens),
