@@ -78,15 +78,9 @@ def keep_threshold(y: jax.Array, params: SamplingParams,
   ``y`` are tempered, sanitized logits of valid rows and ``params`` canonical.
   With ``order_width``, returns ``(t, order)``: ``order`` ``[B, order_width]``
   the first ids of each row by descending ``y``, smallest id first among
-  equal values (the same sort, carrying the ids).
+  equal values (``top_ids``).
   """
-  if order_width:
-    ids = jax.lax.broadcasted_iota(jnp.int32, y.shape, 1)
-    # + 0.0 turns -0.0 into +0.0: equal values share a key (stable order).
-    neg, order = jax.lax.sort((-(y + 0.0), ids), num_keys=1, is_stable=True)
-    ys = -neg
-  else:
-    ys = -jnp.sort(-y, axis=-1)  # descending
+  ys = -jnp.sort(-y, axis=-1)  # descending
   y_max = ys[:, 0]
   finite = ys > -jnp.inf
   log_min_p = jnp.log(params.min_p)
@@ -103,7 +97,37 @@ def keep_threshold(y: jax.Array, params: SamplingParams,
   t3 = jnp.take_along_axis(ys, first[:, None], axis=-1)[:, 0]
   t3 = jnp.where(params.top_p < 1, t3, -jnp.inf)
   threshold = jnp.maximum(jnp.maximum(t1, t2), t3)
-  return (threshold, order[:, :order_width]) if order_width else threshold
+  return (threshold, top_ids(y, ys, order_width)) if order_width else threshold
+
+
+def top_ids(y: jax.Array, ys: jax.Array, width: int) -> jax.Array:
+  """The first ``width`` ids of each row of ``y`` by descending value,
+  smallest id first among equal values (``width <= V``; ``ys`` is ``y``
+  sorted descending).
+
+  Equivalent to a stable key-value sort of ``(-y, ids)`` cut to ``width``,
+  without sorting ``[B, V]`` pairs: the ``width`` entries above the
+  ``width``-th largest value (then its ties, smallest ids first) are
+  compacted in vocab order, and only those ``[B, width]`` pairs are sorted.
+  """
+  batch = y.shape[0]
+  y = y + 0.0  # -0.0 and +0.0 are one value
+  last = ys[:, width - 1:width]
+  above = y > last
+  ties = y == last
+  room = width - jnp.sum(above, axis=-1, keepdims=True, dtype=jnp.int32)
+  tie_rank = jnp.cumsum(ties, axis=-1, dtype=jnp.int32) - 1
+  slot = jnp.where(above, jnp.cumsum(above, axis=-1, dtype=jnp.int32) - 1,
+                   jnp.where(ties & (tie_rank < room),
+                             width - room + tie_rank, width))
+  rows = jax.lax.broadcasted_iota(jnp.int32, y.shape, 0)
+  ids = jax.lax.broadcasted_iota(jnp.int32, y.shape, 1)
+  scatter = lambda fill, values: jnp.full((batch, width), fill,
+                                          values.dtype).at[rows, slot].set(
+                                              values, mode="drop")
+  _, order = jax.lax.sort((-scatter(0.0, y), scatter(0, ids)), num_keys=1,
+                          is_stable=True)
+  return order
 
 
 def logsumexp_where(y: jax.Array, keep: jax.Array):

@@ -185,6 +185,25 @@ def test_out_of_range_keeps_only_the_top_tie_group(field, value):
   np.testing.assert_array_equal(kept, y[0] == 2.0)
 
 
+@pytest.mark.parametrize("width", [1, 7, 64, 300])
+def test_top_ids_is_a_stable_descending_order(width):
+  """``top_ids`` equals a stable argsort of -y cut to ``width``: ties (also at
+  the cut, also -0.0 vs +0.0 and -inf) in vocab order."""
+  r = np.random.default_rng(width)
+  y = np.round(r.standard_normal((5, 300)) * 2).astype(np.float32)  # many ties
+  y[1, ::3] = -np.inf
+  y[2, :] = -np.inf
+  y[2, 17] = 1.0
+  y[3, ::2] = 0.0
+  y[3, 1::2] = -0.0
+  y[4] = r.standard_normal(300).astype(np.float32)
+  ys = -np.sort(-y, axis=-1)
+  got = np.asarray(jax.jit(reference.top_ids, static_argnums=2)(
+      jnp.asarray(y), jnp.asarray(ys), width))
+  want = np.argsort(-(y + np.float32(0.0)), axis=-1, kind="stable")[:, :width]
+  np.testing.assert_array_equal(got, want)
+
+
 def test_temper_is_xla_division_and_leaves_greedy_rows():
   """Step 2: y = x / T by the platform's XLA fp32 division (correctly rounded
   on GPU: tests/test_gpu.py checks that); greedy rows (T = 0) keep y = x."""

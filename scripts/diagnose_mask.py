@@ -1,0 +1,64 @@
+"""Where the mask path's extra device time goes (issue 5 diagnostics).
+
+    PYTHONPATH=. python3 scripts/diagnose_mask.py [B ...]
+
+Per batch size: the device ops of one ``jaxsample.sample`` call with and
+without ``return_mask`` (top-k 50 + top-p 0.9, fp32, randn), in launch order,
+each with the HLO op the profiler attributes it to; the optimized HLO of both
+programs goes to ``$OUT`` (or ./diagnose-out).
+"""
+import glob
+import os
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+
+import jaxsample
+from jaxsample import SamplingParams
+
+out = os.environ.get("OUT", "diagnose-out")
+os.makedirs(out, exist_ok=True)
+vocab = 151936
+batches = [int(b) for b in sys.argv[1:]] or [1, 32]
+
+
+def events(fn, x):
+  jax.block_until_ready(fn(x))
+  with tempfile.TemporaryDirectory() as d:
+    jax.profiler.start_trace(d)
+    jax.block_until_ready(fn(x))
+    jax.profiler.stop_trace()
+    data = jax.profiler.ProfileData.from_file(
+        glob.glob(f"{d}/**/*.xplane.pb", recursive=True)[0])
+  rows = []
+  for plane in data.planes:
+    if not plane.name.startswith("/device:GPU"):
+      continue
+    for line in plane.lines:
+      for e in line.events:
+        stats = {}
+        try:
+          stats = {k: v for k, v in e.stats}
+        except Exception:  # pylint: disable=broad-except
+          pass
+        rows.append((e.start_ns, line.name, e.name, e.duration_ns / 1e3,
+                     stats.get("hlo_op", ""), stats.get("memcpy_details", "")))
+  return sorted(rows)
+
+
+for batch in batches:
+  x = jax.random.normal(jax.random.key(batch), (batch, vocab))
+  params = SamplingParams.make(batch, top_k=50, top_p=0.9)
+  key = jax.random.key(0)
+  for with_mask in (False, True):
+    fn = jax.jit(lambda x, m=with_mask: jaxsample.sample(
+        x, params, key, return_mask=m))
+    with open(f"{out}/hlo-b{batch}-mask{int(with_mask)}.txt", "w") as f:
+      f.write(fn.lower(x).compile().as_text())
+    rows = events(fn, x)
+    total = sum(r[3] for r in rows if r[1].startswith("Stream"))
+    print(f"== B={batch} return_mask={with_mask}: {total:.1f} us on streams")
+    for start, line, name, us, op, detail in rows:
+      print(f"  {line[:14]:14s} {us:7.2f}  {name[:50]:50s} {op} {detail}")
