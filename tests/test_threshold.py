@@ -40,6 +40,29 @@ def test_order_key_is_monotone_and_invertible():
   np.testing.assert_array_equal(back, values + np.float32(0.0))
 
 
+@pytest.mark.parametrize("k,p", [(1, 1.0), (50, 1.0), (50, 0.9), (200, 1.0),
+                                 (0, 0.9), (0, 0.5), (0, 1e-6)])
+def test_bound_mode_rounds_the_exact_threshold_down(k, p):
+  """Bound mode on a whole row: top-k on, the k-th largest value; else the
+  top-p threshold; either rounded down by less than 2^-11 of its magnitude."""
+  r = np.random.default_rng(k + int(p * 100))
+  y = (r.standard_normal((4, 256)) * np.float32([[1], [3], [10], [30]])
+       ).astype(np.float32)
+  y[:, 200:] = -np.inf  # padding
+  y[1, :100] = np.round(y[1, :100])  # ties
+  params = SamplingParams.make(4, top_k=k, top_p=p).canonical(256)
+  target = SamplingParams.make(4, top_k=k, top_p=1.0 if k else p).canonical(256)
+  row_max = y.max(axis=-1)
+  mass = np.sum(np.exp(y - row_max[:, None]), axis=-1)
+  bound, *_ = threshold.select_threshold(
+      jnp.asarray(y), jnp.asarray(row_max), jnp.full((4,), -jnp.inf), params,
+      jnp.asarray(mass), bound=True, interpret=True)
+  exact = np.asarray(reference.keep_threshold(jnp.asarray(y), target))
+  bound = np.asarray(bound)
+  assert np.all(bound <= exact), (bound, exact)
+  assert np.all(exact - bound <= 2.0**-11 * np.abs(exact)), (bound, exact)
+
+
 @pytest.mark.parametrize("vocab", [16, 1007])
 def test_kept_sets_match_oracle(vocab):
   """Every kind of row x p x k x min-p: complete rows keep the oracle's set

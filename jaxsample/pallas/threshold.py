@@ -14,7 +14,9 @@ them with the sort-based XLA reference):
    ``p * Z`` is ``<=`` the top-p threshold.
 2. ``select`` on the group maxima (bound mode) gives a per-row lower bound
    ``L <= max(t1, t2, t3)`` of the kept set's threshold, so the kept set is
-   contained in the *candidates* ``{y >= L}``.
+   contained in the *candidates* ``{y >= L}``: one bit-by-bit search over
+   the order keys of the group maxima, for ``t2`` when top-k is on, else for
+   ``t3``, stopped after 20 bits (the bound rounds down).
 3. ``compact`` pass (grid ``(B, S)``): every candidate is written with its
    vocab id to the split's slice of a candidate buffer, in vocab order (a
    cheap filter admits a few elements just below ``L``, dropped afterwards);
@@ -191,33 +193,44 @@ def key_value(key: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type(bits, jnp.float32)
 
 
-def _largest_key(reaches) -> tuple[jax.Array, jax.Array]:
-  """``(v, found)``: the largest uint32 ``v`` with ``reaches(v)`` (monotone:
-  true below some point), built bit by bit in 32 steps; ``found`` is
-  ``reaches(0)``."""
+# Key bits the bound search resolves.  Bounds only need to be conservative,
+# so the search stops early: 20 bits (sign, exponent and 11 mantissa bits)
+# round each bound down by less than 2^-11 of its magnitude.
+_BOUND_KEY_BITS = 20
+_NEG_INF_KEY = 0x007FFFFF  # order_key(-inf); smaller keys are NaN patterns
+
+
+def _largest_key(reaches, bits: int) -> jax.Array:
+  """The largest uint32 ``v`` with its low ``32 - bits`` bits zero and
+  ``reaches(v)`` (monotone: true below some point), built bit by bit in
+  ``bits`` steps; 0 if none."""
 
   def body(i, v):
     candidate = v | (jnp.uint32(1) << (jnp.uint32(31) - i.astype(jnp.uint32)))
     return jnp.where(reaches(candidate), candidate, v)
 
-  v = lax.fori_loop(0, 32, body, jnp.uint32(0))
-  return v, reaches(jnp.uint32(0))
+  return lax.fori_loop(0, bits, body, jnp.uint32(0))
 
 
-def _bisect_thresholds(y, survives, e, k, p, mass):
-  """``(t2, k_found, t3)`` (``t3`` before the ``p < 1`` test) by two 32-step
-  bisections on order keys: 64 block reductions, whatever the number of
-  values."""
+def _bound_thresholds(y, survives, e, k, p, mass):
+  """Bound mode's ``(t2, k_found, t3)``, rounded down (``_BOUND_KEY_BITS``).
+
+  One search per row: with top-k on, ``t2`` (the ``k``-th largest survivor)
+  and ``t3 = -inf`` (every top-k survivor stays a candidate); otherwise ``t2 =
+  -inf`` and ``t3`` (the largest value whose upper mass reaches ``p * mass``).
+  ``_BOUND_KEY_BITS`` block reductions, plus one for ``k_found``.
+  """
   key = order_key(y)
-  k_key, k_found = _largest_key(
-      lambda v: jnp.sum(jnp.where(survives & (key >= v), 1, 0)) >= k)
-  t2 = jnp.where((k > 0) & k_found, key_value(k_key), -jnp.inf)
-  survives = survives & (y >= t2)
+  count_reaches = lambda v: jnp.sum(jnp.where(survives & (key >= v), 1, 0)) >= k
   target = p * mass
-  p_key, p_found = _largest_key(
-      lambda v: jnp.sum(jnp.where(survives & (key >= v), e, 0.0)) >= target)
-  t3 = jnp.where(p_found, key_value(p_key), -jnp.inf)
-  return t2, k_found, t3
+  mass_reaches = lambda v: jnp.sum(jnp.where(survives & (key >= v), e,
+                                             0.0)) >= target
+  found = lax.cond(k > 0, lambda: _largest_key(count_reaches, _BOUND_KEY_BITS),
+                   lambda: _largest_key(mass_reaches, _BOUND_KEY_BITS))
+  bound = jnp.where(found > _NEG_INF_KEY, key_value(found), -jnp.inf)
+  k_found = jnp.sum(jnp.where(survives, 1, 0)) >= k
+  return (jnp.where(k > 0, bound, -jnp.inf), k_found,
+          jnp.where(k > 0, -jnp.inf, bound))
 
 
 # Values ``y_j`` (scalars) compared per loop step of the ranking (the next
@@ -267,7 +280,7 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
                    *refs, bound: bool, width: int):
   """One row's thresholds (``select_threshold``).
 
-  Bound mode (all ``N`` group maxima filled): ``_bisect_thresholds``.  Final
+  Bound mode (all ``N`` group maxima filled): ``_bound_thresholds``.  Final
   mode (a candidate buffer with ``scan`` filled slots): on the smallest
   prefix in ``_rank_sizes`` holding them, ``_rank``, then ``t2 = min{y_i :
   above_i < k}`` (the ``k``-th largest survivor) and ``t3 = max{y_i >= t2 :
@@ -290,9 +303,7 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
     e = jnp.where(finite, jnp.exp(y - row_max), 0.0)
     survives = finite & (y >= t1)
     if bound:
-      t2, k_found, t3 = _bisect_thresholds(y, survives, e, k, p,
-                                           mass_ref[row])
-      t3 = jnp.where(k > 0, -jnp.inf, t3)  # every top-k survivor stays in
+      t2, k_found, t3 = _bound_thresholds(y, survives, e, k, p, mass_ref[row])
     else:
       above, mass, ties = _rank(y_ref, row, scan, y, t1, row_max,
                                 with_ties=bool(width))
@@ -335,18 +346,20 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
                      order_width: int = 0):
   """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded), no sort.
 
-  Bound mode bisects on order keys (64 block reductions); final mode ranks
-  the entries against the min-p survivors among the first ``scan`` slots
+  Bound mode searches order keys bit by bit (``_bound_thresholds``: one
+  search of ``_BOUND_KEY_BITS`` block reductions); final mode ranks the
+  entries against the min-p survivors among the first ``scan`` slots
   (``[B]``, default N; every finite entry must lie there): ``scan x
-  pow2ceil(scan)`` comparisons, below the bisection's latency up to a few
-  hundred filled slots.
+  pow2ceil(scan)`` comparisons, below a search's latency up to a few hundred
+  filled slots.
 
   Final mode: the reference's ``max(t1, t2, t3)`` for a row whose min-p
   survivors outside ``y`` have mass ``mass`` (relative to ``row_max``), exact
   whenever the kept set lies inside ``y``.  Bound mode: a lower bound of the
   row's threshold when ``y`` is a subset of the row and ``mass`` is at least
   the mass of the row's min-p survivors (``t2``/``t3`` are -inf where ``y``
-  cannot certify them), and no higher than the row's ``t2`` when top-k is on.
+  cannot certify them; ``t3`` is not searched when top-k is on), and no
+  higher than the row's ``t2`` when top-k is on.
   Returns ``(threshold, kept count, kept mass, certified)``: ``certified`` is
   False where top-k is on and ``y`` holds fewer than ``k`` survivors.  With
   ``order_width``, also ``ids`` ``[B, N]``'s kept entries by descending ``y``
