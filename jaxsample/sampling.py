@@ -186,10 +186,15 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   from jaxsample.pallas import gumbel, threshold
   sampled = params.temperature > 0
   truncating = params.truncates() & sampled
-  plain, plain_max, plain_lse = _only_if(
-      ~truncating,
-      lambda: gumbel.sample_untruncated(logits, params, streams, config,
-                                        active=~truncating))
+
+  def untruncated():
+    # With a mask, also |K| of untruncated rows: their finite entries.
+    finite = jnp.sum(logits > -jnp.inf, axis=-1,
+                     dtype=jnp.int32) if return_mask else None
+    return (*gumbel.sample_untruncated(logits, params, streams, config,
+                                       active=~truncating), finite)
+
+  plain, plain_max, plain_lse, finite = _only_if(~truncating, untruncated)
   if config.use_fp64_gumbel:
     trunc, complete = None, jnp.zeros_like(truncating)
   else:
@@ -210,10 +215,6 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   if not return_mask:
     return result
 
-  # |K| of untruncated sampled rows: their finite entries (an XLA count, only
-  # when some such row exists).
-  finite = _only_if(sampled & ~truncating, lambda: jnp.sum(
-      logits > -jnp.inf, axis=-1, dtype=jnp.int32))
   count, logz, lse = finite, jnp.zeros_like(plain_lse), plain_lse
   ordered = jnp.zeros((logits.shape[0], 1), jnp.int32)
   if trunc is not None:
