@@ -106,27 +106,31 @@ def top_ids(y: jax.Array, ys: jax.Array, width: int) -> jax.Array:
   sorted descending).
 
   Equivalent to a stable key-value sort of ``(-y, ids)`` cut to ``width``,
-  without sorting ``[B, V]`` pairs: the ``width`` entries above the
-  ``width``-th largest value (then its ties, smallest ids first) are
-  compacted in vocab order, and only those ``[B, width]`` pairs are sorted.
+  without sorting ``[B, V]`` pairs: the entries at or above the ``width``-th
+  largest value are compacted in vocab order (one prefix sum; a second one
+  ranks that value's ties where more of them than ``width`` reach it), and
+  only those ``[B, width]`` pairs are sorted.
   """
   batch = y.shape[0]
   y = y + 0.0  # -0.0 and +0.0 are one value
   last = ys[:, width - 1:width]
-  above = y > last
-  ties = y == last
-  room = width - jnp.sum(above, axis=-1, keepdims=True, dtype=jnp.int32)
-  tie_rank = jnp.cumsum(ties, axis=-1, dtype=jnp.int32) - 1
-  slot = jnp.where(above, jnp.cumsum(above, axis=-1, dtype=jnp.int32) - 1,
-                   jnp.where(ties & (tie_rank < room),
-                             width - room + tie_rank, width))
+  reach = y >= last
+  slot = jnp.cumsum(reach, axis=-1, dtype=jnp.int32) - 1
+
+  def ranked_ties():  # Entries above ``last`` first, then its first ties.
+    above = y > last
+    room = width - jnp.sum(above, axis=-1, keepdims=True, dtype=jnp.int32)
+    tie_rank = jnp.cumsum(reach & ~above, axis=-1, dtype=jnp.int32) - 1
+    return jnp.where(above, jnp.cumsum(above, axis=-1, dtype=jnp.int32) - 1,
+                     width - room + tie_rank)
+
+  slot = jax.lax.cond(jnp.any(slot[:, -1] >= width), ranked_ties, lambda: slot)
   rows = jax.lax.broadcasted_iota(jnp.int32, y.shape, 0)
   ids = jax.lax.broadcasted_iota(jnp.int32, y.shape, 1)
-  scatter = lambda fill, values: jnp.full((batch, width), fill,
-                                          values.dtype).at[rows, slot].set(
-                                              values, mode="drop")
-  _, order = jax.lax.sort((-scatter(0.0, y), scatter(0, ids)), num_keys=1,
-                          is_stable=True)
+  top = jnp.zeros((batch, width), jnp.int32).at[rows, jnp.where(
+      reach, slot, width)].set(ids, mode="drop")
+  values = jnp.take_along_axis(y, top, axis=-1)
+  _, order = jax.lax.sort((-values, top), num_keys=1, is_stable=True)
   return order
 
 
