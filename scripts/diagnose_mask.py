@@ -1,9 +1,10 @@
 """Where the mask path's extra device time goes (issue 5 diagnostics).
 
-    PYTHONPATH=. python3 scripts/diagnose_mask.py [B ...]
+    PYTHONPATH=. python3 scripts/diagnose_mask.py [B ...] [top_k=K] [top_p=P]
 
 Per batch size: the device ops of one ``jaxsample.sample`` call with and
-without ``return_mask`` (top-k 50 + top-p 0.9, fp32, randn), in launch order,
+without ``return_mask`` (default top-k 50 + top-p 0.9; fp32, randn), in
+launch order (``TOP``: only the costliest, by total time per op name),
 each with the HLO op the profiler attributes it to; the optimized HLO of both
 programs goes to ``$OUT`` (or ./diagnose-out).
 """
@@ -21,7 +22,12 @@ from jaxsample import SamplingParams
 out = os.environ.get("OUT", "diagnose-out")
 os.makedirs(out, exist_ok=True)
 vocab = 151936
-batches = [int(b) for b in sys.argv[1:]] or [1, 32]
+batches = [int(b) for b in sys.argv[1:] if "=" not in b] or [1, 32]
+setting = dict(top_k=50, top_p=0.9)
+setting.update({a.split("=")[0]: float(a.split("=")[1]) for a in sys.argv[1:]
+                if "=" in a})
+setting["top_k"] = int(setting["top_k"])
+top = int(os.environ.get("TOP", "0"))
 
 
 def events(fn, x):
@@ -50,7 +56,7 @@ def events(fn, x):
 
 for batch in batches:
   x = jax.random.normal(jax.random.key(batch), (batch, vocab))
-  params = SamplingParams.make(batch, top_k=50, top_p=0.9)
+  params = SamplingParams.make(batch, **setting)
   key = jax.random.key(0)
   for with_mask in (False, True):
     fn = jax.jit(lambda x, m=with_mask: jaxsample.sample(
@@ -59,6 +65,14 @@ for batch in batches:
       f.write(fn.lower(x).compile().as_text())
     rows = events(fn, x)
     total = sum(r[3] for r in rows if r[1].startswith("Stream"))
-    print(f"== B={batch} return_mask={with_mask}: {total:.1f} us on streams")
+    print(f"== B={batch} {setting} return_mask={with_mask}: {total:.1f} us "
+          "on streams")
+    if top:
+      per = {}
+      for row in rows:
+        per[row[2]] = per.get(row[2], 0.0) + row[3]
+      for name, us in sorted(per.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {us:8.1f}  {name[:90]}")
+      continue
     for start, line, name, us, op, detail in rows:
       print(f"  {line[:14]:14s} {us:7.2f}  {name[:50]:50s} {op} {detail}")

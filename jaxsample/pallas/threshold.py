@@ -512,7 +512,8 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
 class Truncation:
   """Per-row result of the truncated sampler (``[B]`` each unless noted).
 
-  ``token``/``logprob`` are meaningful where ``complete``; ``complete`` is
+  ``token``, ``logprob``, ``threshold``, ``count``, ``log_kept`` and
+  ``ordered_ids`` are meaningful where ``complete``; ``complete`` is
   False for inactive and invalid rows and for rows whose kept set did not fit
   the candidate buffer.  ``row_max``, ``lse``: of the tempered row;
   ``threshold``, ``count``: the kept set ``{y >= threshold}`` and its size;
@@ -555,7 +556,8 @@ def sample_truncated(logits, params: SamplingParams, active,
   threshold, count, kept_mass, certified, *ordered = select_threshold(
       candidates.y, safe_max, t1, params, candidates.outside_mass, bound=False,
       interpret=interpret, ids=candidates.ids,
-      scan=jnp.minimum(candidates.count, capacity),
+      # Rows whose candidates overflow take the fallback: not ranked.
+      scan=jnp.where(candidates.count <= capacity, candidates.count, 0),
       order_width=min(order_width, capacity))
   kept = candidates.y >= threshold[:, None]
   race = jnp.where(kept, candidates.race, -jnp.inf)
