@@ -136,10 +136,10 @@ def _only_if(needed: jax.Array, fn, *, pack: bool = True):
   """``fn()`` if any of ``needed``, else zeros of its shapes (``lax.cond``).
 
   ``fn`` returns a pytree of ``[B]`` and ``[B, W]`` arrays of 32- or 64-bit
-  or bool dtypes.  With ``pack``, the branches exchange one int32 ``[B, F]`` array
-  (the leaves side by side, bitcast), so the zeros branch is one fill rather
-  than one per leaf (each a launch on a GPU); pass ``pack=False`` for large
-  outputs of a branch that usually runs.
+  or bool dtypes.  With ``pack``, the branches exchange one int32 ``[B, F]``
+  array (the leaves side by side, bitcast), so the zeros branch is one fill
+  rather than one per leaf (each a launch on a GPU); pass ``pack=False`` for
+  large outputs of a branch that usually runs.
   """
   shapes = jax.eval_shape(fn)
   zeros = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
