@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import math
 
 import jax
 import jax.numpy as jnp
 
-from jaxsample import mask, reference, rng
+from jaxsample import mask, reference, rng, rowwise
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.reference import SampleResult
 
@@ -125,52 +124,6 @@ def _sample_xla(logits, params: SamplingParams, streams: rng.RowStreams,
   return result, mask.from_processed(proc, params, config.max_mask_ids)
 
 
-def _rows(where: jax.Array, a, b):
-  """Per-row choice between two pytrees of ``[B, ...]`` arrays."""
-  return jax.tree.map(
-      lambda u, v: jnp.where(where.reshape((-1,) + (1,) * (u.ndim - 1)), u, v),
-      a, b)
-
-
-def _only_if(needed: jax.Array, fn, *, pack: bool = True):
-  """``fn()`` if any of ``needed``, else zeros of its shapes (``lax.cond``).
-
-  ``fn`` returns a pytree of ``[B]`` and ``[B, W]`` arrays of 32- or 64-bit
-  or bool dtypes.  With ``pack``, the branches exchange one int32 ``[B, F]``
-  array (the leaves side by side, bitcast), so the zeros branch is one fill
-  rather than one per leaf (each a launch on a GPU); pass ``pack=False`` for
-  large outputs of a branch that usually runs.
-  """
-  shapes = jax.eval_shape(fn)
-  zeros = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-  if not pack:
-    return jax.lax.cond(jnp.any(needed), fn, zeros)
-  leaves, tree = jax.tree.flatten(shapes)
-  batch = leaves[0].shape[0]
-  # int32 words per row of each leaf (bool: one word per element).
-  words = [math.prod(s.shape[1:]) * max(s.dtype.itemsize // 4, 1)
-           for s in leaves]
-
-  def packed():
-    return jnp.concatenate([
-        (leaf.astype(jnp.int32) if leaf.dtype == jnp.bool_ else
-         jax.lax.bitcast_convert_type(leaf, jnp.int32)).reshape(batch, -1)
-        for leaf in jax.tree.leaves(fn())], axis=1)
-
-  block = jax.lax.cond(jnp.any(needed), packed,
-                       lambda: jnp.zeros((batch, sum(words)), jnp.int32))
-  out, start = [], 0
-  for s, size in zip(leaves, words):
-    column = block[:, start:start + size]
-    start += size
-    if s.dtype == jnp.bool_:
-      out.append(column.reshape(s.shape) != 0)
-    else:
-      column = column.reshape(s.shape + ((2,) if s.dtype.itemsize == 8 else ()))
-      out.append(jax.lax.bitcast_convert_type(column, s.dtype))
-  return jax.tree.unflatten(tree, out)
-
-
 def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
                    config: SamplerConfig, return_mask: bool):
   """The kernel path (``sample``'s result, with the mask if asked).
@@ -194,24 +147,24 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     return (*gumbel.sample_untruncated(logits, params, streams, config,
                                        active=~truncating), finite)
 
-  plain, plain_max, plain_lse, finite = _only_if(~truncating, untruncated)
+  plain, plain_max, plain_lse, finite = rowwise.only_if(~truncating, untruncated)
   if config.use_fp64_gumbel:
     trunc, complete = None, jnp.zeros_like(truncating)
   else:
-    trunc = _only_if(truncating, lambda: threshold.sample_truncated(
+    trunc = rowwise.only_if(truncating, lambda: threshold.sample_truncated(
         logits, params, truncating, streams, config,
         order_width=config.max_mask_ids if return_mask else 0), pack=False)
     complete = trunc.complete
   fallback = truncating & ~complete
 
-  slow, slow_mask = _only_if(fallback, lambda: _sample_xla(
+  slow, slow_mask = rowwise.only_if(fallback, lambda: _sample_xla(
       logits, params, streams, config, return_mask))
   fast = plain
   if trunc is not None:
     fast = SampleResult(jnp.where(complete, trunc.token, plain.tokens),
                         jnp.where(complete, trunc.logprob, plain.logprobs),
                         plain.valid | complete)
-  result = _rows(fallback, slow, fast)
+  result = rowwise.where_rows(fallback, slow, fast)
   if not return_mask:
     return result
 
@@ -228,4 +181,4 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
       valid=result.valid, greedy=~sampled, token=plain.tokens, count=count,
       finite=finite, logz=logz, lse=lse, row_max=plain_max,
       ordered_ids=ordered, max_ids=config.max_mask_ids)
-  return result, _rows(fallback, slow_mask, fast_mask)
+  return result, rowwise.where_rows(fallback, slow_mask, fast_mask)

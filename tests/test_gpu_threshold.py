@@ -83,6 +83,40 @@ def test_kernels_decide_most_rows_without_fallback():
     np.testing.assert_array_equal(tr.count, np.sum(proc.keep, axis=-1))
 
 
+@pytest.mark.parametrize("setting", [dict(top_p=0.9), dict(top_p=0.95),
+                                     dict(min_p=0.05),
+                                     dict(top_p=0.9, min_p=0.001)],
+                         ids=str)
+def test_large_kept_sets_take_the_window_search(setting):
+  """Flat rows without top-k keep far more than the candidate buffer: the
+  windowed search decides them (complete, no fallback) with the reference's
+  counts and tokens."""
+  batch = 32
+  for kind in ("flat", "zipf"):
+    x = logits(kind, batch, jnp.float32, seed=4)
+    params = SamplingParams.make(batch, **setting).canonical(VOCAB)
+    key = jax.random.key(2)
+    streams, _ = rng.row_streams(key, None, batch, VOCAB)
+    tr = jax.jit(lambda x: threshold.sample_truncated(
+        x, params, params.truncates(), streams, SamplerConfig()))(x)
+    proc = reference.process(x, params)
+    count = np.sum(proc.keep, axis=-1)
+    large = count > SamplerConfig().max_candidates
+    assert large.sum() >= batch // 2, (kind, count)
+    assert bool(np.all(tr.complete)), (kind, np.flatnonzero(~tr.complete))
+    want = reference.sample_reference(x, params, streams, generator="philox")
+    y = np.asarray(proc.y)
+    for row in range(batch):
+      o = oracle_keep(y[row], 0, float(params.top_p[row]),
+                      float(params.min_p[row]))
+      if o.near_boundary:
+        continue
+      assert tr.count[row] == count[row], (kind, row)
+      assert tr.token[row] == want.tokens[row], (kind, row)
+      np.testing.assert_allclose(tr.logprob[row], want.logprobs[row],
+                                 rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("setting", ["top_k50_top_p0.9", "mixed"])
 def test_masks_match_reference(setting):
   batch = 8

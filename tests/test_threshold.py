@@ -103,11 +103,67 @@ def test_small_kept_sets_are_always_certified():
 
 
 def test_overflowing_rows_are_not_certified():
+  """Top-k rows whose candidates overflow the buffer take the fallback."""
   vocab = 3000
   x = np.random.default_rng(4).standard_normal((3, vocab)).astype(np.float32)
-  params = SamplingParams.make(3, top_k=[100, 0, 5], top_p=[1, 0.99, 1])
+  params = SamplingParams.make(3, top_k=[100, 200, 5], top_p=[1, 0.99, 1])
   tr = truncate(x, params, SamplerConfig(max_candidates=64))
   np.testing.assert_array_equal(tr.complete, [False, False, True])
+
+
+@pytest.mark.parametrize("setting", [dict(top_p=0.9), dict(top_p=0.5),
+                                     dict(top_p=0.95, min_p=0.01),
+                                     dict(min_p=0.05)], ids=str)
+def test_large_kept_sets_are_decided_by_the_window_search(setting):
+  """Rows without top-k whose kept sets overflow the candidate buffer take
+  the window search: complete (so not by the buffer), with the oracle's kept
+  set, count and mass and the reference's token and logprob."""
+  batch, vocab = 4, 20000
+  r = np.random.default_rng(11)
+  x = (r.standard_normal((batch, vocab)) * np.float32([[1], [2], [1], [3]])
+       ).astype(np.float32)
+  x[2, :7] = -np.inf
+  params = SamplingParams.make(batch, temperature=[1, 0.7, 1.3, 1], **setting)
+  config = SamplerConfig(max_candidates=256)
+  key = jax.random.key(12)
+  tr = truncate(x, params, config, key)
+  y = np.asarray(reference.temper(jnp.asarray(x), params.temperature))
+  large = 0
+  for i in range(batch):
+    o = oracle_keep(y[i], 0, float(params.top_p[i]), float(params.min_p[i]))
+    large += o.kept.sum() > config.max_candidates
+    kept = (y[i] >= tr.threshold[i]) & (y[i] > -np.inf)
+    if o.near_boundary:
+      assert o.admits(kept), i
+    else:
+      np.testing.assert_array_equal(kept, o.kept, err_msg=str(i))
+    assert tr.count[i] == kept.sum(), i
+    mass = np.sum(np.exp(y[i][kept].astype(np.float64) - y[i].max()))
+    np.testing.assert_allclose(tr.log_kept[i], np.log(mass), rtol=1e-5,
+                               atol=1e-5)
+  assert large >= 2
+  assert tr.complete.all()
+  a = run_sample(x, params, key, impl="pallas", max_candidates=256)
+  b = run_sample(x, params, key, impl="xla")
+  np.testing.assert_array_equal(a.tokens, tr.token)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+
+
+def test_a_misleading_sample_falls_back_to_the_reference():
+  """Every sampled element is far below the rest: the window misses, the
+  rows are not certified, and the sampler's fallback matches the reference."""
+  batch, vocab = 2, 20000
+  x = np.random.default_rng(13).standard_normal((batch, vocab)).astype(
+      np.float32)
+  x[:, ::threshold._SAMPLE_STRIDE] = -30
+  params = SamplingParams.make(batch, top_p=0.9)
+  key = jax.random.key(14)
+  tr = truncate(x, params, SamplerConfig(max_candidates=256), key)
+  assert not tr.complete.any()
+  a = run_sample(x, params, key, impl="pallas", max_candidates=256)
+  b = run_sample(x, params, key, impl="xla")
+  np.testing.assert_array_equal(a.tokens, b.tokens)
 
 
 @pytest.mark.parametrize("max_candidates", [16, 4096])
@@ -183,9 +239,9 @@ def test_kernels_lower_to_triton(monkeypatch):
   mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
   batch, vocab = 8, 151936
 
-  def fn(x, temperature, top_k, top_p, min_p, key):
+  def fn(x, temperature, top_k, top_p, min_p, key, return_mask=True):
     params = SamplingParams(temperature, top_k, top_p, min_p)
-    return jaxsample.sample(x, params, key, return_mask=True,
+    return jaxsample.sample(x, params, key, return_mask=return_mask,
                             config=SamplerConfig(implementation="pallas"))
 
   S = jax.ShapeDtypeStruct
@@ -198,3 +254,10 @@ def test_kernels_lower_to_triton(monkeypatch):
           lowering_platforms=("cuda",)).as_text()
     # gumbel, stats, two selects, candidates
     assert text.count("__gpu$xla.gpu.triton") == 5, dtype
+    # without a mask, also the large kept sets' window, windowed candidates,
+    # exact search and floored Gumbel kernel
+    no_mask = lambda *a: fn(*a, return_mask=False)
+    with jax.sharding.use_abstract_mesh(mesh):
+      text = jax.jit(no_mask).trace(*args).lower(
+          lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 9, dtype

@@ -135,7 +135,10 @@ class KernelMath:
     return rng.mulhilo(a, b) if self.interpret else gpu_mulhilo(a, b)
 
   def div(self, x, t):
-    return x / t if self.interpret else gpu_div(x, t)
+    """The reference's ``x / t`` for a per-row ``t``: ``div.full.f32`` on a
+    GPU; on CPU XLA computes a division by a broadcast row value as ``x * (1
+    / t)`` (its algebraic simplifier), which interpret mode spells out."""
+    return x * (1.0 / t) if self.interpret else gpu_div(x, t)
 
   def exp2_approx(self, x):
     """``2^x`` to within 2^-22 relative: only for bounds and sums, never ties."""

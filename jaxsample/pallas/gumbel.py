@@ -62,6 +62,8 @@ class GumbelPartials:
     sumexp: ``sum exp(y - max)`` over the split.
     raced_tiles: RNG tiles of the split that drew random bits (the others
       were skipped whole); 0 on greedy rows.  Diagnostics only.
+    kept: with a ``floor``, the split's number of elements ``y >= floor``
+      (the others are left out of ``race`` and ``sumexp``); else None.
   """
 
   race: jax.Array
@@ -69,6 +71,7 @@ class GumbelPartials:
   max: jax.Array
   sumexp: jax.Array
   raced_tiles: jax.Array
+  kept: jax.Array | None = None
 
 
 def combine_partials(p: GumbelPartials):
@@ -262,15 +265,18 @@ def options(*, tile_skip: bool = False):
 
 
 def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
-            fp64: bool, skip: bool):
+            fp64: bool, skip: bool, floored: bool):
   """One (row, split) program."""
   refs = list(refs)
   (temp_ref, active_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
-   offset_ref, x_ref) = refs[:8]
-  del refs[:8]
+   offset_ref) = refs[:7]
+  del refs[:7]
+  floor_ref = refs.pop(0) if floored else None
+  x_ref = refs.pop(0)
   race_ref, index_ref, max_ref, sumexp_ref = refs[:4]
   del refs[:4]
   raced_ref = refs.pop(0) if skip else None
+  kept_ref = refs.pop(0) if floored else None
   race_lo_ref = refs
   row, split = pl.program_id(0), pl.program_id(1)
   math = common.KernelMath(plan.interpret)
@@ -288,13 +294,29 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
     # Greedy rows need no sum-exp; it is a computed 1 because Triton's cond
     # lowering cannot yield a literal.
     one = (index - index + 1).astype(jnp.float32)
-    return (top.astype(race_dtype), index, top, one) + (index - index,) * skip
+    return (top.astype(race_dtype), index, top, one) + (index - index,) * (
+        skip + floored)
 
   def sampled():
     stream = rng.RowStreams(key0_ref[row], key1_ref[row], base_hi_ref[row],
                             base_lo_ref[row])
     race = GumbelRace(math, t, race_dtype, wide=fp64)
     noise = common.Noise(generator, stream, offset, wide=fp64)
+    if floored:  # the race and sum-exp over {x / T >= floor} only
+      floor = floor_ref[row]
+
+      def step(carry, chunk, x):
+        state, kept = carry
+        x = x.astype(jnp.float32)
+        inside = math.div(x, t) >= floor  # the reference's y: exact membership
+        state = race.chunk_step(state, chunk, jnp.where(inside, x, -jnp.inf))
+        return state, kept + jnp.where(inside, 1, 0)
+
+      state, kept = common.chunk_loop(
+          plan, math, split_start, vocab, load, step,
+          (race.init(first_index), jnp.zeros((plan.chunk,), jnp.int32)),
+          noise=noise)
+      return (*race.finish(state), jnp.sum(kept))
     if not skip:
       state = common.chunk_loop(plan, math, split_start, vocab, load,
                                 race.chunk_step, race.init(first_index),
@@ -313,7 +335,7 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
 
   @pl.when(active_ref[row] != 0)
   def _():
-    top, index, m, s, *raced = lax.cond(t > 0, sampled, greedy)
+    top, index, m, s, *counts = lax.cond(t > 0, sampled, greedy)
     if fp64:
       race_ref[row, split], race_lo_ref[0][row, split] = _split_words(top)
     else:
@@ -322,7 +344,9 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
     max_ref[row, split] = m
     sumexp_ref[row, split] = s
     if skip:
-      raced_ref[row, split] = raced[0]
+      raced_ref[row, split] = counts[0]
+    if floored:
+      kept_ref[row, split] = counts[0]
 
 
 def _split_words(value: jax.Array):
@@ -344,29 +368,35 @@ def _join_words(hi: jax.Array, lo: jax.Array) -> jax.Array:
 def gumbel_partials(logits: jax.Array, temperature: jax.Array,
                     streams: rng.RowStreams, config: SamplerConfig, *,
                     vocab_offset: jax.Array | int = 0,
-                    active: jax.Array | None = None) -> GumbelPartials:
+                    active: jax.Array | None = None,
+                    floor: jax.Array | None = None) -> GumbelPartials:
   """Runs the kernel: per-split partials for ``logits`` ``[B, V_local]``.
 
   ``temperature`` is canonical (0 = greedy); ``vocab_offset`` is the global id
   of local column 0 (vocab-parallel shards), a multiple of the RNG tile.
   ``active`` ``[B]`` bool: rows to sample (default all); the programs of the
-  other rows return at once and their partials are undefined.
+  other rows return at once and their partials are undefined.  ``floor``
+  ``[B]`` (sampled rows): race and sum only the elements with ``y >= floor``
+  (the reference's ``y = x / T``), i.e. Gumbel-max on the kept set ``{y >=
+  floor}`` of a truncated row, and count them (``kept``).
   """
   batch, vocab = logits.shape
   fp64 = config.use_fp64_gumbel
   plan = common.make_plan(batch, vocab, logits.dtype, config,
                           generator=config.rng)
   shape = (batch, plan.num_splits)
-  skip = bool(TILE_SKIP)
+  floored = floor is not None
+  skip = bool(TILE_SKIP) and not floored
   out_shape = [
       jax.ShapeDtypeStruct(shape, jnp.uint32 if fp64 else jnp.float32),
       jax.ShapeDtypeStruct(shape, jnp.int32),
       jax.ShapeDtypeStruct(shape, jnp.float32),
       jax.ShapeDtypeStruct(shape, jnp.float32),
-  ] + [jax.ShapeDtypeStruct(shape, jnp.int32)] * skip + [
+  ] + [jax.ShapeDtypeStruct(shape, jnp.int32)] * (skip + floored) + [
       jax.ShapeDtypeStruct(shape, jnp.uint32)] * fp64
   kernel = functools.partial(_kernel, plan=plan, vocab=vocab,
-                             generator=config.rng, fp64=fp64, skip=skip)
+                             generator=config.rng, fp64=fp64, skip=skip,
+                             floored=floored)
   call = pl.pallas_call(kernel, out_shape=out_shape,
                         grid=(batch, plan.num_splits),
                         compiler_params=plan.compiler_params(),
@@ -376,7 +406,9 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
   race, index, row_max, sumexp, *rest = call(
       temperature.astype(jnp.float32), active.astype(jnp.int32), streams.key0,
       streams.key1,
-      streams.base_hi, streams.base_lo, offset, logits)
+      streams.base_hi, streams.base_lo, offset,
+      *([floor.astype(jnp.float32)] if floored else []), logits)
+  kept = rest.pop(0) if floored else None
   if skip:
     raced = rest[0]
   else:  # every tile of a sampled row races
@@ -387,7 +419,7 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
   race_lo = rest[skip:]
   if fp64:
     race = _join_words(race, race_lo[0])
-  return GumbelPartials(race, index, row_max, sumexp, raced)
+  return GumbelPartials(race, index, row_max, sumexp, raced, kept)
 
 
 def sample_untruncated(logits: jax.Array, params: SamplingParams,

@@ -55,8 +55,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxsample import rng
-from jaxsample.pallas import common
+from jaxsample import reference, rng, rowwise
+from jaxsample.pallas import common, gumbel
 from jaxsample.params import SamplerConfig, SamplingParams
 
 _LOG2E = 1.4426950408889634
@@ -212,21 +212,22 @@ def _largest_key(reaches, bits: int) -> jax.Array:
   return lax.fori_loop(0, bits, body, jnp.uint32(0))
 
 
-def _bound_thresholds(y, survives, e, k, p, mass):
-  """Bound mode's ``(t2, k_found, t3)``, rounded down (``_BOUND_KEY_BITS``).
+def _bound_thresholds(y, survives, e, k, p, mass, above, bits: int):
+  """Bound mode's ``(t2, k_found, t3)``, rounded down to ``bits`` key bits.
 
   One search per row: with top-k on, ``t2`` (the ``k``-th largest survivor)
   and ``t3 = -inf`` (every top-k survivor stays a candidate); otherwise ``t2 =
-  -inf`` and ``t3`` (the largest value whose upper mass reaches ``p * mass``).
-  ``_BOUND_KEY_BITS`` block reductions, plus one for ``k_found``.
+  -inf`` and ``t3`` (the largest value whose upper mass, plus ``above``,
+  reaches ``p * mass``).  ``bits`` block reductions, plus one for
+  ``k_found``; with 32 bits the thresholds are exact (element values).
   """
   key = order_key(y)
   count_reaches = lambda v: jnp.sum(jnp.where(survives & (key >= v), 1, 0)) >= k
-  target = p * mass
+  target = p * mass - above
   mass_reaches = lambda v: jnp.sum(jnp.where(survives & (key >= v), e,
                                              0.0)) >= target
-  found = lax.cond(k > 0, lambda: _largest_key(count_reaches, _BOUND_KEY_BITS),
-                   lambda: _largest_key(mass_reaches, _BOUND_KEY_BITS))
+  found = lax.cond(k > 0, lambda: _largest_key(count_reaches, bits),
+                   lambda: _largest_key(mass_reaches, bits))
   bound = jnp.where(found > _NEG_INF_KEY, key_value(found), -jnp.inf)
   k_found = jnp.sum(jnp.where(survives, 1, 0)) >= k
   return (jnp.where(k > 0, bound, -jnp.inf), k_found,
@@ -277,10 +278,10 @@ def _rank_sizes(n: int) -> list[int]:
 
 
 def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
-                   *refs, bound: bool, width: int):
+                   above_ref, *refs, bound: bool, width: int, bits: int):
   """One row's thresholds (``select_threshold``).
 
-  Bound mode (all ``N`` group maxima filled): ``_bound_thresholds``.  Final
+  Bound mode (all ``N`` entries filled): ``_bound_thresholds``.  Final
   mode (a candidate buffer with ``scan`` filled slots): on the smallest
   prefix in ``_rank_sizes`` holding them, ``_rank``, then ``t2 = min{y_i :
   above_i < k}`` (the ``k``-th largest survivor) and ``t3 = max{y_i >= t2 :
@@ -303,7 +304,8 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
     e = jnp.where(finite, jnp.exp(y - row_max), 0.0)
     survives = finite & (y >= t1)
     if bound:
-      t2, k_found, t3 = _bound_thresholds(y, survives, e, k, p, mass_ref[row])
+      t2, k_found, t3 = _bound_thresholds(y, survives, e, k, p, mass_ref[row],
+                                          above_ref[row], bits)
     else:
       above, mass, ties = _rank(y_ref, row, scan, y, t1, row_max,
                                 with_ties=bool(width))
@@ -343,11 +345,14 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
 
 def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
                      bound: bool, interpret: bool, ids=None, scan=None,
-                     order_width: int = 0):
+                     order_width: int = 0, above=None,
+                     bits: int = _BOUND_KEY_BITS):
   """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded), no sort.
 
   Bound mode searches order keys bit by bit (``_bound_thresholds``: one
-  search of ``_BOUND_KEY_BITS`` block reductions); final mode ranks the
+  search of ``bits`` block reductions, counting ``above`` ``[B]`` (default
+  0) as mass above every entry; with 32 bits an exact search of a row's
+  top-p threshold inside a window of its values); final mode ranks the
   entries against the min-p survivors among the first ``scan`` slots
   (``[B]``, default N; every finite entry must lie there): ``scan x
   pow2ceil(scan)`` comparisons, below a search's latency up to a few hundred
@@ -367,7 +372,9 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
   """
   batch, size = y.shape
   scan = jnp.full((batch,), size, jnp.int32) if scan is None else scan
-  kernel = functools.partial(_select_kernel, bound=bound, width=order_width)
+  above = jnp.zeros((batch,), jnp.float32) if above is None else above
+  kernel = functools.partial(_select_kernel, bound=bound, width=order_width,
+                             bits=bits)
   out_shape = [jax.ShapeDtypeStruct((batch,), jnp.float32),
                jax.ShapeDtypeStruct((batch,), jnp.int32),
                jax.ShapeDtypeStruct((batch,), jnp.float32),
@@ -380,7 +387,83 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
                                            num_stages=1),
       interpret=interpret, name="jaxsample_select_threshold")(
           y, scan.astype(jnp.int32), row_max, t1, params.top_k, params.top_p,
-          mass, *([ids] if order_width else []))
+          mass, above, *([ids] if order_width else []))
+
+
+# ---------------------------------------------------------------------------
+# Large kept sets: a window around the top-p threshold, from a sample.
+# ---------------------------------------------------------------------------
+
+# Every ``_SAMPLE_STRIDE``-th element of a row is its sample.  The window
+# spans ``2 * half`` sample ranks around the estimate, with ``half`` sized so
+# the window's expected count is about 0.7 of its buffer.
+_SAMPLE_STRIDE = 32
+_WINDOW_BUFFERS = 8  # the window's buffer, in candidate buffers
+_WINDOW_WARPS = 8
+
+
+def _window_half(capacity: int) -> int:
+  return max(1, capacity * 11 // (16 * 2 * _SAMPLE_STRIDE))
+
+
+def row_sample(logits, temperature):
+  """Every ``_SAMPLE_STRIDE``-th tempered logit of each row, ``[B, N]`` (N a
+  power of 2, -inf padded); ``temperature > 0``."""
+  sample = reference.temper(reference.sanitize(logits[:, ::_SAMPLE_STRIDE]),
+                            temperature)
+  width = _pow2_ceil(sample.shape[1])
+  return jnp.pad(sample, ((0, 0), (0, width - sample.shape[1])),
+                 constant_values=-jnp.inf)
+
+
+def _window_kernel(y_ref, row_max_ref, t1_ref, p_ref, mass_ref, lower_ref,
+                   upper_ref, *, half: int):
+  """One row's window ``[lower, upper)``: sample ranks ``r +- half`` around
+  the estimated top-p threshold (rank ``r``), clamped to ``>= t1``."""
+  row = pl.program_id(0)
+  y = y_ref[row, :]
+  t1 = t1_ref[row]
+  p = p_ref[row]
+  finite = y > -jnp.inf
+  e = jnp.where(finite, jnp.exp(y - row_max_ref[row]), 0.0) * _SAMPLE_STRIDE
+  survives = finite & (y >= t1)
+  key = order_key(y)
+  # The mass below the threshold is (1 - p) of the survivors' mass, made of
+  # many small terms: the sample estimates it well.
+  below_t1 = jnp.sum(jnp.where(finite & ~survives, e, 0.0))
+  target = (1 - p) * mass_ref[row] + p * below_t1
+  threshold_key = _largest_key(
+      lambda v: jnp.sum(jnp.where(key < v, e, 0.0)) <= target,
+      _BOUND_KEY_BITS)
+  rank = jnp.sum(jnp.where(survives & (key >= threshold_key), 1, 0))
+
+  def ranked(n):  # the n-th largest survivor (rounded down), -inf if none
+    found = _largest_key(
+        lambda v: jnp.sum(jnp.where(survives & (key >= v), 1, 0)) >= n,
+        _BOUND_KEY_BITS)
+    return jnp.where(found > _NEG_INF_KEY, key_value(found), -jnp.inf)
+
+  upper = jnp.where(rank > half, ranked(rank - half), jnp.inf)
+  lower_ref[row] = jnp.maximum(ranked(rank + half), t1)
+  upper_ref[row] = jnp.maximum(upper, t1)
+
+
+def top_p_window(sample, row_max, t1, params: SamplingParams, mass,
+                 capacity: int, *, interpret: bool):
+  """``(lower, upper)`` ``[B]``: a window that likely holds the top-p
+  threshold and fewer than ``capacity`` elements (the caller checks both),
+  from the rows' ``sample`` (``row_sample``).  ``mass``: the row's mass
+  relative to ``row_max``.  Three searches of ``_BOUND_KEY_BITS`` block
+  reductions over the sample."""
+  batch = sample.shape[0]
+  kernel = functools.partial(_window_kernel, half=_window_half(capacity))
+  shape = jax.ShapeDtypeStruct((batch,), jnp.float32)
+  return pl.pallas_call(
+      kernel, out_shape=[shape, shape], grid=(batch,),
+      compiler_params=plgpu.CompilerParams(num_warps=_WINDOW_WARPS,
+                                           num_stages=1),
+      interpret=interpret, name="jaxsample_top_p_window")(
+          sample, row_max, t1, params.top_p, mass)
 
 
 # ---------------------------------------------------------------------------
@@ -388,12 +471,15 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
 # ---------------------------------------------------------------------------
 
 
-def _compact_kernel(temp_ref, active_ref, bound_ref, t1_ref, row_max_ref,
-                    x_ref, x_out, id_out, count_out, outside_out, finite_out, *,
-                    plan: common.KernelPlan, vocab: int, capacity: int):
+def _compact_kernel(temp_ref, active_ref, bound_ref, upper_ref, t1_ref,
+                    row_max_ref, x_ref, x_out, id_out, count_out, outside_out,
+                    finite_out, *above_out, plan: common.KernelPlan, vocab: int,
+                    capacity: int):
   """Writes the split's elements with ``x * (1 / T) >= L - slack`` (a superset
   of ``{y >= L}``: ``collect_candidates`` drops the rest) in vocab order and
-  sums the mass of the other min-p survivors."""
+  sums the mass of the other min-p survivors.  Windowed (``above_out``): only
+  the elements below ``U + slack`` are written; the count and mass of those
+  above it (all ``y >= U``) go to ``above_out``."""
   row, split = pl.program_id(0), pl.program_id(1)
 
   @pl.when(active_ref[row] != 0)
@@ -404,14 +490,25 @@ def _compact_kernel(temp_ref, active_ref, bound_ref, t1_ref, row_max_ref,
     t1 = t1_ref[row]
     ref = row_max_ref[row] * _LOG2E
     filter_bound = bound - _FILTER_SLACK * jnp.abs(bound)
+    upper = upper_ref[row]
+    filter_upper = upper + _FILTER_SLACK * jnp.abs(upper)
 
     def step(carry, chunk, x):
-      count, outside, finite = carry
+      count, outside, finite, *above = carry
       x = _sanitize(x)
       approx = x * inv_t
-      flag = jnp.where((approx >= filter_bound) & (x > -jnp.inf), 1, 0)
+      flag = (approx >= filter_bound) & (x > -jnp.inf)
       e = math.exp2_approx(approx * _LOG2E - ref)
-      outside = outside + jnp.where((flag == 0) & (approx >= t1), e, 0.0)
+      if above_out:
+        surely_above = approx >= filter_upper
+        flag = flag & ~surely_above
+        above = [above[0] + jnp.where(surely_above, 1, 0),
+                 above[1] + jnp.where(surely_above, e, 0.0)]
+        below = ~flag & ~surely_above
+      else:
+        below = ~flag
+      flag = jnp.where(flag, 1, 0)
+      outside = outside + jnp.where(below & (approx >= t1), e, 0.0)
       finite = finite + jnp.where(x > -jnp.inf, 1, 0)
       found = jnp.sum(flag)
 
@@ -422,16 +519,20 @@ def _compact_kernel(temp_ref, active_ref, bound_ref, t1_ref, row_max_ref,
         plgpu.store(id_out.at[row, split, position], chunk.index, mask=store)
 
       pl.when(found > 0)(write)
-      return count + found, outside, finite
+      return count + found, outside, finite, *above
 
-    init = (jnp.zeros((), jnp.int32), jnp.zeros((plan.chunk,), jnp.float32),
-            jnp.zeros((plan.chunk,), jnp.int32))
-    count, outside, finite = common.chunk_loop(
+    lanes = lambda dtype: jnp.zeros((plan.chunk,), dtype)
+    init = (jnp.zeros((), jnp.int32), lanes(jnp.float32), lanes(jnp.int32))
+    if above_out:
+      init += (lanes(jnp.int32), lanes(jnp.float32))
+    count, outside, finite, *above = common.chunk_loop(
         plan, math, split * plan.split_len, vocab,
         common.row_chunk_loader(x_ref, row, plan.chunk), step, init)
     count_out[row, split] = count
     outside_out[row, split] = jnp.sum(outside)
     finite_out[row, split] = jnp.sum(finite)
+    for out, value in zip(above_out, above):
+      out[row, split] = jnp.sum(value)
 
 
 @jax.tree_util.register_dataclass
@@ -441,7 +542,9 @@ class Candidates:
   (padding: ``y = race = -inf``, ``id = -1``), with ``count`` ``[B]`` (exact,
   possibly above ``C``) and ``outside_mass`` ``[B]``: the mass relative to
   ``row_max`` of min-p survivors below the bound, and ``finite`` ``[B]``: the
-  row's number of finite entries."""
+  row's number of finite entries.  Windowed (``upper`` given):
+  the candidates are ``{L <= y < U}`` and ``above_count``/``above_mass`` the
+  count and mass of ``{y >= U}`` (else 0)."""
 
   y: jax.Array
   ids: jax.Array
@@ -449,30 +552,38 @@ class Candidates:
   count: jax.Array
   outside_mass: jax.Array
   finite: jax.Array
+  above_count: jax.Array
+  above_mass: jax.Array
 
 
 def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
-                       streams: rng.RowStreams,
-                       config: SamplerConfig) -> Candidates:
-  """Runs the compact pass and packs each row's candidates into ``C`` slots."""
+                       streams: rng.RowStreams, config: SamplerConfig, *,
+                       upper=None, capacity: int | None = None) -> Candidates:
+  """Runs the compact pass and packs each row's candidates into ``C`` slots
+  (``capacity``, default ``config.max_candidates``); with ``upper`` ``[B]``
+  (``>= lower_bound``, ``>= t1``), only the window ``[lower_bound, upper)``."""
   batch, vocab = logits.shape
-  capacity = config.max_candidates
+  capacity = capacity or config.max_candidates
+  windowed = upper is not None
+  upper = jnp.full((batch,), jnp.inf) if upper is None else upper
   plan = _pass_plan(batch, vocab, logits.dtype, config)
   shape = (batch, plan.num_splits)
   kernel = functools.partial(_compact_kernel, plan=plan, vocab=vocab,
                              capacity=capacity)
   buffer = shape + (capacity,)
-  x, ids, count, outside, finite = pl.pallas_call(
+  x, ids, count, outside, finite, *above = pl.pallas_call(
       kernel,
       out_shape=[jax.ShapeDtypeStruct(buffer, jnp.float32),
                  jax.ShapeDtypeStruct(buffer, jnp.int32),
                  jax.ShapeDtypeStruct(shape, jnp.int32),
                  jax.ShapeDtypeStruct(shape, jnp.float32),
-                 jax.ShapeDtypeStruct(shape, jnp.int32)],
+                 jax.ShapeDtypeStruct(shape, jnp.int32)] + [
+                     jax.ShapeDtypeStruct(shape, jnp.int32),
+                     jax.ShapeDtypeStruct(shape, jnp.float32)] * windowed,
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_collect_candidates")(
-          temperature, active.astype(jnp.int32), lower_bound, t1, row_max,
-          logits)
+          temperature, active.astype(jnp.int32), lower_bound, upper, t1,
+          row_max, logits)
   count = jnp.where(active[:, None], count, 0)
   written = jnp.minimum(count, capacity)
   starts = jnp.cumsum(written, axis=-1) - written  # [B, S]
@@ -488,18 +599,26 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
   t = jnp.where(active, temperature, 1.0)[:, None]
   y = jnp.where(filled, gather(x) / t, -jnp.inf)  # the reference's division
   ids = jnp.where(filled, gather(ids), 0)
-  # The filter's extra elements (y < L) rejoin the outside mass.
-  inside = y >= lower_bound[:, None]
-  extra = jnp.where(~inside & (y >= t1[:, None]),
-                    jnp.exp(y - row_max[:, None]), 0.0)
+  # The filter's extra elements rejoin the outside mass (y < L) or the
+  # elements above the window (y >= U).
+  e = jnp.exp(y - row_max[:, None])
+  over = y >= upper[:, None]
+  inside = (y >= lower_bound[:, None]) & ~over
+  extra = jnp.where(~inside & ~over & (y >= t1[:, None]), e, 0.0)
   outside = jnp.where(active[:, None], outside, 0.0)
   outside = jnp.sum(outside, axis=-1) + jnp.sum(extra, axis=-1)
+  by_row = lambda a: jnp.sum(jnp.where(active[:, None], a, 0), axis=-1)
+  above_count = jnp.zeros((batch,), jnp.int32)
+  above_mass = jnp.zeros((batch,), jnp.float32)
+  if windowed:
+    above_count = by_row(above[0]) + jnp.sum(over, axis=-1, dtype=jnp.int32)
+    above_mass = by_row(above[1]) + jnp.sum(jnp.where(over, e, 0.0), axis=-1)
   y = jnp.where(inside, y, -jnp.inf)
   noise = rng.gumbel(rng.uniform(rng.bits_at(
       config.rng, jax.tree.map(lambda a: a[:, None], streams), ids)))
-  finite = jnp.sum(jnp.where(active[:, None], finite, 0), axis=-1)
   return Candidates(y, jnp.where(inside, ids, -1), y + noise,
-                    jnp.sum(count, axis=-1), outside, finite)
+                    jnp.sum(count, axis=-1), outside, by_row(finite),
+                    above_count, above_mass)
 
 
 # ---------------------------------------------------------------------------
@@ -539,20 +658,38 @@ def sample_truncated(logits, params: SamplingParams, active,
                      order_width: int = 0) -> Truncation:
   """Truncated Gumbel-max for canonical params on rows where ``active``
   (sampled rows with a filter on; fp32 noise); with ``order_width``, also the
-  kept ids in probability order (``min(order_width, C)`` wide)."""
+  kept ids in probability order (``min(order_width, C)`` wide).
+
+  Rows without top-k whose candidates ``{y >= L}`` would overflow the buffer
+  (estimated from ``row_sample``) take ``_sample_large``, unless
+  ``order_width`` asks for ordered ids.
+  """
   interpret = jax.default_backend() != "gpu"
   t = params.temperature
   stats = row_stats(logits, t, active, config)
   valid = active & jnp.isfinite(stats.row_max)
   safe_max = jnp.where(valid, stats.row_max, 0.0)
   t1 = jnp.where(params.min_p > 0, safe_max + jnp.log(params.min_p), -jnp.inf)
+  mass = jnp.exp(stats.log_mass)
   bound, *_ = select_threshold(
-      stats.groups, safe_max, t1, params,
-      jnp.exp(stats.log_mass) * (1 + _BOUND_MARGIN), bound=True,
-      interpret=interpret)
-  candidates = collect_candidates(logits, t, valid, bound, t1, safe_max,
-                                  streams, config)
+      stats.groups, safe_max, t1, params, mass * (1 + _BOUND_MARGIN),
+      bound=True, interpret=interpret)
   capacity = config.max_candidates
+
+  def sampled():  # the sample, and from it the size of {y >= max(L, t1)}
+    sample = row_sample(logits, t)
+    return sample, _SAMPLE_STRIDE * jnp.sum(
+        (sample >= bound[:, None]) & (sample >= t1[:, None]), axis=-1,
+        dtype=jnp.int32)
+
+  large = jnp.zeros_like(valid)
+  if not order_width:
+    may_be_large = valid & (params.top_k == 0)
+    sample, estimate = rowwise.only_if(may_be_large, sampled, pack=False)
+    large = may_be_large & (estimate > capacity // 2)
+  narrow = valid & ~large
+  candidates = collect_candidates(logits, t, narrow, bound, t1, safe_max,
+                                  streams, config)
   threshold, count, kept_mass, certified, *ordered = select_threshold(
       candidates.y, safe_max, t1, params, candidates.outside_mass, bound=False,
       interpret=interpret, ids=candidates.ids,
@@ -567,8 +704,56 @@ def sample_truncated(logits, params: SamplingParams, active,
   logprob = (take(candidates.y) - safe_max) - log_kept
   # Exact iff every kept element and every top-k survivor is a candidate
   # (bound == t1: the candidates are all min-p survivors).
-  complete = (valid & (candidates.count <= capacity) &
+  complete = (narrow & (candidates.count <= capacity) &
               (threshold >= bound) & ((certified != 0) | (bound == t1)))
-  return Truncation(take(candidates.ids), logprob, complete, stats.row_max,
-                    stats.lse, threshold, count, log_kept, candidates,
+  found = (take(candidates.ids), logprob, complete, threshold, count, log_kept)
+  if not order_width:
+    found = rowwise.where_rows(large, rowwise.only_if(large, lambda: _sample_large(
+        logits, params, large, sample, safe_max, t1, mass, streams, config)),
+                               found)
+  token, logprob, complete, threshold, count, log_kept = found
+  return Truncation(token, logprob, complete, stats.row_max, stats.lse,
+                    threshold, count, log_kept, candidates,
                     ordered[0] if ordered else None)
+
+
+def _sample_large(logits, params: SamplingParams, large, sample, row_max, t1,
+                  mass, streams: rng.RowStreams, config: SamplerConfig):
+  """``(token, logprob, complete, threshold, count, log_kept)`` of the
+  ``large`` rows (no top-k; ``Truncation``'s fields).
+
+  min-p alone keeps ``{y >= t1}``.  With top-p: ``top_p_window`` places a
+  window ``[lower, upper)`` around the threshold; the windowed compact pass
+  writes the window's elements and sums the mass above it and below it; a
+  32-bit bound-mode search over the window finds the exact threshold (the
+  row is complete iff the window held it and fit its buffer).  Then the
+  Gumbel kernel races the kept set ``{y >= threshold}`` (``floor``), which
+  also gives its count and mass.
+  """
+  interpret = jax.default_backend() != "gpu"
+  t = params.temperature
+  windowed = large & (params.top_p < 1)
+  capacity = _WINDOW_BUFFERS * config.max_candidates
+  lower, upper = top_p_window(sample, row_max, t1, params, mass, capacity,
+                              interpret=interpret)
+  window = collect_candidates(logits, t, windowed, lower, t1, row_max, streams,
+                              config, upper=upper, capacity=capacity)
+  total = (window.above_mass + window.outside_mass + jnp.sum(
+      jnp.where(window.y > -jnp.inf, jnp.exp(window.y - row_max[:, None]),
+                0.0), axis=-1))
+  threshold, *_ = select_threshold(
+      window.y, row_max, t1, params, total, bound=True, interpret=interpret,
+      above=window.above_mass, bits=32)
+  held = ((window.count <= capacity) &
+          (window.above_mass < params.top_p * total) & (threshold >= lower))
+  threshold = jnp.where(windowed, threshold, t1)
+  complete = large & (~windowed | held)
+  partials = gumbel.gumbel_partials(logits, t, streams, config,
+                                    active=complete, floor=threshold)
+  token, race_max, lse = gumbel.combine_partials(partials)
+  x_token = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
+  result = reference.finalize(reference.sanitize(x_token), params, token, lse,
+                              race_max)
+  log_kept = (lse[0] - row_max) + lse[1]
+  return (token, result.logprobs, complete, threshold,
+          jnp.sum(partials.kept, axis=-1), log_kept)
