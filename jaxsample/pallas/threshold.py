@@ -734,18 +734,24 @@ def _sample_large(logits, params: SamplingParams, large, sample, row_max, t1,
   t = params.temperature
   windowed = large & (params.top_p < 1)
   capacity = _WINDOW_BUFFERS * config.max_candidates
-  lower, upper = top_p_window(sample, row_max, t1, params, mass, capacity,
-                              interpret=interpret)
-  window = collect_candidates(logits, t, windowed, lower, t1, row_max, streams,
-                              config, upper=upper, capacity=capacity)
-  total = (window.above_mass + window.outside_mass + jnp.sum(
-      jnp.where(window.y > -jnp.inf, jnp.exp(window.y - row_max[:, None]),
-                0.0), axis=-1))
-  threshold, *_ = select_threshold(
-      window.y, row_max, t1, params, total, bound=True, interpret=interpret,
-      above=window.above_mass, bits=32)
-  held = ((window.count <= capacity) &
-          (window.above_mass < params.top_p * total) & (threshold >= lower))
+
+  def searched():  # ``(threshold, held)`` of the windowed rows
+    lower, upper = top_p_window(sample, row_max, t1, params, mass, capacity,
+                                interpret=interpret)
+    window = collect_candidates(logits, t, windowed, lower, t1, row_max,
+                                streams, config, upper=upper,
+                                capacity=capacity)
+    total = (window.above_mass + window.outside_mass + jnp.sum(
+        jnp.where(window.y > -jnp.inf, jnp.exp(window.y - row_max[:, None]),
+                  0.0), axis=-1))
+    threshold, *_ = select_threshold(
+        window.y, row_max, t1, params, total, bound=True, interpret=interpret,
+        above=window.above_mass, bits=32)
+    return threshold, ((window.count <= capacity) &
+                       (window.above_mass < params.top_p * total) &
+                       (threshold >= lower))
+
+  threshold, held = rowwise.only_if(windowed, searched)
   threshold = jnp.where(windowed, threshold, t1)
   complete = large & (~windowed | held)
   partials = gumbel.gumbel_partials(logits, t, streams, config,
