@@ -6,8 +6,8 @@ canonical parameters (``SamplingParams.canonical``) and Gumbel noise ``g``:
 1. Sanitize: NaN entries become +inf.
 2. Temperature: ``y = x / T`` in fp32, XLA's division on the platform (on
    NVIDIA GPUs ``div.full.f32``, within 2 ulp of the IEEE quotient, which the
-   kernels issue too; on CPU XLA:CPU's ``x * (1 / T)``, its rewrite of a
-   division by a broadcast, which interpret mode spells out).  Greedy
+   kernels issue too; on CPU XLA:CPU's, here ``x * (1 / T)``, its rewrite
+   of a division by a broadcast).  Greedy
    rows (T = 0) keep
    ``y = x``.  The row is *valid* iff ``max(y)`` is finite: no NaN, no +inf,
    at least one finite entry, and no overflow of ``x / T``.

@@ -135,9 +135,12 @@ class KernelMath:
     return rng.mulhilo(a, b) if self.interpret else gpu_mulhilo(a, b)
 
   def div(self, x, t):
-    """The reference's ``x / t`` for a per-row ``t``: ``div.full.f32`` on a
-    GPU; on CPU XLA computes a division by a broadcast row value as ``x * (1
-    / t)`` (its algebraic simplifier), which interpret mode spells out."""
+    return x / t if self.interpret else gpu_div(x, t)
+
+  def temper(self, x, t):
+    """``reference.temper``'s ``x / t`` for a row's ``t``: ``div.full.f32`` on
+    a GPU; on CPU XLA computes that division by a broadcast as ``x * (1 /
+    t)`` (its algebraic simplifier), which interpret mode spells out."""
     return x * (1.0 / t) if self.interpret else gpu_div(x, t)
 
   def exp2_approx(self, x):

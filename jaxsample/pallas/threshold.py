@@ -100,9 +100,9 @@ def _sanitize(x):
 # ---------------------------------------------------------------------------
 
 
-def _stats_kernel(temp_ref, active_ref, x_ref, max_ref, sumexp_ref,
-                  groups_ref, *, plan: common.KernelPlan, vocab: int,
-                  groups: int):
+def _stats_kernel(temp_ref, active_ref, sampled_ref, x_ref, max_ref,
+                  sumexp_ref, groups_ref, sample_ref, *,
+                  plan: common.KernelPlan, vocab: int, groups: int):
   row, split = pl.program_id(0), pl.program_id(1)
 
   @pl.when(active_ref[row] != 0)
@@ -117,39 +117,70 @@ def _stats_kernel(temp_ref, active_ref, x_ref, max_ref, sumexp_ref,
     groups_ref[row, split, :] = jnp.max(
         lane_max.reshape(groups, plan.chunk // groups), axis=1)
 
+  @pl.when((active_ref[row] != 0) & (sampled_ref[row] != 0))
+  def _():  # every _SAMPLE_STRIDE-th element (-inf past V), tile by tile
+    size = plan.tile // _SAMPLE_STRIDE
+    lanes = jnp.arange(size, dtype=jnp.int32) * _SAMPLE_STRIDE
+
+    def body(i, carry):
+      start = split * plan.split_len + i * plan.tile
+      if plan.interpret:  # no strided loads there: the tile, then a slice
+        x = plgpu.load(x_ref.at[row, pl.ds(start, plan.tile)],
+                       mask=start + jnp.arange(plan.tile) < vocab,
+                       other=-jnp.inf)
+        x = x.reshape(size, _SAMPLE_STRIDE)[:, 0]
+      else:
+        x = plgpu.load(x_ref.at[row, pl.ds(start, size, _SAMPLE_STRIDE)],
+                       mask=start + lanes < vocab, other=-jnp.inf)
+      sample_ref[row, pl.ds((split * plan.steps + i) * size, size)] = (
+          x.astype(jnp.float32))
+      return carry
+
+    lax.fori_loop(0, plan.steps, body, 0)
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class RowStats:
   """Per-row results of the stats pass (``[B]`` each, ``groups`` ``[B, N]``).
 
-  ``row_max = max(y)`` (valid iff finite), ``lse = logsumexp(y)`` and
-  ``groups`` the tempered group maxima (-inf padded).
+  ``row_max = max(y)`` (valid iff finite), ``lse = logsumexp(y)``,
+  ``groups`` the tempered group maxima (-inf padded) and ``sample`` ``[B,
+  N]``: every ``_SAMPLE_STRIDE``-th logit ``x`` of the ``sampled`` rows
+  (-inf padded past V; undefined on other rows).
   """
 
   row_max: jax.Array
   lse: jax.Array
   log_mass: jax.Array  # log sum exp(y - row_max)
   groups: jax.Array
+  sample: jax.Array
 
 
-def row_stats(logits, temperature, active, config: SamplerConfig) -> RowStats:
-  """Runs the stats pass on the ``active`` rows (``temperature > 0`` there)."""
+def row_stats(logits, temperature, active, config: SamplerConfig, *,
+              sampled=None) -> RowStats:
+  """Runs the stats pass on the ``active`` rows (``temperature > 0`` there);
+  ``sampled`` ``[B]`` (default none): rows that also write their sample."""
   batch, vocab = logits.shape
   plan = _pass_plan(batch, vocab, logits.dtype, config)
   groups = max(8, min(plan.chunk,
                       _pow2_floor(_GROUP_ELEMENTS // plan.num_splits)))
   shape = (batch, plan.num_splits)
+  sampled = jnp.zeros_like(active) if sampled is None else sampled
   kernel = functools.partial(_stats_kernel, plan=plan, vocab=vocab,
                              groups=groups)
-  top, sumexp, group_max = pl.pallas_call(
+  top, sumexp, group_max, sample = pl.pallas_call(
       kernel,
       out_shape=[jax.ShapeDtypeStruct(shape, jnp.float32),
                  jax.ShapeDtypeStruct(shape, jnp.float32),
-                 jax.ShapeDtypeStruct(shape + (groups,), jnp.float32)],
+                 jax.ShapeDtypeStruct(shape + (groups,), jnp.float32),
+                 jax.ShapeDtypeStruct(
+                     (batch, plan.num_splits * plan.split_len // _SAMPLE_STRIDE),
+                     jnp.float32)],
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_row_stats")(
-          temperature, active.astype(jnp.int32), logits)
+          temperature, active.astype(jnp.int32), sampled.astype(jnp.int32),
+          logits)
   t = jnp.where(active, temperature, 1.0)
   x_max = jnp.where(active[:, None], top, -jnp.inf)
   row_x_max = jnp.max(x_max, axis=-1)
@@ -163,7 +194,7 @@ def row_stats(logits, temperature, active, config: SamplerConfig) -> RowStats:
   width = _pow2_ceil(group_y.shape[1])
   group_y = jnp.pad(group_y, ((0, 0), (0, width - group_y.shape[1])),
                     constant_values=-jnp.inf)
-  return RowStats(row_max, row_max + log_mass, log_mass, group_y)
+  return RowStats(row_max, row_max + log_mass, log_mass, group_y, sample)
 
 
 def _pow2_floor(n: int) -> int:
@@ -346,7 +377,8 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
 def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
                      bound: bool, interpret: bool, ids=None, scan=None,
                      order_width: int = 0, above=None,
-                     bits: int = _BOUND_KEY_BITS):
+                     bits: int = _BOUND_KEY_BITS,
+                     num_warps: int = _SELECT_WARPS):
   """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded), no sort.
 
   Bound mode searches order keys bit by bit (``_bound_thresholds``: one
@@ -383,8 +415,7 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
     out_shape.append(jax.ShapeDtypeStruct((batch, order_width), jnp.int32))
   return pl.pallas_call(
       kernel, out_shape=out_shape, grid=(batch,),
-      compiler_params=plgpu.CompilerParams(num_warps=_SELECT_WARPS,
-                                           num_stages=1),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsample_select_threshold")(
           y, scan.astype(jnp.int32), row_max, t1, params.top_k, params.top_p,
           mass, above, *([ids] if order_width else []))
@@ -399,18 +430,17 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
 # the window's expected count is about 0.7 of its buffer.
 _SAMPLE_STRIDE = 32
 _WINDOW_BUFFERS = 8  # the window's buffer, in candidate buffers
-_WINDOW_WARPS = 8
+_WINDOW_WARPS = 16  # the window and its exact search: long serial searches
 
 
 def _window_half(capacity: int) -> int:
   return max(1, capacity * 11 // (16 * 2 * _SAMPLE_STRIDE))
 
 
-def row_sample(logits, temperature):
-  """Every ``_SAMPLE_STRIDE``-th tempered logit of each row, ``[B, N]`` (N a
-  power of 2, -inf padded); ``temperature > 0``."""
-  sample = reference.temper(reference.sanitize(logits[:, ::_SAMPLE_STRIDE]),
-                            temperature)
+def tempered_sample(sample, temperature):
+  """``RowStats.sample`` tempered (``temperature > 0``) and -inf padded to a
+  power of 2."""
+  sample = reference.temper(reference.sanitize(sample), temperature)
   width = _pow2_ceil(sample.shape[1])
   return jnp.pad(sample, ((0, 0), (0, width - sample.shape[1])),
                  constant_values=-jnp.inf)
@@ -452,7 +482,7 @@ def top_p_window(sample, row_max, t1, params: SamplingParams, mass,
                  capacity: int, *, interpret: bool):
   """``(lower, upper)`` ``[B]``: a window that likely holds the top-p
   threshold and fewer than ``capacity`` elements (the caller checks both),
-  from the rows' ``sample`` (``row_sample``).  ``mass``: the row's mass
+  from the rows' ``sample`` (``tempered_sample``).  ``mass``: the row's mass
   relative to ``row_max``.  Three searches of ``_BOUND_KEY_BITS`` block
   reductions over the sample."""
   batch = sample.shape[0]
@@ -661,12 +691,13 @@ def sample_truncated(logits, params: SamplingParams, active,
   kept ids in probability order (``min(order_width, C)`` wide).
 
   Rows without top-k whose candidates ``{y >= L}`` would overflow the buffer
-  (estimated from ``row_sample``) take ``_sample_large``, unless
+  (estimated from ``RowStats.sample``) take ``_sample_large``, unless
   ``order_width`` asks for ordered ids.
   """
   interpret = jax.default_backend() != "gpu"
   t = params.temperature
-  stats = row_stats(logits, t, active, config)
+  may_be_large = active & (params.top_k == 0) & (order_width == 0)
+  stats = row_stats(logits, t, active, config, sampled=may_be_large)
   valid = active & jnp.isfinite(stats.row_max)
   safe_max = jnp.where(valid, stats.row_max, 0.0)
   t1 = jnp.where(params.min_p > 0, safe_max + jnp.log(params.min_p), -jnp.inf)
@@ -677,14 +708,14 @@ def sample_truncated(logits, params: SamplingParams, active,
   capacity = config.max_candidates
 
   def sampled():  # the sample, and from it the size of {y >= max(L, t1)}
-    sample = row_sample(logits, t)
+    sample = tempered_sample(stats.sample, t)
     return sample, _SAMPLE_STRIDE * jnp.sum(
         (sample >= bound[:, None]) & (sample >= t1[:, None]), axis=-1,
         dtype=jnp.int32)
 
   large = jnp.zeros_like(valid)
   if not order_width:
-    may_be_large = valid & (params.top_k == 0)
+    may_be_large = may_be_large & valid
     sample, estimate = rowwise.only_if(may_be_large, sampled, pack=False)
     large = may_be_large & (estimate > capacity // 2)
   narrow = valid & ~large
@@ -746,7 +777,7 @@ def _sample_large(logits, params: SamplingParams, large, sample, row_max, t1,
                   0.0), axis=-1))
     threshold, *_ = select_threshold(
         window.y, row_max, t1, params, total, bound=True, interpret=interpret,
-        above=window.above_mass, bits=32)
+        above=window.above_mass, bits=32, num_warps=_WINDOW_WARPS)
     return threshold, ((window.count <= capacity) &
                        (window.above_mass < params.top_p * total) &
                        (threshold >= lower))
