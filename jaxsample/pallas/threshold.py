@@ -717,7 +717,7 @@ def sample_truncated(logits, params: SamplingParams, active,
   if not order_width:
     may_be_large = may_be_large & valid
     sample, estimate = rowwise.only_if(may_be_large, sampled, pack=False)
-    large = may_be_large & (estimate > capacity)
+    large = may_be_large & (estimate > capacity // 2)
   narrow = valid & ~large
   candidates = collect_candidates(logits, t, narrow, bound, t1, safe_max,
                                   streams, config)
