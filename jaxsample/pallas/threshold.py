@@ -32,6 +32,17 @@ them with the sort-based XLA reference):
    sampling mask).  The token is the largest race value among kept
    candidates (smallest id on ties: the buffer is in vocab order).
 
+Large kept sets (rows without top-k whose sample, every ``_SAMPLE_STRIDE``-th
+logit written by the stats pass, puts more than ``C / 2`` candidates above
+``L``; ``_sample_large``): min-p alone keeps ``{y >= t1}``.  With top-p,
+``top_p_window`` places a window ``[lower, upper)`` of sample ranks around
+the threshold estimated from the sample; the compact pass, windowed, writes
+the window's elements and sums the count and mass above and the mass below
+it; a 32-bit bound-mode search over the window finds the exact threshold.
+Then the Gumbel kernel with a ``floor`` races the kept set and counts it.
+Three passes over the row (stats, windowed compact, Gumbel); a window that
+missed the threshold or overflowed its buffer makes the row incomplete.
+
 Every partial result is a max, a sum or a list of candidates in vocab order,
 so the vocab-parallel sampler combines shards exactly as it combines splits:
 a max/sum of the stats, one candidate buffer per shard concatenated in shard
