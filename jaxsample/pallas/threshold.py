@@ -254,6 +254,12 @@ def _largest_key(reaches, bits: int) -> jax.Array:
   return lax.fori_loop(0, bits, body, jnp.uint32(0))
 
 
+def _count_reaches(key, survives, n):
+  """``reaches(v) = #{survivors with key >= v} >= n`` for ``_largest_key``:
+  the search then finds the key of the ``n``-th largest survivor."""
+  return lambda v: jnp.sum(jnp.where(survives & (key >= v), 1, 0)) >= n
+
+
 def _bound_thresholds(y, survives, e, k, p, mass, above, bits: int):
   """Bound mode's ``(t2, k_found, t3)``, rounded down to ``bits`` key bits.
 
@@ -264,11 +270,11 @@ def _bound_thresholds(y, survives, e, k, p, mass, above, bits: int):
   ``k_found``; with 32 bits the thresholds are exact (element values).
   """
   key = order_key(y)
-  count_reaches = lambda v: jnp.sum(jnp.where(survives & (key >= v), 1, 0)) >= k
   target = p * mass - above
   mass_reaches = lambda v: jnp.sum(jnp.where(survives & (key >= v), e,
                                              0.0)) >= target
-  found = lax.cond(k > 0, lambda: _largest_key(count_reaches, bits),
+  found = lax.cond(k > 0,
+                   lambda: _largest_key(_count_reaches(key, survives, k), bits),
                    lambda: _largest_key(mass_reaches, bits))
   bound = jnp.where(found > _NEG_INF_KEY, key_value(found), -jnp.inf)
   k_found = jnp.sum(jnp.where(survives, 1, 0)) >= k
@@ -479,9 +485,7 @@ def _window_kernel(y_ref, row_max_ref, t1_ref, p_ref, mass_ref, lower_ref,
   rank = jnp.sum(jnp.where(survives & (key >= threshold_key), 1, 0))
 
   def ranked(n):  # the n-th largest survivor (rounded down), -inf if none
-    found = _largest_key(
-        lambda v: jnp.sum(jnp.where(survives & (key >= v), 1, 0)) >= n,
-        _BOUND_KEY_BITS)
+    found = _largest_key(_count_reaches(key, survives, n), _BOUND_KEY_BITS)
     return jnp.where(found > _NEG_INF_KEY, key_value(found), -jnp.inf)
 
   upper = jnp.where(rank > half, ranked(rank - half), jnp.inf)
