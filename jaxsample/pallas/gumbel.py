@@ -436,8 +436,15 @@ def sample_untruncated(logits: jax.Array, params: SamplingParams,
   """
   partials = gumbel_partials(logits, params.temperature, streams, config,
                              active=active)
+  result, row_max, (shift, log_sum) = finish_sampling(logits, params, partials)
+  return result, row_max, shift + log_sum
+
+
+def finish_sampling(logits, params: SamplingParams, partials: GumbelPartials):
+  """``(SampleResult, row_max, (shift, log_sum))`` of a row's partials
+  (``combine_partials``), with the token's logprob under the raced set."""
   token, row_max, lse = combine_partials(partials)
   x_token = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
   result = reference.finalize(reference.sanitize(x_token), params, token, lse,
                               row_max)
-  return result, row_max, lse[0] + lse[1]
+  return result, row_max, lse

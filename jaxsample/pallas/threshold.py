@@ -802,10 +802,7 @@ def _sample_large(logits, params: SamplingParams, large, sample, row_max, t1,
   complete = large & (~windowed | held)
   partials = gumbel.gumbel_partials(logits, t, streams, config,
                                     active=complete, floor=threshold)
-  token, race_max, lse = gumbel.combine_partials(partials)
-  x_token = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
-  result = reference.finalize(reference.sanitize(x_token), params, token, lse,
-                              race_max)
-  log_kept = (lse[0] - row_max) + lse[1]
-  return (token, result.logprobs, complete, threshold,
-          jnp.sum(partials.kept, axis=-1), log_kept)
+  result, _, (shift, log_sum) = gumbel.finish_sampling(logits, params,
+                                                       partials)
+  return (result.tokens, result.logprobs, complete, threshold,
+          jnp.sum(partials.kept, axis=-1), (shift - row_max) + log_sum)
