@@ -172,7 +172,7 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   ordered = jnp.zeros((logits.shape[0], 1), jnp.int32)
   if trunc is not None:
     count = jnp.where(complete, trunc.count, count)
-    finite = jnp.where(complete, trunc.candidates.finite, finite)
+    finite = jnp.where(complete, trunc.finite, finite)
     logz = jnp.where(complete, (trunc.row_max + trunc.log_kept) - trunc.lse,
                      logz)
     lse = jnp.where(complete, trunc.lse, lse)

@@ -70,7 +70,8 @@ def test_truncated_kernels_match_reference(setting, kind, dtype):
 
 
 def test_kernels_decide_most_rows_without_fallback():
-  """top-k 50 + top-p 0.9 on every distribution: all rows complete."""
+  """top-k 50 + top-p 0.9 on every distribution: all rows complete, their
+  candidates read from their listed segments alone."""
   batch = 32
   for kind in ("flat", "peaked", "zipf"):
     x = logits(kind, batch, jnp.float32, seed=3)
@@ -79,6 +80,7 @@ def test_kernels_decide_most_rows_without_fallback():
     tr = jax.jit(lambda x: threshold.sample_truncated(
         x, params, params.truncates(), streams, SamplerConfig()))(x)
     assert bool(np.all(tr.complete)), kind
+    assert bool(np.all(tr.gathered)), kind
     proc = reference.process(x, params)
     np.testing.assert_array_equal(tr.count, np.sum(proc.keep, axis=-1))
 

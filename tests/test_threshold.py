@@ -111,6 +111,34 @@ def test_overflowing_rows_are_not_certified():
   np.testing.assert_array_equal(tr.complete, [False, False, True])
 
 
+def test_rows_read_only_their_listed_segments_when_they_can():
+  """Top-k rows, min-p rows whose bound is t1 and top-p rows without min-p
+  read only the segments reaching their bound; top-p + min-p rows and rows
+  with too many listed segments read the whole row.  Both give the oracle's
+  kept set, count and mass."""
+  vocab = 20000
+  r = np.random.default_rng(21)
+  scale = np.float32([1, 1, 5, 5, 5, 1, 5, 1])[:, None]
+  x = (r.standard_normal((8, vocab)) * scale).astype(np.float32)
+  ks = [50, 300, 0, 0, 0, 0, 0, 7]
+  ps = [0.9, 1, 0.9, 0.5, 0.9, 1, 1, 0.8]
+  ms = [0, 0, 0, 0, 0.001, 0.05, 0.2, 0]
+  params = SamplingParams.make(8, top_k=ks, top_p=ps, min_p=ms)
+  tr = truncate(x, params, SamplerConfig(max_candidates=4096))
+  np.testing.assert_array_equal(
+      tr.gathered, [True, False, True, True, False, False, True, True])
+  assert tr.complete.all()
+  for i in range(8):
+    o = oracle_keep(x[i], ks[i], ps[i], ms[i])
+    kept = x[i] >= tr.threshold[i]
+    assert o.admits(kept) if o.near_boundary else (kept == o.kept).all(), i
+    assert tr.count[i] == kept.sum(), i
+    mass = np.sum(np.exp(x[i][kept].astype(np.float64) - x[i].max()))
+    np.testing.assert_allclose(tr.log_kept[i], np.log(mass), rtol=1e-5,
+                               atol=1e-5, err_msg=str(i))
+    assert kept[tr.token[i]], i
+
+
 @pytest.mark.parametrize("setting", [dict(top_p=0.9), dict(top_p=0.5),
                                      dict(top_p=0.95, min_p=0.01),
                                      dict(min_p=0.05)], ids=str)

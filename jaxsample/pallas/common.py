@@ -155,8 +155,10 @@ class KernelMath:
 
 @dataclasses.dataclass(frozen=True)
 class Chunk:
-  """One chunk of a row: its local vocab ids and their random bits (or None)."""
+  """One chunk of a row: its first local vocab id, the local ids of its lanes
+  and their random bits (or None)."""
 
+  start: jax.Array
   index: jax.Array
   bits: Any
 
@@ -202,7 +204,8 @@ class Tile:
   def chunks(self) -> list[Chunk]:
     """The tile's chunks with their bits (drawn here when ``noise`` is set)."""
     bits = self.bits() if self.noise else [None] * self.num_chunks
-    return [Chunk(self.index(c), b) for c, b in enumerate(bits)]
+    return [Chunk(self.start + c * self.chunk, self.index(c), b)
+            for c, b in enumerate(bits)]
 
 
 def tile_loop(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
@@ -299,31 +302,34 @@ def split_argmax(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
 
 
 def split_sumexp(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
-                 load, t):
-  """``(lane_max, m, s)`` of one split of logits ``x`` (NaN read as +inf):
-  lane-wise maxima, ``m = max(x)`` and ``s = sum exp((x - m) / T)``.
+                 load, t, *, fold=None):
+  """``(m, s)`` of one split of logits ``x`` (NaN read as +inf): ``m =
+  max(x)`` and ``s = sum exp((x - m) / T)``; with
+  ``fold = (init, fn)``, also ``fn``'s fold over the chunks, ``carry =
+  fn(carry, chunk, x)`` on the sanitized fp32 ``x`` (``-inf`` past V).
 
   Lane-wise online sum-exp, one ``ex2.approx`` per element and no block
   reduction in the loop: the larger of ``x`` and the lane max is the lane's
   reference.
   """
   scale = _LOG2E / t
+  extra_init, extra_fn = fold or ((), lambda carry, chunk, x: carry)
 
   def step(carry, chunk, x):
-    del chunk
-    lane_max, s = carry
+    lane_max, s, extra = carry
     x = x.astype(jnp.float32)
     x = jnp.where(x != x, jnp.inf, x)
     e = math.exp2_approx(-jnp.abs(x - lane_max) * scale)
     e = jnp.where(x == -jnp.inf, 0.0, jnp.where(x == lane_max, 1.0, e))
     s = jnp.where(x > lane_max, s * e + 1.0, s + e)
-    return jnp.maximum(lane_max, x), s
+    return jnp.maximum(lane_max, x), s, extra_fn(extra, chunk, x)
 
   init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32),
-          jnp.zeros((plan.chunk,), jnp.float32))
-  lane_max, s = chunk_loop(plan, math, split_start, vocab, load, step, init)
+          jnp.zeros((plan.chunk,), jnp.float32), extra_init)
+  lane_max, s, extra = chunk_loop(plan, math, split_start, vocab, load, step,
+                                  init)
   m = jnp.max(lane_max)
   ref = jnp.where(m == -jnp.inf, 0.0, m)
   s = jnp.where(lane_max > -jnp.inf,
                 s * math.exp2_approx((lane_max - ref) * scale), 0.0)
-  return lane_max, m, jnp.sum(s)
+  return (m, jnp.sum(s)) + ((extra,) if fold else ())

@@ -123,7 +123,7 @@ def _stats_kernel(temp_ref, n_ref, target_ref, *refs, plan, k, batch, vocab,
 
   def sampled(load):
     def branch():
-      _, m, s = common.split_sumexp(plan, math, split_start, vocab, load, t)
+      m, s = common.split_sumexp(plan, math, split_start, vocab, load, t)
       write(m, zero, s)
     return branch
 

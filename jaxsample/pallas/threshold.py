@@ -1,28 +1,34 @@
 """Sorting-free truncated sampling: exact top-k / top-p / min-p kept sets.
 
-Design (the pass count is fixed: two passes over each truncating row, one
-small selection over a bounded candidate buffer; rows whose kept set does not
+Design (the pass count is fixed: at most two passes over each truncating
+row, one small selection over a bounded candidate buffer; rows whose kept set does not
 fit the buffer are reported ``complete = False`` and the caller resamples
 them with the sort-based XLA reference):
 
 1. ``stats`` pass (grid ``(B, S)``): per vocab split, the max of the
-   sanitized logits ``x``, ``sum exp(y - max)`` (``y = x / T``) and *group
-   maxima*: the max of ``x`` over each of ``G`` lane groups.  The group maxima
-   are actual row elements, so every bound computed from them is
-   conservative: the ``k``-th largest group maximum is ``<=`` the row's
-   ``k``-th largest value, and a value whose group-maxima mass already reaches
-   ``p * Z`` is ``<=`` the top-p threshold.
-2. ``select`` on the group maxima (bound mode) gives a per-row lower bound
+   sanitized logits ``x``, ``sum exp(y - max)`` (``y = x / T``), the count of
+   finite entries and *segment maxima*: the max of ``x`` over each segment of
+   contiguous ids (about ``_SEGMENTS_PER_ROW`` per row, ``_segment_size``).
+   The segment maxima are actual row elements, so every bound computed from
+   them is conservative: the ``k``-th largest segment maximum is ``<=`` the
+   row's ``k``-th largest value, and a value whose segment-maxima mass already
+   reaches ``p * Z`` is ``<=`` the top-p threshold.
+2. ``select`` on the segment maxima (bound mode) gives a per-row lower bound
    ``L <= max(t1, t2, t3)`` of the kept set's threshold, so the kept set is
    contained in the *candidates* ``{y >= L}``: one bit-by-bit search over
-   the order keys of the group maxima, for ``t2`` when top-k is on, else for
-   ``t3``, stopped after 20 bits (the bound rounds down).
+   the order keys of the segment maxima, for ``t2`` when top-k is on, else
+   for ``t3``, stopped after 20 bits (the bound rounds down).  It also lists
+   the segments whose maximum reaches ``L``: every candidate lies in one.
 3. ``compact`` pass (grid ``(B, S)``): every candidate is written with its
    vocab id to the split's slice of a candidate buffer, in vocab order (a
-   cheap filter admits a few elements just below ``L``, dropped afterwards);
-   the pass also sums the mass of the min-p survivors below ``L`` (top-p's
-   normalizer when top-k is off).  The candidates' Gumbel noise is then drawn
-   for their ids alone (``rng.bits_at``), so no RNG runs over the row.
+   cheap filter admits a few elements just below ``L``, dropped afterwards).
+   A row with at most ``_LIST_CAP`` listed segments reads only those (a few
+   percent of the row for top-k 50) when its outside mass is not needed: top-k
+   on, ``L = t1``, or min-p off (outside mass = the row's mass less the
+   candidates').  Other rows read the whole row and also sum the mass of the
+   min-p survivors below ``L`` (top-p's normalizer when top-k is off).  The
+   candidates' Gumbel noise is then drawn for their ids alone
+   (``rng.bits_at``), so no RNG runs over the row.
 4. ``select`` on the candidates (final mode) finds the exact thresholds by
    comparing each candidate with every min-p survivor among the ``n`` filled
    slots (no sort, no search; ``n x pow2ceil(n)`` comparisons): the ``k``-th
@@ -76,7 +82,11 @@ _LOG2E = 1.4426950408889634
 _BOUND_MARGIN = 2.0**-10
 # |x * (1 / T) - x / T| <= 2 ulp: the filter widens the candidate test by this.
 _FILTER_SLACK = 2.0**-21
-_GROUP_ELEMENTS = 2048  # group maxima per row (about), before padding
+_SEGMENTS_PER_ROW = 2048  # segment maxima per row (about), before padding
+_MIN_SEGMENT = 16
+# Rows whose bound is reached by at most this many segments read only those
+# in the compact pass (``Segments``).
+_LIST_CAP = 256
 _SELECT_WARPS = 4
 # Chunk, chunks per step and warps of the two passes over the row (config's
 # block_size and num_warps override; on an H100, 4 x 512 with 4 warps beat
@@ -111,22 +121,34 @@ def _sanitize(x):
 # ---------------------------------------------------------------------------
 
 
+def _segment_size(vocab: int, chunk: int) -> int:
+  """Ids per segment: about ``_SEGMENTS_PER_ROW`` segments per row, a power of
+  2 between ``_MIN_SEGMENT`` and the chunk."""
+  return min(chunk, max(_MIN_SEGMENT, _pow2_ceil(-(-vocab // _SEGMENTS_PER_ROW))))
+
+
 def _stats_kernel(temp_ref, active_ref, sampled_ref, x_ref, max_ref,
-                  sumexp_ref, groups_ref, sample_ref, *,
-                  plan: common.KernelPlan, vocab: int, groups: int):
+                  sumexp_ref, finite_ref, segment_ref, sample_ref, *,
+                  plan: common.KernelPlan, vocab: int, segment: int):
   row, split = pl.program_id(0), pl.program_id(1)
 
   @pl.when(active_ref[row] != 0)
   def _():
     math = common.KernelMath(plan.interpret)
-    split_start = split * plan.split_len
-    lane_max, top, sumexp = common.split_sumexp(
-        plan, math, split_start, vocab,
-        common.row_chunk_loader(x_ref, row, plan.chunk), temp_ref[row])
+    per_chunk = plan.chunk // segment
+
+    def fold(finite, chunk, x):  # the chunk's segment maxima; finite count
+      segment_ref[row, pl.ds(chunk.start // segment, per_chunk)] = jnp.max(
+          x.reshape(per_chunk, segment), axis=1)
+      return finite + jnp.where(x > -jnp.inf, 1, 0)
+
+    top, sumexp, finite = common.split_sumexp(
+        plan, math, split * plan.split_len, vocab,
+        common.row_chunk_loader(x_ref, row, plan.chunk), temp_ref[row],
+        fold=(jnp.zeros((plan.chunk,), jnp.int32), fold))
     max_ref[row, split] = top
     sumexp_ref[row, split] = sumexp
-    groups_ref[row, split, :] = jnp.max(
-        lane_max.reshape(groups, plan.chunk // groups), axis=1)
+    finite_ref[row, split] = jnp.sum(finite)
 
   @pl.when((active_ref[row] != 0) & (sampled_ref[row] != 0))
   def _():  # every _SAMPLE_STRIDE-th element (-inf past V), tile by tile
@@ -153,18 +175,21 @@ def _stats_kernel(temp_ref, active_ref, sampled_ref, x_ref, max_ref,
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class RowStats:
-  """Per-row results of the stats pass (``[B]`` each, ``groups`` ``[B, N]``).
+  """Per-row results of the stats pass (``[B]`` each unless noted).
 
   ``row_max = max(y)`` (valid iff finite), ``lse = logsumexp(y)``,
-  ``groups`` the tempered group maxima (-inf padded) and ``sample`` ``[B,
-  N]``: every ``_SAMPLE_STRIDE``-th logit ``x`` of the ``sampled`` rows
-  (-inf padded past V; undefined on other rows).
+  ``finite`` the number of finite entries, ``segment_max`` ``[B, N]``: the
+  tempered maxima of the row's segments (segment ``j`` holds ids ``j * size``
+  to ``(j + 1) * size - 1``, ``size = _segment_size(V, chunk)``; -inf
+  padded) and ``sample`` ``[B, M]``: every ``_SAMPLE_STRIDE``-th logit ``x``
+  of the ``sampled`` rows (-inf padded past V; undefined on other rows).
   """
 
   row_max: jax.Array
   lse: jax.Array
   log_mass: jax.Array  # log sum exp(y - row_max)
-  groups: jax.Array
+  finite: jax.Array
+  segment_max: jax.Array
   sample: jax.Array
 
 
@@ -174,20 +199,20 @@ def row_stats(logits, temperature, active, config: SamplerConfig, *,
   ``sampled`` ``[B]`` (default none): rows that also write their sample."""
   batch, vocab = logits.shape
   plan = _pass_plan(batch, vocab, logits.dtype, config)
-  groups = max(8, min(plan.chunk,
-                      _pow2_floor(_GROUP_ELEMENTS // plan.num_splits)))
+  segment = _segment_size(vocab, plan.chunk)
   shape = (batch, plan.num_splits)
+  padded = plan.num_splits * plan.split_len
   sampled = jnp.zeros_like(active) if sampled is None else sampled
   kernel = functools.partial(_stats_kernel, plan=plan, vocab=vocab,
-                             groups=groups)
-  top, sumexp, group_max, sample = pl.pallas_call(
+                             segment=segment)
+  top, sumexp, finite, segment_max, sample = pl.pallas_call(
       kernel,
       out_shape=[jax.ShapeDtypeStruct(shape, jnp.float32),
                  jax.ShapeDtypeStruct(shape, jnp.float32),
-                 jax.ShapeDtypeStruct(shape + (groups,), jnp.float32),
-                 jax.ShapeDtypeStruct(
-                     (batch, plan.num_splits * plan.split_len // _SAMPLE_STRIDE),
-                     jnp.float32)],
+                 jax.ShapeDtypeStruct(shape, jnp.int32),
+                 jax.ShapeDtypeStruct((batch, padded // segment), jnp.float32),
+                 jax.ShapeDtypeStruct((batch, padded // _SAMPLE_STRIDE),
+                                      jnp.float32)],
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_row_stats")(
           temperature, active.astype(jnp.int32), sampled.astype(jnp.int32),
@@ -201,15 +226,13 @@ def row_stats(logits, temperature, active, config: SamplerConfig, *,
                            sumexp * jnp.exp((x_max - ref[:, None]) / t[:, None]),
                            0.0), axis=-1)
   log_mass = jnp.log(mass)
-  group_y = group_max.reshape(batch, -1) / t[:, None]
-  width = _pow2_ceil(group_y.shape[1])
-  group_y = jnp.pad(group_y, ((0, 0), (0, width - group_y.shape[1])),
-                    constant_values=-jnp.inf)
-  return RowStats(row_max, row_max + log_mass, log_mass, group_y, sample)
-
-
-def _pow2_floor(n: int) -> int:
-  return 1 << max(n, 1).bit_length() - 1
+  segment_y = jnp.where(active[:, None], segment_max, -jnp.inf) / t[:, None]
+  width = _pow2_ceil(segment_y.shape[1])
+  segment_y = jnp.pad(segment_y, ((0, 0), (0, width - segment_y.shape[1])),
+                      constant_values=-jnp.inf)
+  finite = jnp.sum(jnp.where(active[:, None], finite, 0), axis=-1)
+  return RowStats(row_max, row_max + log_mass, log_mass, finite, segment_y,
+                  sample)
 
 
 def _pow2_ceil(n: int) -> int:
@@ -326,11 +349,13 @@ def _rank_sizes(n: int) -> list[int]:
 
 
 def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
-                   above_ref, *refs, bound: bool, width: int, bits: int):
+                   above_ref, *refs, bound: bool, width: int, bits: int,
+                   list_cap: int):
   """One row's thresholds (``select_threshold``).
 
-  Bound mode (all ``N`` entries filled): ``_bound_thresholds``.  Final
-  mode (a candidate buffer with ``scan`` filled slots): on the smallest
+  Bound mode (all ``N`` entries filled): ``_bound_thresholds``; with
+  ``list_cap``, also the entries reaching the bound (``_list_reaching``).
+  Final mode (a candidate buffer with ``scan`` filled slots): on the smallest
   prefix in ``_rank_sizes`` holding them, ``_rank``, then ``t2 = min{y_i :
   above_i < k}`` (the ``k``-th largest survivor) and ``t3 = max{y_i >= t2 :
   mass_i >= p * total}`` (the sorted cumulative sum first reaches ``p *
@@ -338,7 +363,7 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
   ``i``'s position in the stable descending order.
   """
   ids_ref, *refs = refs if width else (None, *refs)
-  threshold_ref, count_ref, kept_mass_ref, certified_ref, *order_ref = refs
+  threshold_ref, count_ref, kept_mass_ref, certified_ref, *extra_refs = refs
   row = pl.program_id(0)
   row_max = row_max_ref[row]
   t1 = t1_ref[row]
@@ -373,14 +398,16 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
     count_ref[row] = count
     kept_mass_ref[row] = jnp.sum(jnp.where(kept, e, 0.0))
     certified_ref[row] = jnp.where((k <= 0) | k_found, 1, 0)
-    if order_ref:  # K fills positions 0 .. count - 1; the rest are -1.
-      (order,) = order_ref
+    if width:  # K fills positions 0 .. count - 1; the rest are -1.
+      (order,) = extra_refs
       position = above + ties
       plgpu.store(order.at[row, position], ids_ref[row, pl.ds(0, size)],
                   mask=kept & (position < width))
       slots = jnp.arange(_pow2_ceil(width), dtype=jnp.int32)
       plgpu.store(order.at[row, slots], jnp.full(slots.shape, -1, jnp.int32),
                   mask=(slots >= count) & (slots < width))
+    if list_cap:
+      _list_reaching(y, threshold, row, list_cap, *extra_refs)
 
   if bound:
     select(y_ref.shape[1])
@@ -391,10 +418,25 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
     smaller = size
 
 
+def _list_reaching(y, threshold, row, cap: int, listed_ref, listed_count_ref):
+  """Writes the indices ``i`` (ascending, the first ``cap``) with ``y_i >=
+  threshold`` less twice the candidate filter's slack, and their number: the
+  segments that may hold candidates of the compact pass's filter."""
+  reach = jnp.where(threshold > -jnp.inf,
+                    threshold - 2 * _FILTER_SLACK * jnp.abs(threshold),
+                    -jnp.inf)
+  flag = jnp.where(y >= reach, 1, 0)
+  position = jnp.cumsum(flag) - flag
+  plgpu.store(listed_ref.at[row, position],
+              jnp.arange(y.shape[0], dtype=jnp.int32),
+              mask=(flag != 0) & (position < cap))
+  listed_count_ref[row] = jnp.sum(flag)
+
+
 def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
                      bound: bool, interpret: bool, ids=None, scan=None,
                      order_width: int = 0, above=None,
-                     bits: int = _BOUND_KEY_BITS,
+                     bits: int = _BOUND_KEY_BITS, list_cap: int = 0,
                      num_warps: int = _SELECT_WARPS):
   """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded), no sort.
 
@@ -417,19 +459,25 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
   Returns ``(threshold, kept count, kept mass, certified)``: ``certified`` is
   False where top-k is on and ``y`` holds fewer than ``k`` survivors.  With
   ``order_width``, also ``ids`` ``[B, N]``'s kept entries by descending ``y``
-  (smallest slot first on ties), ``[B, order_width]``, -1 padded.
+  (smallest slot first on ties), ``[B, order_width]``, -1 padded.  Bound
+  mode with ``list_cap``: also the indices of the entries reaching the bound
+  (``_list_reaching``), ``[B, list_cap]`` (ascending; unwritten past the
+  count), and their count ``[B]`` (possibly above ``list_cap``).
   """
   batch, size = y.shape
   scan = jnp.full((batch,), size, jnp.int32) if scan is None else scan
   above = jnp.zeros((batch,), jnp.float32) if above is None else above
   kernel = functools.partial(_select_kernel, bound=bound, width=order_width,
-                             bits=bits)
+                             bits=bits, list_cap=list_cap)
   out_shape = [jax.ShapeDtypeStruct((batch,), jnp.float32),
                jax.ShapeDtypeStruct((batch,), jnp.int32),
                jax.ShapeDtypeStruct((batch,), jnp.float32),
                jax.ShapeDtypeStruct((batch,), jnp.int32)]
   if order_width:
     out_shape.append(jax.ShapeDtypeStruct((batch, order_width), jnp.int32))
+  if list_cap:
+    out_shape += [jax.ShapeDtypeStruct((batch, list_cap), jnp.int32),
+                  jax.ShapeDtypeStruct((batch,), jnp.int32)]
   return pl.pallas_call(
       kernel, out_shape=out_shape, grid=(batch,),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
@@ -517,67 +565,117 @@ def top_p_window(sample, row_max, t1, params: SamplingParams, mass,
 
 
 def _compact_kernel(temp_ref, active_ref, bound_ref, upper_ref, t1_ref,
-                    row_max_ref, x_ref, x_out, id_out, count_out, outside_out,
-                    finite_out, *above_out, plan: common.KernelPlan, vocab: int,
-                    capacity: int):
+                    row_max_ref, gather_ref, listed_ref, listed_count_ref,
+                    x_ref, x_out, id_out, count_out, outside_out, *above_out,
+                    plan: common.KernelPlan, vocab: int, capacity: int,
+                    segment: int):
   """Writes the split's elements with ``x * (1 / T) >= L - slack`` (a superset
   of ``{y >= L}``: ``collect_candidates`` drops the rest) in vocab order and
   sums the mass of the other min-p survivors.  Windowed (``above_out``): only
   the elements below ``U + slack`` are written; the count and mass of those
-  above it (all ``y >= U``) go to ``above_out``."""
+  above it (all ``y >= U``) go to ``above_out``.
+
+  ``gather`` rows read only their listed segments (``Segments``), the
+  split's share of them in order, and report no outside mass.
+  """
   row, split = pl.program_id(0), pl.program_id(1)
+  active = active_ref[row] != 0
+  gather = gather_ref[row] != 0
+  math = common.KernelMath(plan.interpret)
+  inv_t = 1.0 / temp_ref[row]
+  bound = bound_ref[row]
+  t1 = t1_ref[row]
+  ref = row_max_ref[row] * _LOG2E
+  filter_bound = bound - _FILTER_SLACK * jnp.abs(bound)
+  upper = upper_ref[row]
+  filter_upper = upper + _FILTER_SLACK * jnp.abs(upper)
 
-  @pl.when(active_ref[row] != 0)
-  def _():
-    math = common.KernelMath(plan.interpret)
-    inv_t = 1.0 / temp_ref[row]
-    bound = bound_ref[row]
-    t1 = t1_ref[row]
-    ref = row_max_ref[row] * _LOG2E
-    filter_bound = bound - _FILTER_SLACK * jnp.abs(bound)
-    upper = upper_ref[row]
-    filter_upper = upper + _FILTER_SLACK * jnp.abs(upper)
-
-    def step(carry, chunk, x):
-      count, outside, finite, *above = carry
-      x = _sanitize(x)
-      approx = x * inv_t
-      flag = (approx >= filter_bound) & (x > -jnp.inf)
-      e = math.exp2_approx(approx * _LOG2E - ref)
-      if above_out:
-        surely_above = approx >= filter_upper
-        flag = flag & ~surely_above
-        above = [above[0] + jnp.where(surely_above, 1, 0),
-                 above[1] + jnp.where(surely_above, e, 0.0)]
-        below = ~flag & ~surely_above
-      else:
-        below = ~flag
-      flag = jnp.where(flag, 1, 0)
-      outside = outside + jnp.where(below & (approx >= t1), e, 0.0)
-      finite = finite + jnp.where(x > -jnp.inf, 1, 0)
-      found = jnp.sum(flag)
-
-      def write():
-        position = count + jnp.cumsum(flag) - flag
-        store = (flag != 0) & (position < capacity)
-        plgpu.store(x_out.at[row, split, position], x, mask=store)
-        plgpu.store(id_out.at[row, split, position], chunk.index, mask=store)
-
-      pl.when(found > 0)(write)
-      return count + found, outside, finite, *above
-
-    lanes = lambda dtype: jnp.zeros((plan.chunk,), dtype)
-    init = (jnp.zeros((), jnp.int32), lanes(jnp.float32), lanes(jnp.int32))
+  def compact(carry, index, x):
+    count, outside, *above = carry
+    x = _sanitize(x)
+    approx = x * inv_t
+    flag = (approx >= filter_bound) & (x > -jnp.inf)
+    e = math.exp2_approx(approx * _LOG2E - ref)
     if above_out:
-      init += (lanes(jnp.int32), lanes(jnp.float32))
-    count, outside, finite, *above = common.chunk_loop(
-        plan, math, split * plan.split_len, vocab,
-        common.row_chunk_loader(x_ref, row, plan.chunk), step, init)
+      surely_above = approx >= filter_upper
+      flag = flag & ~surely_above
+      above = [above[0] + jnp.where(surely_above, 1, 0),
+               above[1] + jnp.where(surely_above, e, 0.0)]
+      below = ~flag & ~surely_above
+    else:
+      below = ~flag
+    flag = jnp.where(flag, 1, 0)
+    outside = outside + jnp.where(below & (approx >= t1), e, 0.0)
+    found = jnp.sum(flag)
+
+    def write():
+      position = count + jnp.cumsum(flag) - flag
+      store = (flag != 0) & (position < capacity)
+      plgpu.store(x_out.at[row, split, position], x, mask=store)
+      plgpu.store(id_out.at[row, split, position], index, mask=store)
+
+    pl.when(found > 0)(write)
+    return count + found, outside, *above
+
+  lanes = lambda dtype: jnp.zeros((plan.chunk,), dtype)
+  init = (jnp.zeros((), jnp.int32), lanes(jnp.float32))
+  if above_out:
+    init += (lanes(jnp.int32), lanes(jnp.float32))
+
+  def finish(count, outside, above):
     count_out[row, split] = count
     outside_out[row, split] = jnp.sum(outside)
-    finite_out[row, split] = jnp.sum(finite)
     for out, value in zip(above_out, above):
       out[row, split] = jnp.sum(value)
+
+  @pl.when(active & ~gather)
+  def _():
+    count, outside, *above = common.chunk_loop(
+        plan, math, split * plan.split_len, vocab,
+        common.row_chunk_loader(x_ref, row, plan.chunk),
+        lambda carry, chunk, x: compact(carry, chunk.index, x), init)
+    finish(count, outside, above)
+
+  @pl.when(active & gather)
+  def _():  # rounds of one chunk: per_round listed segments each
+    per_round = plan.chunk // segment
+    listed = listed_count_ref[row]
+    rounds = (listed + per_round - 1) // per_round
+    mine = (rounds + plan.num_splits - 1) // plan.num_splits
+    slot = lax.broadcasted_iota(jnp.int32, (plan.chunk,), 0) // segment
+    offset = lax.broadcasted_iota(jnp.int32, (plan.chunk,), 0) % segment
+    last_entry = listed_ref.shape[1] - 1
+
+    def body(r, carry):
+      first = r * per_round
+      start = jnp.zeros((plan.chunk,), jnp.int32)
+      for j in range(per_round):
+        entry = jnp.minimum(first + j, last_entry)
+        start = jnp.where(slot == j, listed_ref[row, entry] * segment, start)
+      index = start + offset
+      load = (first + slot < listed) & (index < vocab)
+      index = jnp.where(load, index, 0)
+      x = plgpu.load(x_ref.at[row, index], mask=load, other=-jnp.inf)
+      return compact(carry, index, x)
+
+    count, _, *above = lax.fori_loop(
+        jnp.minimum(split * mine, rounds),
+        jnp.minimum((split + 1) * mine, rounds), body, init)
+    finish(count, jnp.zeros((), jnp.float32), above)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Segments:
+  """Rows (``gather`` ``[B]``) whose candidates come from listed segments
+  alone: ``listed`` ``[B, N]`` segment indices (ascending), ``count`` ``[B]``
+  of them (``<= N`` on ``gather`` rows); every element reaching the compact
+  pass's filter lies in a listed segment (``select_threshold``'s
+  ``list_cap``)."""
+
+  gather: jax.Array
+  listed: jax.Array
+  count: jax.Array
 
 
 @jax.tree_util.register_dataclass
@@ -586,8 +684,7 @@ class Candidates:
   """The candidate buffer of each row, in vocab order, ``[B, C]`` each
   (padding: ``y = race = -inf``, ``id = -1``), with ``count`` ``[B]`` (exact,
   possibly above ``C``) and ``outside_mass`` ``[B]``: the mass relative to
-  ``row_max`` of min-p survivors below the bound, and ``finite`` ``[B]``: the
-  row's number of finite entries.  Windowed (``upper`` given):
+  ``row_max`` of min-p survivors below the bound.  Windowed (``upper`` given):
   the candidates are ``{L <= y < U}`` and ``above_count``/``above_mass`` the
   count and mass of ``{y >= U}`` (else 0)."""
 
@@ -596,39 +693,47 @@ class Candidates:
   race: jax.Array
   count: jax.Array
   outside_mass: jax.Array
-  finite: jax.Array
   above_count: jax.Array
   above_mass: jax.Array
 
 
 def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
                        streams: rng.RowStreams, config: SamplerConfig, *,
-                       upper=None, capacity: int | None = None) -> Candidates:
+                       upper=None, capacity: int | None = None,
+                       segments: Segments | None = None) -> Candidates:
   """Runs the compact pass and packs each row's candidates into ``C`` slots
   (``capacity``, default ``config.max_candidates``); with ``upper`` ``[B]``
-  (``>= lower_bound``, ``>= t1``), only the window ``[lower_bound, upper)``."""
+  (``>= lower_bound``, ``>= t1``), only the window ``[lower_bound, upper)``;
+  with ``segments``, its ``gather`` rows read only their listed segments
+  (``RowStats.segment_max``'s) and their ``outside_mass`` covers only the
+  filter's extra elements."""
   batch, vocab = logits.shape
   capacity = capacity or config.max_candidates
   windowed = upper is not None
   upper = jnp.full((batch,), jnp.inf) if upper is None else upper
+  if segments is None:
+    segments = Segments(jnp.zeros((batch,), bool),
+                        jnp.zeros((batch, 1), jnp.int32),
+                        jnp.zeros((batch,), jnp.int32))
   plan = _pass_plan(batch, vocab, logits.dtype, config)
   shape = (batch, plan.num_splits)
   kernel = functools.partial(_compact_kernel, plan=plan, vocab=vocab,
-                             capacity=capacity)
+                             capacity=capacity,
+                             segment=_segment_size(vocab, plan.chunk))
   buffer = shape + (capacity,)
-  x, ids, count, outside, finite, *above = pl.pallas_call(
+  x, ids, count, outside, *above = pl.pallas_call(
       kernel,
       out_shape=[jax.ShapeDtypeStruct(buffer, jnp.float32),
                  jax.ShapeDtypeStruct(buffer, jnp.int32),
                  jax.ShapeDtypeStruct(shape, jnp.int32),
-                 jax.ShapeDtypeStruct(shape, jnp.float32),
-                 jax.ShapeDtypeStruct(shape, jnp.int32)] + [
+                 jax.ShapeDtypeStruct(shape, jnp.float32)] + [
                      jax.ShapeDtypeStruct(shape, jnp.int32),
                      jax.ShapeDtypeStruct(shape, jnp.float32)] * windowed,
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_collect_candidates")(
           temperature, active.astype(jnp.int32), lower_bound, upper, t1,
-          row_max, logits)
+          row_max, segments.gather.astype(jnp.int32), segments.listed,
+          segments.count, logits)
   count = jnp.where(active[:, None], count, 0)
   written = jnp.minimum(count, capacity)
   starts = jnp.cumsum(written, axis=-1) - written  # [B, S]
@@ -662,8 +767,7 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
   noise = rng.gumbel(rng.uniform(rng.bits_at(
       config.rng, jax.tree.map(lambda a: a[:, None], streams), ids)))
   return Candidates(y, jnp.where(inside, ids, -1), y + noise,
-                    jnp.sum(count, axis=-1), outside, by_row(finite),
-                    above_count, above_mass)
+                    jnp.sum(count, axis=-1), outside, above_count, above_mass)
 
 
 # ---------------------------------------------------------------------------
@@ -683,7 +787,9 @@ class Truncation:
   ``threshold``, ``count``: the kept set ``{y >= threshold}`` and its size;
   ``log_kept`` = ``log sum_K exp(y - row_max)``; ``candidates`` holds ``K``
   (``y >= threshold`` entries); ``ordered_ids`` ``[B, W]`` (when asked for):
-  ``K``'s ids by descending ``y``, smallest id first on ties, -1 padded.
+  ``K``'s ids by descending ``y``, smallest id first on ties, -1 padded;
+  ``finite``: the row's number of finite entries; ``gathered``: the row's
+  candidates came from its listed segments (``Segments``).
   """
 
   token: jax.Array
@@ -696,6 +802,8 @@ class Truncation:
   log_kept: jax.Array
   candidates: Candidates
   ordered_ids: jax.Array | None
+  finite: jax.Array
+  gathered: jax.Array
 
 
 def sample_truncated(logits, params: SamplingParams, active,
@@ -717,9 +825,9 @@ def sample_truncated(logits, params: SamplingParams, active,
   safe_max = jnp.where(valid, stats.row_max, 0.0)
   t1 = jnp.where(params.min_p > 0, safe_max + jnp.log(params.min_p), -jnp.inf)
   mass = jnp.exp(stats.log_mass)
-  bound, *_ = select_threshold(
-      stats.groups, safe_max, t1, params, mass * (1 + _BOUND_MARGIN),
-      bound=True, interpret=interpret)
+  bound, _, _, _, listed, listed_count = select_threshold(
+      stats.segment_max, safe_max, t1, params, mass * (1 + _BOUND_MARGIN),
+      bound=True, interpret=interpret, list_cap=_LIST_CAP)
   capacity = config.max_candidates
 
   def sampled():  # the sample, and from it the size of {y >= max(L, t1)}
@@ -734,10 +842,21 @@ def sample_truncated(logits, params: SamplingParams, active,
     sample, estimate = rowwise.only_if(may_be_large, sampled, pack=False)
     large = may_be_large & (estimate > capacity // 2)
   narrow = valid & ~large
-  candidates = collect_candidates(logits, t, narrow, bound, t1, safe_max,
-                                  streams, config)
+  # Rows whose outside mass is 0 (top-k on: unused; bound == t1: no survivor
+  # lies below it) or the row's mass less the candidates' (no min-p).
+  gathered = narrow & (listed_count <= _LIST_CAP) & (
+      (params.top_k > 0) | (bound == t1) | (t1 == -jnp.inf))
+  candidates = collect_candidates(
+      logits, t, narrow, bound, t1, safe_max, streams, config,
+      segments=Segments(gathered, listed, listed_count))
+  inside_mass = jnp.sum(jnp.where(
+      candidates.y > -jnp.inf, jnp.exp(candidates.y - safe_max[:, None]), 0.0),
+                        axis=-1)
+  outside_mass = jnp.where(gathered & (t1 == -jnp.inf),
+                           jnp.maximum(mass - inside_mass, 0.0),
+                           candidates.outside_mass)
   threshold, count, kept_mass, certified, *ordered = select_threshold(
-      candidates.y, safe_max, t1, params, candidates.outside_mass, bound=False,
+      candidates.y, safe_max, t1, params, outside_mass, bound=False,
       interpret=interpret, ids=candidates.ids,
       # Rows whose candidates overflow take the fallback: not ranked.
       scan=jnp.where(candidates.count <= capacity, candidates.count, 0),
@@ -760,7 +879,7 @@ def sample_truncated(logits, params: SamplingParams, active,
   token, logprob, complete, threshold, count, log_kept = found
   return Truncation(token, logprob, complete, stats.row_max, stats.lse,
                     threshold, count, log_kept, candidates,
-                    ordered[0] if ordered else None)
+                    ordered[0] if ordered else None, stats.finite, gathered)
 
 
 def _sample_large(logits, params: SamplingParams, large, sample, row_max, t1,
