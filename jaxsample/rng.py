@@ -236,7 +236,8 @@ def bits_at(generator: str, stream: RowStreams, ids, *, wide: bool = False,
     raise ValueError(f"unknown generator {generator!r}; expected one of "
                      f"{GENERATORS}")
   lane = ids & _u32(PHILOX_LANES - 1)
-  tile_start = ids & ~_u32(PHILOX_TILE - 1)
+  # A literal mask: the Triton lowering cannot invert a constant.
+  tile_start = ids & _u32(0xFFFFFFFF ^ (PHILOX_TILE - 1))
   chunks = tile_bits(generator, stream, tile_start, lane, wide=wide,
                      mulhilo=mulhilo)
   word = (ids >> _u32(PHILOX_LANES.bit_length() - 1)) & _u32(3)

@@ -66,11 +66,12 @@ def jax_ops(batch, setting, with_mask_caps, peers):
   def sampler(impl, mask_cap=None):
     cfg = js.SamplerConfig(implementation=impl,
                            **({"max_mask_ids": mask_cap} if mask_cap else {}))
-    if mask_cap:
-      return jax.jit(lambda x: js.sample(x, params, key, config=cfg,
-                                         return_mask=True))
-    # The whole result (tokens, logprobs, valid), as the mask rows return it.
-    return jax.jit(lambda x: js.sample(x, params, key, config=cfg))
+    # Params are arguments, as in a decode loop (captured as constants, XLA
+    # would fold the row conditions away).  The whole result (tokens,
+    # logprobs, valid), as the mask rows return it.
+    fn = jax.jit(lambda x, params: js.sample(
+        x, params, key, config=cfg, return_mask=bool(mask_cap)))
+    return lambda x: fn(x, params)
 
   table = {"jaxsample pallas": sampler("pallas")}
   if peers:

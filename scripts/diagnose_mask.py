@@ -59,10 +59,12 @@ for batch in batches:
   params = SamplingParams.make(batch, **setting)
   key = jax.random.key(0)
   for with_mask in (False, True):
-    fn = jax.jit(lambda x, m=with_mask: jaxsample.sample(
+    # Params are arguments, as in a decode loop.
+    jitted = jax.jit(lambda x, params, m=with_mask: jaxsample.sample(
         x, params, key, return_mask=m))
+    fn = lambda x: jitted(x, params)
     with open(f"{out}/hlo-b{batch}-mask{int(with_mask)}.txt", "w") as f:
-      f.write(fn.lower(x).compile().as_text())
+      f.write(jitted.lower(x, params).compile().as_text())
     rows = events(fn, x)
     total = sum(r[3] for r in rows if r[1].startswith("Stream"))
     print(f"== B={batch} {setting} return_mask={with_mask}: {total:.1f} us "

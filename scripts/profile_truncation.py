@@ -7,6 +7,7 @@ Inputs: randn logits scaled x1 and x5 in turn (``FLAT=1``: x1 only).
 For each setting: the truncated kernels alone, ``jaxsample.sample`` and
 ``jaxsample.sample(..., return_mask=True)``; the 14 costliest device ops each.
 """
+import functools
 import glob
 import os
 import sys
@@ -57,16 +58,18 @@ def profile(label, fn):
 
 for name, kw in [("top_k50+top_p0.9", dict(top_k=50, top_p=0.9)),
                  ("top_p0.9", dict(top_p=0.9)), ("min_p0.05", dict(min_p=0.05))]:
+  # Params are arguments (as in a decode loop), not folded constants.
   params = SamplingParams.make(batch, **kw).canonical(vocab)
   streams, _ = rng.row_streams(jax.random.key(0), None, batch, vocab)
-  profile(f"sample_truncated {name} B={batch} {dtype.name}", jax.jit(
-      lambda x: threshold.sample_truncated(
+  with_params = lambda f: functools.partial(jax.jit(f), params=params)
+  profile(f"sample_truncated {name} B={batch} {dtype.name}", with_params(
+      lambda x, params: threshold.sample_truncated(
           x, params, params.truncates(), streams, SamplerConfig()).token))
-  profile(f"jaxsample.sample {name} B={batch} {dtype.name}", jax.jit(
-      lambda x: jaxsample.sample(
+  profile(f"jaxsample.sample {name} B={batch} {dtype.name}", with_params(
+      lambda x, params: jaxsample.sample(
           x, params, jax.random.key(0),
           config=SamplerConfig(implementation="pallas")).tokens))
-  profile(f"jaxsample.sample + mask {name} B={batch} {dtype.name}", jax.jit(
-      lambda x: jaxsample.sample(
-          x, params, jax.random.key(0), return_mask=True,
-          config=SamplerConfig(implementation="pallas"))))
+  profile(f"jaxsample.sample + mask {name} B={batch} {dtype.name}",
+          with_params(lambda x, params: jaxsample.sample(
+              x, params, jax.random.key(0), return_mask=True,
+              config=SamplerConfig(implementation="pallas"))))

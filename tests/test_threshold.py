@@ -283,12 +283,12 @@ def test_kernels_lower_to_triton(monkeypatch):
     with jax.sharding.use_abstract_mesh(mesh):
       text = jax.jit(fn).trace(*args).lower(
           lowering_platforms=("cuda",)).as_text()
-    # gumbel, stats, two selects, candidates
-    assert text.count("__gpu$xla.gpu.triton") == 5, dtype
-    # without a mask, also the large kept sets' window, windowed candidates,
-    # exact search and floored Gumbel kernel
+    # gumbel, stats, two selects, candidates and their packing
+    assert text.count("__gpu$xla.gpu.triton") == 6, dtype
+    # without a mask, also the large kept sets' window, windowed candidates
+    # and their packing, exact search and floored Gumbel kernel
     no_mask = lambda *a: fn(*a, return_mask=False)
     with jax.sharding.use_abstract_mesh(mesh):
       text = jax.jit(no_mask).trace(*args).lower(
           lowering_platforms=("cuda",)).as_text()
-    assert text.count("__gpu$xla.gpu.triton") == 9, dtype
+    assert text.count("__gpu$xla.gpu.triton") == 11, dtype

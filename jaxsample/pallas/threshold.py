@@ -684,7 +684,8 @@ class Candidates:
   """The candidate buffer of each row, in vocab order, ``[B, C]`` each
   (padding: ``y = race = -inf``, ``id = -1``), with ``count`` ``[B]`` (exact,
   possibly above ``C``) and ``outside_mass`` ``[B]``: the mass relative to
-  ``row_max`` of min-p survivors below the bound.  Windowed (``upper`` given):
+  ``row_max`` of min-p survivors below the bound, ``inside_mass`` ``[B]`` that
+  of the candidates.  Windowed (``upper`` given):
   the candidates are ``{L <= y < U}`` and ``above_count``/``above_mass`` the
   count and mass of ``{y >= U}`` (else 0)."""
 
@@ -693,6 +694,7 @@ class Candidates:
   race: jax.Array
   count: jax.Array
   outside_mass: jax.Array
+  inside_mass: jax.Array
   above_count: jax.Array
   above_mass: jax.Array
 
@@ -734,40 +736,96 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
           temperature, active.astype(jnp.int32), lower_bound, upper, t1,
           row_max, segments.gather.astype(jnp.int32), segments.listed,
           segments.count, logits)
-  count = jnp.where(active[:, None], count, 0)
-  written = jnp.minimum(count, capacity)
+  written = jnp.where(active[:, None], jnp.minimum(count, capacity), 0)
   starts = jnp.cumsum(written, axis=-1) - written  # [B, S]
-  slot = jnp.arange(capacity, dtype=jnp.int32)
-  # Slot j of a row holds entry j - starts[s] of the last split s starting at
-  # or before j.
-  source = jnp.sum((starts[:, None, :] <= slot[None, :, None]).astype(
-      jnp.int32), axis=-1) - 1
-  start = jnp.take_along_axis(starts, source, axis=-1)
-  flat = source * capacity + slot[None, :] - start
-  filled = slot[None, :] < jnp.sum(written, axis=-1, keepdims=True)
-  gather = lambda a: jnp.take_along_axis(a.reshape(batch, -1), flat, axis=-1)
-  t = jnp.where(active, temperature, 1.0)[:, None]
-  y = jnp.where(filled, gather(x) / t, -jnp.inf)  # the reference's division
-  ids = jnp.where(filled, gather(ids), 0)
-  # The filter's extra elements rejoin the outside mass (y < L) or the
-  # elements above the window (y >= U).
-  e = jnp.exp(y - row_max[:, None])
-  over = y >= upper[:, None]
-  inside = (y >= lower_bound[:, None]) & ~over
-  extra = jnp.where(~inside & ~over & (y >= t1[:, None]), e, 0.0)
-  outside = jnp.where(active[:, None], outside, 0.0)
-  outside = jnp.sum(outside, axis=-1) + jnp.sum(extra, axis=-1)
-  by_row = lambda a: jnp.sum(jnp.where(active[:, None], a, 0), axis=-1)
-  above_count = jnp.zeros((batch,), jnp.int32)
-  above_mass = jnp.zeros((batch,), jnp.float32)
-  if windowed:
-    above_count = by_row(above[0]) + jnp.sum(over, axis=-1, dtype=jnp.int32)
-    above_mass = by_row(above[1]) + jnp.sum(jnp.where(over, e, 0.0), axis=-1)
+  pack = functools.partial(_pack_kernel, splits=plan.num_splits,
+                           capacity=capacity, generator=config.rng,
+                           windowed=windowed, interpret=plan.interpret)
+  row_shape = lambda dtype: jax.ShapeDtypeStruct((batch,), dtype)
+  slots = lambda dtype: jax.ShapeDtypeStruct((batch, capacity), dtype)
+  y, ids, race, count, outside, inside_mass, above_count, above_mass = (
+      pl.pallas_call(
+          pack,
+          out_shape=[slots(jnp.float32), slots(jnp.int32), slots(jnp.float32),
+                     row_shape(jnp.int32), row_shape(jnp.float32),
+                     row_shape(jnp.float32), row_shape(jnp.int32),
+                     row_shape(jnp.float32)],
+          grid=(batch,),
+          compiler_params=plgpu.CompilerParams(
+              num_warps=min(16, max(_SELECT_WARPS, capacity // 256)),
+              num_stages=1),
+          interpret=plan.interpret, name="jaxsample_pack_candidates")(
+              temperature, active.astype(jnp.int32), lower_bound, upper, t1,
+              row_max, streams.key0, streams.key1, streams.base_hi,
+              streams.base_lo, x, ids, starts, count, outside, *above))
+  return Candidates(y, ids, race, count, outside, inside_mass, above_count,
+                    above_mass)
+
+
+def _pack_kernel(temp_ref, active_ref, lower_ref, upper_ref, t1_ref,
+                 row_max_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
+                 x_ref, id_ref, starts_ref, count_ref, outside_ref, *refs,
+                 splits: int, capacity: int, generator: str, windowed: bool,
+                 interpret: bool):
+  """One row's candidates (``Candidates``) from the compact pass's split
+  buffers: the splits' entries side by side (vocab order; split ``s``'s
+  first at slot ``starts[s]``), tempered with the reference's division, the
+  filter's extra elements moved to the outside mass (``y < L``) or above the
+  window (``y >= U``), and the race values of the rest with the noise of
+  their ids."""
+  above_refs, (y_out, id_out, race_out, count_out, outside_out, inside_out,
+               above_count_out, above_mass_out) = (
+                   refs[:2 * windowed], refs[2 * windowed:])
+  row = pl.program_id(0)
+  math = common.KernelMath(interpret)
+  active = active_ref[row] != 0
+  slot = lax.broadcasted_iota(jnp.int32, (capacity,), 0)
+  # Each slot's split: the last one starting at or before it (binary search).
+  source = jnp.zeros((capacity,), jnp.int32)
+  step = _pow2_ceil(splits) // 2
+  while step:
+    probe = source + step
+    inside = probe < splits
+    start = plgpu.load(starts_ref.at[row, jnp.where(inside, probe, 0)],
+                       mask=inside, other=capacity)
+    source = jnp.where(inside & (start <= slot), probe, source)
+    step //= 2
+  local = slot - plgpu.load(starts_ref.at[row, source])
+  filled = local < jnp.minimum(
+      jnp.where(active, plgpu.load(count_ref.at[row, source]), 0), capacity)
+  local = jnp.where(filled, local, 0)
+  x = plgpu.load(x_ref.at[row, source, local], mask=filled, other=-jnp.inf)
+  ids = plgpu.load(id_ref.at[row, source, local], mask=filled, other=0)
+
+  lanes = jnp.arange(_pow2_ceil(splits), dtype=jnp.int32)
+
+  def split_sum(ref):  # one load of the row's per-split values
+    value = plgpu.load(ref.at[row, lanes], mask=lanes < splits, other=0)
+    return jnp.where(active, jnp.sum(value), jnp.zeros((), value.dtype))
+
+  count, outside = split_sum(count_ref), split_sum(outside_ref)
+  above_count, above_mass = (split_sum(ref) for ref in above_refs) if (
+      windowed) else (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32))
+  t = jnp.where(active, temp_ref[row], 1.0)
+  y = jnp.where(x > -jnp.inf, math.temper(x, t), -jnp.inf)
+  e = jnp.where(y > -jnp.inf, jnp.exp(y - row_max_ref[row]), 0.0)
+  over = y >= upper_ref[row]
+  inside = (y >= lower_ref[row]) & ~over
+  extra = ~inside & ~over & (y >= t1_ref[row])
   y = jnp.where(inside, y, -jnp.inf)
-  noise = rng.gumbel(rng.uniform(rng.bits_at(
-      config.rng, jax.tree.map(lambda a: a[:, None], streams), ids)))
-  return Candidates(y, jnp.where(inside, ids, -1), y + noise,
-                    jnp.sum(count, axis=-1), outside, above_count, above_mass)
+  ids = jnp.where(inside, ids, 0)
+  stream = rng.RowStreams(key0_ref[row], key1_ref[row], base_hi_ref[row],
+                          base_lo_ref[row])
+  noise = rng.gumbel(rng.uniform(rng.bits_at(generator, stream, ids,
+                                             mulhilo=math.mulhilo)))
+  y_out[row, :] = y
+  id_out[row, :] = jnp.where(inside, ids, -1)
+  race_out[row, :] = y + noise
+  count_out[row] = count
+  outside_out[row] = outside + jnp.sum(jnp.where(extra, e, 0.0))
+  inside_out[row] = jnp.sum(jnp.where(inside, e, 0.0))
+  above_count_out[row] = above_count + jnp.sum(jnp.where(over, 1, 0))
+  above_mass_out[row] = above_mass + jnp.sum(jnp.where(over, e, 0.0))
 
 
 # ---------------------------------------------------------------------------
@@ -849,11 +907,8 @@ def sample_truncated(logits, params: SamplingParams, active,
   candidates = collect_candidates(
       logits, t, narrow, bound, t1, safe_max, streams, config,
       segments=Segments(gathered, listed, listed_count))
-  inside_mass = jnp.sum(jnp.where(
-      candidates.y > -jnp.inf, jnp.exp(candidates.y - safe_max[:, None]), 0.0),
-                        axis=-1)
   outside_mass = jnp.where(gathered & (t1 == -jnp.inf),
-                           jnp.maximum(mass - inside_mass, 0.0),
+                           jnp.maximum(mass - candidates.inside_mass, 0.0),
                            candidates.outside_mass)
   threshold, count, kept_mass, certified, *ordered = select_threshold(
       candidates.y, safe_max, t1, params, outside_mass, bound=False,
@@ -906,9 +961,7 @@ def _sample_large(logits, params: SamplingParams, large, sample, row_max, t1,
     window = collect_candidates(logits, t, windowed, lower, t1, row_max,
                                 streams, config, upper=upper,
                                 capacity=capacity)
-    total = (window.above_mass + window.outside_mass + jnp.sum(
-        jnp.where(window.y > -jnp.inf, jnp.exp(window.y - row_max[:, None]),
-                  0.0), axis=-1))
+    total = window.above_mass + window.outside_mass + window.inside_mass
     threshold, *_ = select_threshold(
         window.y, row_max, t1, params, total, bound=True, interpret=interpret,
         above=window.above_mass, bits=32, num_warps=_WINDOW_WARPS)
