@@ -350,19 +350,24 @@ def _rank_sizes(n: int) -> list[int]:
 
 def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
                    above_ref, *refs, bound: bool, width: int, bits: int,
-                   list_cap: int):
+                   list_cap: int, sample_width: int, interpret: bool):
   """One row's thresholds (``select_threshold``).
 
   Bound mode (all ``N`` entries filled): ``_bound_thresholds``; with
-  ``list_cap``, also the entries reaching the bound (``_list_reaching``).
+  ``list_cap``, also the entries reaching the bound (``_list_reaching``);
+  with ``sample_width``, also the sample's estimate of the count reaching it
+  (``_estimate_reaching``).
   Final mode (a candidate buffer with ``scan`` filled slots): on the smallest
   prefix in ``_rank_sizes`` holding them, ``_rank``, then ``t2 = min{y_i :
   above_i < k}`` (the ``k``-th largest survivor) and ``t3 = max{y_i >= t2 :
   mass_i >= p * total}`` (the sorted cumulative sum first reaches ``p *
   total`` inside ``y_i``'s group of equal values); ``above_i + ties_i`` is
-  ``i``'s position in the stable descending order.
+  ``i``'s position in the stable descending order; the token is the kept
+  entry with the largest race value (the first slot on ties).
   """
-  ids_ref, *refs = refs if width else (None, *refs)
+  ids_ref, race_ref, *refs = (None, None, *refs) if bound else refs
+  sample_refs, refs = ((refs[:3], refs[3:]) if sample_width else
+                       ((), refs))
   threshold_ref, count_ref, kept_mass_ref, certified_ref, *extra_refs = refs
   row = pl.program_id(0)
   row_max = row_max_ref[row]
@@ -398,8 +403,16 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
     count_ref[row] = count
     kept_mass_ref[row] = jnp.sum(jnp.where(kept, e, 0.0))
     certified_ref[row] = jnp.where((k <= 0) | k_found, 1, 0)
+    if not bound:
+      token_ref, token_y_ref, *order_ref = extra_refs
+      race = jnp.where(kept, race_ref[row, pl.ds(0, size)], -jnp.inf)
+      lanes = jnp.arange(size, dtype=jnp.int32)
+      first = lanes == jnp.min(jnp.where(race == jnp.max(race), lanes, size))
+      token_ref[row] = jnp.sum(jnp.where(first, ids_ref[row, pl.ds(0, size)],
+                                         0))
+      token_y_ref[row] = jnp.sum(jnp.where(first, y, 0.0))
     if width:  # K fills positions 0 .. count - 1; the rest are -1.
-      (order,) = extra_refs
+      (order,) = order_ref
       position = above + ties
       plgpu.store(order.at[row, position], ids_ref[row, pl.ds(0, size)],
                   mask=kept & (position < width))
@@ -407,7 +420,10 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
       plgpu.store(order.at[row, slots], jnp.full(slots.shape, -1, jnp.int32),
                   mask=(slots >= count) & (slots < width))
     if list_cap:
-      _list_reaching(y, threshold, row, list_cap, *extra_refs)
+      _list_reaching(y, threshold, row, list_cap, *extra_refs[:2])
+    if sample_width:
+      extra_refs[-1][row] = _estimate_reaching(threshold, row, sample_width,
+                                               interpret, *sample_refs)
 
   if bound:
     select(y_ref.shape[1])
@@ -416,6 +432,19 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
   for size in _rank_sizes(y_ref.shape[1]):
     pl.when((scan > smaller) & (scan <= size))(functools.partial(select, size))
     smaller = size
+
+
+def _estimate_reaching(threshold, row, width: int, interpret: bool, temp_ref,
+                       sampled_ref, sample_ref):
+  """``_SAMPLE_STRIDE`` times the number of the row's tempered sample values
+  reaching ``threshold`` (0 on rows not ``sampled``)."""
+  lanes = jnp.arange(_pow2_ceil(width), dtype=jnp.int32)
+  use = (lanes < width) & (sampled_ref[row] != 0)
+  x = plgpu.load(sample_ref.at[row, jnp.where(use, lanes, 0)], mask=use,
+                 other=-jnp.inf)
+  t = jnp.where(sampled_ref[row] != 0, temp_ref[row], 1.0)
+  y = common.KernelMath(interpret).temper(_sanitize(x), t)
+  return _SAMPLE_STRIDE * jnp.sum(jnp.where(use & (y >= threshold), 1, 0))
 
 
 def _list_reaching(y, threshold, row, cap: int, listed_ref, listed_count_ref):
@@ -434,10 +463,11 @@ def _list_reaching(y, threshold, row, cap: int, listed_ref, listed_count_ref):
 
 
 def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
-                     bound: bool, interpret: bool, ids=None, scan=None,
+                     bound: bool, interpret: bool, ids=None, race=None,
+                     scan=None,
                      order_width: int = 0, above=None,
                      bits: int = _BOUND_KEY_BITS, list_cap: int = 0,
-                     num_warps: int = _SELECT_WARPS):
+                     estimate_from=None, num_warps: int = _SELECT_WARPS):
   """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded), no sort.
 
   Bound mode searches order keys bit by bit (``_bound_thresholds``: one
@@ -457,33 +487,47 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
   cannot certify them; ``t3`` is not searched when top-k is on), and no
   higher than the row's ``t2`` when top-k is on.
   Returns ``(threshold, kept count, kept mass, certified)``: ``certified`` is
-  False where top-k is on and ``y`` holds fewer than ``k`` survivors.  With
-  ``order_width``, also ``ids`` ``[B, N]``'s kept entries by descending ``y``
-  (smallest slot first on ties), ``[B, order_width]``, -1 padded.  Bound
+  False where top-k is on and ``y`` holds fewer than ``k`` survivors.  Final
+  mode (``ids`` and ``race`` ``[B, N]`` required): also the token, the id of
+  the kept entry with the largest ``race`` (first slot on ties), and its
+  ``y``; with ``order_width``, also ``ids``' kept entries by descending
+  ``y`` (smallest slot first on ties), ``[B, order_width]``, -1 padded.  Bound
   mode with ``list_cap``: also the indices of the entries reaching the bound
   (``_list_reaching``), ``[B, list_cap]`` (ascending; unwritten past the
-  count), and their count ``[B]`` (possibly above ``list_cap``).
+  count), and their count ``[B]`` (possibly above ``list_cap``).  Bound mode
+  with ``estimate_from = (sample, temperature, sampled)``: also ``[B]``, the
+  count reaching the bound that each ``sampled`` row's ``RowStats.sample``
+  estimates (0 on other rows).
   """
   batch, size = y.shape
   scan = jnp.full((batch,), size, jnp.int32) if scan is None else scan
   above = jnp.zeros((batch,), jnp.float32) if above is None else above
-  kernel = functools.partial(_select_kernel, bound=bound, width=order_width,
-                             bits=bits, list_cap=list_cap)
+  sample_inputs = () if estimate_from is None else (
+      estimate_from[1], estimate_from[2].astype(jnp.int32), estimate_from[0])
+  kernel = functools.partial(
+      _select_kernel, bound=bound, width=order_width, bits=bits,
+      list_cap=list_cap, interpret=interpret,
+      sample_width=sample_inputs[2].shape[1] if sample_inputs else 0)
   out_shape = [jax.ShapeDtypeStruct((batch,), jnp.float32),
                jax.ShapeDtypeStruct((batch,), jnp.int32),
                jax.ShapeDtypeStruct((batch,), jnp.float32),
                jax.ShapeDtypeStruct((batch,), jnp.int32)]
+  if not bound:
+    out_shape += [jax.ShapeDtypeStruct((batch,), jnp.int32),
+                  jax.ShapeDtypeStruct((batch,), jnp.float32)]
   if order_width:
     out_shape.append(jax.ShapeDtypeStruct((batch, order_width), jnp.int32))
   if list_cap:
     out_shape += [jax.ShapeDtypeStruct((batch, list_cap), jnp.int32),
                   jax.ShapeDtypeStruct((batch,), jnp.int32)]
+  if sample_inputs:
+    out_shape.append(jax.ShapeDtypeStruct((batch,), jnp.int32))
   return pl.pallas_call(
       kernel, out_shape=out_shape, grid=(batch,),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsample_select_threshold")(
           y, scan.astype(jnp.int32), row_max, t1, params.top_k, params.top_p,
-          mass, above, *([ids] if order_width else []))
+          mass, above, *([] if bound else [ids, race]), *sample_inputs)
 
 
 # ---------------------------------------------------------------------------
@@ -883,22 +927,13 @@ def sample_truncated(logits, params: SamplingParams, active,
   safe_max = jnp.where(valid, stats.row_max, 0.0)
   t1 = jnp.where(params.min_p > 0, safe_max + jnp.log(params.min_p), -jnp.inf)
   mass = jnp.exp(stats.log_mass)
-  bound, _, _, _, listed, listed_count = select_threshold(
+  # The sample estimates the size of {y >= L} (L >= t1).
+  bound, _, _, _, listed, listed_count, estimate = select_threshold(
       stats.segment_max, safe_max, t1, params, mass * (1 + _BOUND_MARGIN),
-      bound=True, interpret=interpret, list_cap=_LIST_CAP)
+      bound=True, interpret=interpret, list_cap=_LIST_CAP,
+      estimate_from=(stats.sample, t, may_be_large))
   capacity = config.max_candidates
-
-  def sampled():  # the sample, and from it the size of {y >= max(L, t1)}
-    sample = tempered_sample(stats.sample, t)
-    return sample, _SAMPLE_STRIDE * jnp.sum(
-        (sample >= bound[:, None]) & (sample >= t1[:, None]), axis=-1,
-        dtype=jnp.int32)
-
-  large = jnp.zeros_like(valid)
-  if not order_width:
-    may_be_large = may_be_large & valid
-    sample, estimate = rowwise.only_if(may_be_large, sampled, pack=False)
-    large = may_be_large & (estimate > capacity // 2)
+  large = may_be_large & valid & (estimate > capacity // 2)
   narrow = valid & ~large
   # Rows whose outside mass is 0 (top-k on: unused; bound == t1: no survivor
   # lies below it) or the row's mass less the candidates' (no min-p).
@@ -910,27 +945,24 @@ def sample_truncated(logits, params: SamplingParams, active,
   outside_mass = jnp.where(gathered & (t1 == -jnp.inf),
                            jnp.maximum(mass - candidates.inside_mass, 0.0),
                            candidates.outside_mass)
-  threshold, count, kept_mass, certified, *ordered = select_threshold(
+  (threshold, count, kept_mass, certified, token, token_y,
+   *ordered) = select_threshold(
       candidates.y, safe_max, t1, params, outside_mass, bound=False,
-      interpret=interpret, ids=candidates.ids,
+      interpret=interpret, ids=candidates.ids, race=candidates.race,
       # Rows whose candidates overflow take the fallback: not ranked.
       scan=jnp.where(candidates.count <= capacity, candidates.count, 0),
       order_width=min(order_width, capacity))
-  kept = candidates.y >= threshold[:, None]
-  race = jnp.where(kept, candidates.race, -jnp.inf)
-  slot = jnp.argmax(race, axis=-1)
-  take = lambda a: jnp.take_along_axis(a, slot[:, None], axis=-1)[:, 0]
   log_kept = jnp.log(kept_mass)
-  logprob = (take(candidates.y) - safe_max) - log_kept
+  logprob = (token_y - safe_max) - log_kept
   # Exact iff every kept element and every top-k survivor is a candidate
   # (bound == t1: the candidates are all min-p survivors).
   complete = (narrow & (candidates.count <= capacity) &
               (threshold >= bound) & ((certified != 0) | (bound == t1)))
-  found = (take(candidates.ids), logprob, complete, threshold, count, log_kept)
+  found = (token, logprob, complete, threshold, count, log_kept)
   if not order_width:
     found = rowwise.where_rows(large, rowwise.only_if(large, lambda: _sample_large(
-        logits, params, large, sample, safe_max, t1, mass, streams, config)),
-                               found)
+        logits, params, large, tempered_sample(stats.sample, t), safe_max, t1,
+        mass, streams, config)), found)
   token, logprob, complete, threshold, count, log_kept = found
   return Truncation(token, logprob, complete, stats.row_max, stats.lse,
                     threshold, count, log_kept, candidates,
