@@ -464,8 +464,7 @@ def _list_reaching(y, threshold, row, cap: int, listed_ref, listed_count_ref):
 
 def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
                      bound: bool, interpret: bool, ids=None, race=None,
-                     scan=None,
-                     order_width: int = 0, above=None,
+                     scan=None, order_width: int = 0, above=None,
                      bits: int = _BOUND_KEY_BITS, list_cap: int = 0,
                      estimate_from=None, num_warps: int = _SELECT_WARPS):
   """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded), no sort.
