@@ -77,7 +77,7 @@ from jaxsample.pallas import common, gumbel
 from jaxsample.params import SamplerConfig, SamplingParams
 
 _LOG2E = 1.4426950408889634
-# Top-p bounds from group maxima aim this much above ``p * Z`` so fp32 sums
+# Top-p bounds from segment maxima aim this much above ``p * Z`` so fp32 sums
 # never place the bound above the exact threshold.
 _BOUND_MARGIN = 2.0**-10
 # |x * (1 / T) - x / T| <= 2 ulp: the filter widens the candidate test by this.
