@@ -611,22 +611,23 @@ def top_p_window(sample, row_max, t1, params: SamplingParams, mass,
 
 
 def _compact_kernel(temp_ref, active_ref, bound_ref, upper_ref, t1_ref,
-                    row_max_ref, gather_ref, listed_ref, listed_count_ref,
-                    x_ref, x_out, id_out, count_out, outside_out, *above_out,
-                    plan: common.KernelPlan, vocab: int, capacity: int,
-                    segment: int):
+                    row_max_ref, *refs, plan: common.KernelPlan, vocab: int,
+                    capacity: int, segment: int, gathering: bool):
   """Writes the split's elements with ``x * (1 / T) >= L - slack`` (a superset
   of ``{y >= L}``: ``collect_candidates`` drops the rest) in vocab order and
   sums the mass of the other min-p survivors.  Windowed (``above_out``): only
   the elements below ``U + slack`` are written; the count and mass of those
   above it (all ``y >= U``) go to ``above_out``.
 
-  ``gather`` rows read only their listed segments (``Segments``), the
-  split's share of them in order, and report no outside mass.
+  ``gathering`` (inputs ``Segments``' fields): ``gather`` rows read only
+  their listed segments, the split's share of them in order, and report no
+  outside mass.
   """
   row, split = pl.program_id(0), pl.program_id(1)
   active = active_ref[row] != 0
-  gather = gather_ref[row] != 0
+  gather_refs, (x_ref, x_out, id_out, count_out, outside_out, *above_out) = (
+      refs[:3 * gathering], refs[3 * gathering:])
+  gather = gather_refs[0][row] != 0 if gathering else None
   math = common.KernelMath(plan.interpret)
   inv_t = 1.0 / temp_ref[row]
   bound = bound_ref[row]
@@ -674,7 +675,7 @@ def _compact_kernel(temp_ref, active_ref, bound_ref, upper_ref, t1_ref,
     for out, value in zip(above_out, above):
       out[row, split] = jnp.sum(value)
 
-  @pl.when(active & ~gather)
+  @pl.when(active & ~gather if gathering else active)
   def _():
     count, outside, *above = common.chunk_loop(
         plan, math, split * plan.split_len, vocab,
@@ -682,8 +683,12 @@ def _compact_kernel(temp_ref, active_ref, bound_ref, upper_ref, t1_ref,
         lambda carry, chunk, x: compact(carry, chunk.index, x), init)
     finish(count, outside, above)
 
+  if not gathering:
+    return
+
   @pl.when(active & gather)
   def _():  # rounds of one chunk: per_round listed segments each
+    _, listed_ref, listed_count_ref = gather_refs
     per_round = plan.chunk // segment
     listed = listed_count_ref[row]
     rounds = (listed + per_round - 1) // per_round
@@ -759,15 +764,14 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
   capacity = capacity or config.max_candidates
   windowed = upper is not None
   upper = jnp.full((batch,), jnp.inf) if upper is None else upper
-  if segments is None:
-    segments = Segments(jnp.zeros((batch,), bool),
-                        jnp.zeros((batch, 1), jnp.int32),
-                        jnp.zeros((batch,), jnp.int32))
   plan = _pass_plan(batch, vocab, logits.dtype, config)
   shape = (batch, plan.num_splits)
   kernel = functools.partial(_compact_kernel, plan=plan, vocab=vocab,
                              capacity=capacity,
-                             segment=_segment_size(vocab, plan.chunk))
+                             segment=_segment_size(vocab, plan.chunk),
+                             gathering=segments is not None)
+  gather_inputs = () if segments is None else (
+      segments.gather.astype(jnp.int32), segments.listed, segments.count)
   buffer = shape + (capacity,)
   x, ids, count, outside, *above = pl.pallas_call(
       kernel,
@@ -780,8 +784,7 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_collect_candidates")(
           temperature, active.astype(jnp.int32), lower_bound, upper, t1,
-          row_max, segments.gather.astype(jnp.int32), segments.listed,
-          segments.count, logits)
+          row_max, *gather_inputs, logits)
   written = jnp.where(active[:, None], jnp.minimum(count, capacity), 0)
   starts = jnp.cumsum(written, axis=-1) - written  # [B, S]
   pack = functools.partial(_pack_kernel, splits=plan.num_splits,
