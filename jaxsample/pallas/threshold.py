@@ -13,7 +13,8 @@ them with the sort-based XLA reference):
    them is conservative: the ``k``-th largest segment maximum is ``<=`` the
    row's ``k``-th largest value, and a value whose segment-maxima mass already
    reaches ``p * Z`` is ``<=`` the top-p threshold.
-2. ``select`` on the segment maxima (bound mode) gives a per-row lower bound
+2. ``bound`` select (grid ``(B,)``) combines the splits' stats (row max,
+   mass, ``t1``) and, on the segment maxima, gives a per-row lower bound
    ``L <= max(t1, t2, t3)`` of the kept set's threshold, so the kept set is
    contained in the *candidates* ``{y >= L}``: one bit-by-bit search over
    the order keys of the segment maxima, for ``t2`` when top-k is on, else
@@ -120,7 +121,7 @@ def _sanitize(x):
 
 
 # ---------------------------------------------------------------------------
-# Pass 1: stats.
+# Pass 1: stats, and the bound of the kept set.
 # ---------------------------------------------------------------------------
 
 
@@ -175,40 +176,15 @@ def _stats_kernel(temp_ref, active_ref, sampled_ref, x_ref, max_ref,
     lax.fori_loop(0, plan.steps, body, 0)
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class RowStats:
-  """Per-row results of the stats pass (``[B]`` each unless noted).
-
-  ``row_max = max(y)`` (valid iff finite), ``lse = logsumexp(y)``,
-  ``finite`` the number of finite entries, ``segment_max`` ``[B, N]``: the
-  tempered maxima of the row's segments (segment ``j`` holds ids ``j * size``
-  to ``(j + 1) * size - 1``, ``size = _segment_size(V, chunk)``; -inf
-  padded) and ``sample`` ``[B, M]``: every ``_SAMPLE_STRIDE``-th logit ``x``
-  of the ``sampled`` rows (-inf padded past V; undefined on other rows).
-  """
-
-  row_max: jax.Array
-  lse: jax.Array
-  log_mass: jax.Array  # log sum exp(y - row_max)
-  finite: jax.Array
-  segment_max: jax.Array
-  sample: jax.Array
-
-
-def row_stats(logits, temperature, active, config: SamplerConfig, *,
-              sampled=None) -> RowStats:
-  """Runs the stats pass on the ``active`` rows (``temperature > 0`` there);
-  ``sampled`` ``[B]`` (default none): rows that also write their sample."""
+def _stats_pass(logits, temperature, active, sampled, plan, segment):
+  """The stats pass's per-split ``(max, sum-exp, finite count)`` ``[B, S]``,
+  raw segment maxima ``[B, N]`` and sample ``[B, M]``."""
   batch, vocab = logits.shape
-  plan = _pass_plan(batch, vocab, logits.dtype, config)
-  segment = _segment_size(vocab, plan.chunk)
   shape = (batch, plan.num_splits)
   padded = plan.num_splits * plan.split_len
-  sampled = jnp.zeros_like(active) if sampled is None else sampled
   kernel = functools.partial(_stats_kernel, plan=plan, vocab=vocab,
                              segment=segment)
-  top, sumexp, finite, segment_max, sample = pl.pallas_call(
+  return pl.pallas_call(
       kernel,
       out_shape=[jax.ShapeDtypeStruct(shape, jnp.float32),
                  jax.ShapeDtypeStruct(shape, jnp.float32),
@@ -220,22 +196,114 @@ def row_stats(logits, temperature, active, config: SamplerConfig, *,
       interpret=plan.interpret, name="jaxsample_row_stats")(
           temperature, active.astype(jnp.int32), sampled.astype(jnp.int32),
           logits)
-  t = jnp.where(active, temperature, 1.0)
-  x_max = jnp.where(active[:, None], top, -jnp.inf)
-  row_x_max = jnp.max(x_max, axis=-1)
-  row_max = row_x_max / t
-  ref = jnp.where(jnp.isfinite(row_x_max), row_x_max, 0.0)
-  mass = jnp.sum(jnp.where(x_max > -jnp.inf,
-                           sumexp * jnp.exp((x_max - ref[:, None]) / t[:, None]),
-                           0.0), axis=-1)
-  log_mass = jnp.log(mass)
-  segment_y = jnp.where(active[:, None], segment_max, -jnp.inf) / t[:, None]
-  width = _pow2_ceil(segment_y.shape[1])
-  segment_y = jnp.pad(segment_y, ((0, 0), (0, width - segment_y.shape[1])),
-                      constant_values=-jnp.inf)
-  finite = jnp.sum(jnp.where(active[:, None], finite, 0), axis=-1)
-  return RowStats(row_max, row_max + log_mass, log_mass, finite, segment_y,
-                  sample)
+
+
+def _bound_kernel(temp_ref, active_ref, sampled_ref, log_min_p_ref, k_ref,
+                  p_ref, top_ref, sumexp_ref, finite_ref, segment_ref,
+                  sample_ref, row_max_out, mass_out, finite_out, t1_out,
+                  bound_out, listed_out, listed_count_out, estimate_out, *,
+                  splits: int, segments: int, interpret: bool):
+  """One row's stats combined across splits, then its bound (``row_bounds``)."""
+  row = pl.program_id(0)
+  math = common.KernelMath(interpret)
+  active = active_ref[row] != 0
+  t = jnp.where(active, temp_ref[row], 1.0)
+  split = jnp.arange(_pow2_ceil(splits), dtype=jnp.int32)
+  use = active & (split < splits)
+  top = plgpu.load(top_ref.at[row, split], mask=use, other=-jnp.inf)
+  sumexp = plgpu.load(sumexp_ref.at[row, split], mask=use, other=0.0)
+  x_max = jnp.max(top)
+  row_max = jnp.max(math.temper(top, t))  # = temper(x_max): t > 0 is monotone
+  safe_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  ref = jnp.where(jnp.isfinite(x_max), x_max, 0.0)
+  mass = jnp.sum(jnp.where(top > -jnp.inf,
+                           sumexp * jnp.exp((top - ref) * (1.0 / t)), 0.0))
+  t1 = safe_max + log_min_p_ref[row]
+  lanes = jnp.arange(_pow2_ceil(segments), dtype=jnp.int32)
+  y = math.temper(plgpu.load(segment_ref.at[row, lanes],
+                             mask=active & (lanes < segments),
+                             other=-jnp.inf), t)
+  bound, _ = _bound(y, safe_max, t1, k_ref[row], p_ref[row],
+                    mass * (1 + _BOUND_MARGIN), 0.0, _BOUND_KEY_BITS)
+  row_max_out[row] = row_max
+  mass_out[row] = mass
+  finite_out[row] = jnp.sum(plgpu.load(finite_ref.at[row, split], mask=use,
+                                       other=0))
+  t1_out[row] = t1
+  bound_out[row] = bound
+  _list_reaching(y, bound, row, listed_out.shape[1], listed_out,
+                 listed_count_out)
+  estimate_out[row] = _estimate_reaching(
+      bound, row, sample_ref.shape[1], interpret, temp_ref, sampled_ref,
+      sample_ref)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RowBounds:
+  """Per-row results of the stats pass and the bound select (``[B]`` each
+  unless noted).
+
+  ``row_max = max(y)`` (valid iff finite), ``mass = sum exp(y - row_max)``,
+  ``lse = logsumexp(y)``, ``finite`` the number of finite entries, ``t1`` the
+  min-p threshold (``safe_max + log(min_p)``, ``safe_max`` = ``row_max``
+  where finite, else 0), ``bound`` the lower bound ``L`` of the kept set's
+  threshold (``>= t1``); ``listed`` ``[B, _LIST_CAP]`` the segments
+  (``_segment_size`` contiguous ids each) whose maximum reaches ``L``
+  (ascending; their number ``listed_count`` may exceed ``_LIST_CAP``);
+  ``estimate`` the sample's estimate of ``#{y >= L}`` (``sampled`` rows,
+  else 0); ``sample`` ``[B, M]``: every ``_SAMPLE_STRIDE``-th logit ``x`` of
+  the ``sampled`` rows (-inf padded past V; undefined on other rows).
+  """
+
+  row_max: jax.Array
+  mass: jax.Array
+  lse: jax.Array
+  finite: jax.Array
+  t1: jax.Array
+  bound: jax.Array
+  listed: jax.Array
+  listed_count: jax.Array
+  estimate: jax.Array
+  sample: jax.Array
+
+
+def row_bounds(logits, params: SamplingParams, active, config: SamplerConfig,
+               *, sampled) -> RowBounds:
+  """Runs the stats pass and the bound select on the ``active`` rows
+  (temperature > 0 there; canonical ``params``); ``sampled`` ``[B]``: rows
+  that also write their sample.
+
+  The bound select combines each row's per-split stats and searches its
+  segment maxima (``_bound``, ``_SELECT_WARPS`` warps, one program per row).
+  """
+  batch, vocab = logits.shape
+  plan = _pass_plan(batch, vocab, logits.dtype, config)
+  segment = _segment_size(vocab, plan.chunk)
+  top, sumexp, finite, segment_max, sample = _stats_pass(
+      logits, params.temperature, active, sampled, plan, segment)
+  log_min_p = jnp.where(params.min_p > 0, jnp.log(params.min_p), -jnp.inf)
+  kernel = functools.partial(_bound_kernel, splits=plan.num_splits,
+                             segments=segment_max.shape[1],
+                             interpret=plan.interpret)
+  row_shape = lambda dtype: jax.ShapeDtypeStruct((batch,), dtype)
+  row_max, mass, finite, t1, bound, listed, listed_count, estimate = (
+      pl.pallas_call(
+          kernel,
+          out_shape=[row_shape(jnp.float32), row_shape(jnp.float32),
+                     row_shape(jnp.int32), row_shape(jnp.float32),
+                     row_shape(jnp.float32),
+                     jax.ShapeDtypeStruct((batch, _LIST_CAP), jnp.int32),
+                     row_shape(jnp.int32), row_shape(jnp.int32)],
+          grid=(batch,),
+          compiler_params=plgpu.CompilerParams(num_warps=_SELECT_WARPS,
+                                               num_stages=1),
+          interpret=plan.interpret, name="jaxsample_row_bounds")(
+              params.temperature, active.astype(jnp.int32),
+              sampled.astype(jnp.int32), log_min_p, params.top_k,
+              params.top_p, top, sumexp, finite, segment_max, sample))
+  return RowBounds(row_max, mass, row_max + jnp.log(mass), finite, t1, bound,
+                   listed, listed_count, estimate, sample)
 
 
 def _pow2_ceil(n: int) -> int:
@@ -308,6 +376,17 @@ def _bound_thresholds(y, survives, e, k, p, mass, above, bits: int):
           jnp.where(k > 0, -jnp.inf, bound))
 
 
+def _bound(y, row_max, t1, k, p, mass, above, bits: int):
+  """Bound mode's ``(max(t1, t2, t3), k_found)`` over the values ``y``
+  (``_bound_thresholds``; ``t3`` only where ``p < 1``)."""
+  finite = y > -jnp.inf
+  e = jnp.where(finite, jnp.exp(y - row_max), 0.0)
+  t2, k_found, t3 = _bound_thresholds(y, finite & (y >= t1), e, k, p, mass,
+                                      above, bits)
+  return jnp.maximum(jnp.maximum(t1, t2), jnp.where(p < 1, t3, -jnp.inf)), (
+      k_found)
+
+
 # Values ``y_j`` (scalars) compared per loop step of the ranking (the next
 # step's are loaded while this one is compared).
 _RANK_STEP = 16
@@ -352,14 +431,10 @@ def _rank_sizes(n: int) -> list[int]:
 
 
 def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
-                   above_ref, *refs, bound: bool, width: int, bits: int,
-                   list_cap: int, sample_width: int, interpret: bool):
+                   above_ref, *refs, bound: bool, width: int, bits: int):
   """One row's thresholds (``select_threshold``).
 
-  Bound mode (all ``N`` entries filled): ``_bound_thresholds``; with
-  ``list_cap``, also the entries reaching the bound (``_list_reaching``);
-  with ``sample_width``, also the sample's estimate of the count reaching it
-  (``_estimate_reaching``).
+  Bound mode (all ``N`` entries filled): ``_bound``.
   Final mode (a candidate buffer with ``scan`` filled slots): on the smallest
   prefix in ``_rank_sizes`` holding them, ``_rank``, then ``t2 = min{y_i :
   above_i < k}`` (the ``k``-th largest survivor) and ``t3 = max{y_i >= t2 :
@@ -369,8 +444,6 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
   entry with the largest race value (the first slot on ties).
   """
   ids_ref, race_ref, *refs = (None, None, *refs) if bound else refs
-  sample_refs, refs = ((refs[:3], refs[3:]) if sample_width else
-                       ((), refs))
   threshold_ref, count_ref, kept_mass_ref, certified_ref, *extra_refs = refs
   row = pl.program_id(0)
   row_max = row_max_ref[row]
@@ -385,8 +458,8 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
     e = jnp.where(finite, jnp.exp(y - row_max), 0.0)
     survives = finite & (y >= t1)
     if bound:
-      t2, k_found, t3 = _bound_thresholds(y, survives, e, k, p, mass_ref[row],
-                                          above_ref[row], bits)
+      threshold, k_found = _bound(y, row_max, t1, k, p, mass_ref[row],
+                                  above_ref[row], bits)
     else:
       above, mass, ties = _rank(y_ref, row, scan, y, t1, row_max,
                                 with_ties=bool(width))
@@ -398,8 +471,8 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
       total = jnp.sum(jnp.where(survives, e, 0.0)) + jnp.where(
           t2 > -jnp.inf, 0.0, mass_ref[row])
       t3 = jnp.max(jnp.where(survives & (mass >= p * total), y, -jnp.inf))
-    t3 = jnp.where(p < 1, t3, -jnp.inf)
-    threshold = jnp.maximum(jnp.maximum(t1, t2), t3)
+      threshold = jnp.maximum(jnp.maximum(t1, t2),
+                              jnp.where(p < 1, t3, -jnp.inf))
     kept = finite & (y >= threshold)
     count = jnp.sum(jnp.where(kept, 1, 0))
     threshold_ref[row] = threshold
@@ -422,11 +495,6 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
       slots = jnp.arange(_pow2_ceil(width), dtype=jnp.int32)
       plgpu.store(order.at[row, slots], jnp.full(slots.shape, -1, jnp.int32),
                   mask=(slots >= count) & (slots < width))
-    if list_cap:
-      _list_reaching(y, threshold, row, list_cap, *extra_refs[:2])
-    if sample_width:
-      extra_refs[-1][row] = _estimate_reaching(threshold, row, sample_width,
-                                               interpret, *sample_refs)
 
   if bound:
     select(y_ref.shape[1])
@@ -468,8 +536,8 @@ def _list_reaching(y, threshold, row, cap: int, listed_ref, listed_count_ref):
 def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
                      bound: bool, interpret: bool, ids=None, race=None,
                      scan=None, order_width: int = 0, above=None,
-                     bits: int = _BOUND_KEY_BITS, list_cap: int = 0,
-                     estimate_from=None, num_warps: int = _SELECT_WARPS):
+                     bits: int = _BOUND_KEY_BITS,
+                     num_warps: int = _SELECT_WARPS):
   """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded), no sort.
 
   Bound mode searches order keys bit by bit (``_bound_thresholds``: one
@@ -493,23 +561,13 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
   mode (``ids`` and ``race`` ``[B, N]`` required): also the token, the id of
   the kept entry with the largest ``race`` (first slot on ties), and its
   ``y``; with ``order_width``, also ``ids``' kept entries by descending
-  ``y`` (smallest slot first on ties), ``[B, order_width]``, -1 padded.  Bound
-  mode with ``list_cap``: also the indices of the entries reaching the bound
-  (``_list_reaching``), ``[B, list_cap]`` (ascending; unwritten past the
-  count), and their count ``[B]`` (possibly above ``list_cap``).  Bound mode
-  with ``estimate_from = (sample, temperature, sampled)``: also ``[B]``, the
-  count reaching the bound that each ``sampled`` row's ``RowStats.sample``
-  estimates (0 on other rows).
+  ``y`` (smallest slot first on ties), ``[B, order_width]``, -1 padded.
   """
   batch, size = y.shape
   scan = jnp.full((batch,), size, jnp.int32) if scan is None else scan
   above = jnp.zeros((batch,), jnp.float32) if above is None else above
-  sample_inputs = () if estimate_from is None else (
-      estimate_from[1], estimate_from[2].astype(jnp.int32), estimate_from[0])
-  kernel = functools.partial(
-      _select_kernel, bound=bound, width=order_width, bits=bits,
-      list_cap=list_cap, interpret=interpret,
-      sample_width=sample_inputs[2].shape[1] if sample_inputs else 0)
+  kernel = functools.partial(_select_kernel, bound=bound, width=order_width,
+                             bits=bits)
   out_shape = [jax.ShapeDtypeStruct((batch,), jnp.float32),
                jax.ShapeDtypeStruct((batch,), jnp.int32),
                jax.ShapeDtypeStruct((batch,), jnp.float32),
@@ -519,17 +577,12 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
                   jax.ShapeDtypeStruct((batch,), jnp.float32)]
   if order_width:
     out_shape.append(jax.ShapeDtypeStruct((batch, order_width), jnp.int32))
-  if list_cap:
-    out_shape += [jax.ShapeDtypeStruct((batch, list_cap), jnp.int32),
-                  jax.ShapeDtypeStruct((batch,), jnp.int32)]
-  if sample_inputs:
-    out_shape.append(jax.ShapeDtypeStruct((batch,), jnp.int32))
   return pl.pallas_call(
       kernel, out_shape=out_shape, grid=(batch,),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsample_select_threshold")(
           y, scan.astype(jnp.int32), row_max, t1, params.top_k, params.top_p,
-          mass, above, *([] if bound else [ids, race]), *sample_inputs)
+          mass, above, *([] if bound else [ids, race]))
 
 
 # ---------------------------------------------------------------------------
@@ -549,7 +602,7 @@ def _window_half(capacity: int) -> int:
 
 
 def tempered_sample(sample, temperature):
-  """``RowStats.sample`` tempered (``temperature > 0``) and -inf padded to a
+  """``RowBounds.sample`` tempered (``temperature > 0``) and -inf padded to a
   power of 2."""
   sample = reference.temper(reference.sanitize(sample), temperature)
   width = _pow2_ceil(sample.shape[1])
@@ -721,8 +774,7 @@ class Segments:
   """Rows (``gather`` ``[B]``) whose candidates come from listed segments
   alone: ``listed`` ``[B, N]`` segment indices (ascending), ``count`` ``[B]``
   of them (``<= N`` on ``gather`` rows); every element reaching the compact
-  pass's filter lies in a listed segment (``select_threshold``'s
-  ``list_cap``)."""
+  pass's filter lies in a listed segment (``RowBounds.listed``)."""
 
   gather: jax.Array
   listed: jax.Array
@@ -758,7 +810,7 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
   (``capacity``, default ``config.max_candidates``); with ``upper`` ``[B]``
   (``>= lower_bound``, ``>= t1``), only the window ``[lower_bound, upper)``;
   with ``segments``, its ``gather`` rows read only their listed segments
-  (``RowStats.segment_max``'s) and their ``outside_mass`` covers only the
+  (``RowBounds.listed``) and their ``outside_mass`` covers only the
   filter's extra elements."""
   batch, vocab = logits.shape
   capacity = capacity or config.max_candidates
@@ -921,32 +973,26 @@ def sample_truncated(logits, params: SamplingParams, active,
   kept ids in probability order (``min(order_width, C)`` wide).
 
   Rows without top-k whose candidates ``{y >= L}`` would overflow the buffer
-  (estimated from ``RowStats.sample``) take ``_sample_large``, unless
+  (estimated from ``RowBounds.sample``) take ``_sample_large``, unless
   ``order_width`` asks for ordered ids.
   """
   interpret = jax.default_backend() != "gpu"
   t = params.temperature
   may_be_large = active & (params.top_k == 0) & (order_width == 0)
-  stats = row_stats(logits, t, active, config, sampled=may_be_large)
+  stats = row_bounds(logits, params, active, config, sampled=may_be_large)
   valid = active & jnp.isfinite(stats.row_max)
   safe_max = jnp.where(valid, stats.row_max, 0.0)
-  t1 = jnp.where(params.min_p > 0, safe_max + jnp.log(params.min_p), -jnp.inf)
-  mass = jnp.exp(stats.log_mass)
-  # The sample estimates the size of {y >= L} (L >= t1).
-  bound, _, _, _, listed, listed_count, estimate = select_threshold(
-      stats.segment_max, safe_max, t1, params, mass * (1 + _BOUND_MARGIN),
-      bound=True, interpret=interpret, list_cap=_LIST_CAP,
-      estimate_from=(stats.sample, t, may_be_large))
+  t1, bound, mass = stats.t1, stats.bound, stats.mass
   capacity = config.max_candidates
-  large = may_be_large & valid & (estimate > capacity // 2)
+  large = may_be_large & valid & (stats.estimate > capacity // 2)
   narrow = valid & ~large
   # Rows whose outside mass is 0 (top-k on: unused; bound == t1: no survivor
   # lies below it) or the row's mass less the candidates' (no min-p).
-  gathered = narrow & (listed_count <= _LIST_CAP) & (
+  gathered = narrow & (stats.listed_count <= _LIST_CAP) & (
       (params.top_k > 0) | (bound == t1) | (t1 == -jnp.inf))
   candidates = collect_candidates(
       logits, t, narrow, bound, t1, safe_max, streams, config,
-      segments=Segments(gathered, listed, listed_count))
+      segments=Segments(gathered, stats.listed, stats.listed_count))
   outside_mass = jnp.where(gathered & (t1 == -jnp.inf),
                            jnp.maximum(mass - candidates.inside_mass, 0.0),
                            candidates.outside_mass)
