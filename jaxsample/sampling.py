@@ -128,57 +128,71 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
                    config: SamplerConfig, return_mask: bool):
   """The kernel path (``sample``'s result, with the mask if asked).
 
-  Rows with no filter (greedy rows included) take the Gumbel kernel; sampled
-  rows with a filter take the truncated kernels
-  (``jaxsample.pallas.threshold``); invalid truncating rows, rows whose kept
-  set overflows the candidate buffer, and truncating rows on the FP64 path
-  take the sort-based reference.  Each path runs only when some row needs it
-  (``lax.cond``).
+  A batch without truncating rows runs the Gumbel kernel alone.  Otherwise
+  the truncation kernels (``jaxsample.pallas.threshold``) sample the
+  truncating rows, and one branch, taken only when some row is left
+  (``lax.cond``), samples the rest: rows with no filter (greedy rows
+  included) by the Gumbel kernel, rows with large kept sets by
+  ``threshold.sample_large``, then invalid truncating rows and rows whose
+  kept set overflows the buffers by the sort-based reference.  On the FP64
+  path every truncating row takes the reference.  In a batch where the
+  truncation kernels finish every row, the rest costs a predicate, its copy
+  to the host (a ``lax.cond`` holding the sort runs outside command
+  buffers), a fill and a select.
   """
   # pylint: disable=g-import-not-at-top
   from jaxsample.pallas import gumbel, threshold
+  batch = logits.shape[0]
   sampled = params.temperature > 0
   truncating = params.truncates() & sampled
 
-  def untruncated():
-    # With a mask, also |K| of untruncated rows: their finite entries.
-    finite = jnp.sum(logits > -jnp.inf, axis=-1,
-                     dtype=jnp.int32) if return_mask else None
-    return (*gumbel.sample_untruncated(logits, params, streams, config,
-                                       active=~truncating), finite)
+  def gumbel_rows(active=None):
+    result, row_max, lse = gumbel.sample_untruncated(
+        logits, params, streams, config, active=active)
+    if not return_mask:
+      return result, None
+    finite = jnp.sum(logits > -jnp.inf, axis=-1, dtype=jnp.int32)
+    return result, mask.assemble(
+        valid=result.valid, greedy=~sampled, token=result.tokens, count=finite,
+        finite=finite, logz=jnp.zeros_like(lse), lse=lse, row_max=row_max,
+        ordered_ids=jnp.zeros((batch, 1), jnp.int32),
+        max_ids=config.max_mask_ids)
 
-  plain, plain_max, plain_lse, finite = rowwise.only_if(~truncating, untruncated)
+  def left_rows(done, trunc=None):
+    """Every row but the ``done`` ones (their outputs are undefined)."""
+    rows = rowwise.only_if(~truncating, lambda: gumbel_rows(~truncating))
+    done = done | ~truncating
+    if trunc is not None and not return_mask:  # mask calls have no large rows
+      token, logprob, complete, *_ = rowwise.only_if(
+          trunc.large != 0, lambda: threshold.sample_large(
+              logits, params, trunc, streams, config))
+      rows = rowwise.where_rows(
+          complete, (SampleResult(token, logprob, complete), None), rows)
+      done = done | complete
+    return rowwise.where_rows(~done, rowwise.only_if(~done, lambda: _sample_xla(
+        logits, params, streams, config, return_mask)), rows)
+
   if config.use_fp64_gumbel:
-    trunc, complete = None, jnp.zeros_like(truncating)
-  else:
-    trunc = rowwise.only_if(truncating, lambda: threshold.sample_truncated(
-        logits, params, truncating, streams, config,
-        order_width=config.max_mask_ids if return_mask else 0), pack=False)
-    complete = trunc.complete
-  fallback = truncating & ~complete
+    result, result_mask = left_rows(jnp.zeros_like(truncating))
+    return (result, result_mask) if return_mask else result
 
-  slow, slow_mask = rowwise.only_if(fallback, lambda: _sample_xla(
-      logits, params, streams, config, return_mask))
-  fast = plain
-  if trunc is not None:
-    fast = SampleResult(jnp.where(complete, trunc.token, plain.tokens),
-                        jnp.where(complete, trunc.logprob, plain.logprobs),
-                        plain.valid | complete)
-  result = rowwise.where_rows(fallback, slow, fast)
-  if not return_mask:
-    return result
+  def truncated_batch():
+    trunc = threshold.sample_truncated(
+        logits, params, streams, config,
+        order_width=config.max_mask_ids if return_mask else 0,
+        finish_large=False)
+    done = trunc.complete
+    rows = (SampleResult(trunc.token, trunc.logprob, done), None)
+    if return_mask:
+      rows = (rows[0], mask.assemble(
+          valid=done, greedy=~sampled, token=trunc.token, count=trunc.count,
+          finite=trunc.finite,
+          logz=(trunc.row_max + trunc.log_kept) - trunc.lse, lse=trunc.lse,
+          row_max=trunc.row_max, ordered_ids=trunc.ordered_ids,
+          max_ids=config.max_mask_ids))
+    return rowwise.where_rows(done, rows, rowwise.only_if(
+        ~done, lambda: left_rows(done, trunc)))
 
-  count, logz, lse = finite, jnp.zeros_like(plain_lse), plain_lse
-  ordered = jnp.zeros((logits.shape[0], 1), jnp.int32)
-  if trunc is not None:
-    count = jnp.where(complete, trunc.count, count)
-    finite = jnp.where(complete, trunc.finite, finite)
-    logz = jnp.where(complete, (trunc.row_max + trunc.log_kept) - trunc.lse,
-                     logz)
-    lse = jnp.where(complete, trunc.lse, lse)
-    ordered = trunc.ordered_ids
-  fast_mask = mask.assemble(
-      valid=result.valid, greedy=~sampled, token=plain.tokens, count=count,
-      finite=finite, logz=logz, lse=lse, row_max=plain_max,
-      ordered_ids=ordered, max_ids=config.max_mask_ids)
-  return result, rowwise.where_rows(fallback, slow_mask, fast_mask)
+  result, result_mask = jax.lax.cond(jnp.any(truncating), truncated_batch,
+                                     gumbel_rows)
+  return (result, result_mask) if return_mask else result

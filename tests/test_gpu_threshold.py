@@ -78,7 +78,7 @@ def test_kernels_decide_most_rows_without_fallback():
     params = SamplingParams.make(batch, top_k=50, top_p=0.9).canonical(VOCAB)
     streams, _ = rng.row_streams(jax.random.key(0), None, batch, VOCAB)
     tr = jax.jit(lambda x: threshold.sample_truncated(
-        x, params, params.truncates(), streams, SamplerConfig()))(x)
+        x, params, streams, SamplerConfig()))(x)
     assert bool(np.all(tr.complete)), kind
     assert bool(np.all(tr.gathered)), kind
     proc = reference.process(x, params)
@@ -100,7 +100,7 @@ def test_large_kept_sets_take_the_window_search(setting):
     key = jax.random.key(2)
     streams, _ = rng.row_streams(key, None, batch, VOCAB)
     tr = jax.jit(lambda x: threshold.sample_truncated(
-        x, params, params.truncates(), streams, SamplerConfig()))(x)
+        x, params, streams, SamplerConfig()))(x)
     proc = reference.process(x, params)
     count = np.sum(proc.keep, axis=-1)
     large = count > SamplerConfig().max_candidates

@@ -25,9 +25,8 @@ def truncate(x, params, config=SamplerConfig(), key=jax.random.key(0)):
   batch, vocab = x.shape
   canon = params.canonical(vocab)
   streams, _ = rng.row_streams(key, None, batch, vocab)
-  active = canon.truncates() & (canon.temperature > 0)
   fn = jax.jit(functools.partial(threshold.sample_truncated, config=config))
-  return jax.tree.map(np.asarray, fn(jnp.asarray(x), canon, active, streams))
+  return jax.tree.map(np.asarray, fn(jnp.asarray(x), canon, streams))
 
 
 def test_order_key_is_monotone_and_invertible():
@@ -283,12 +282,13 @@ def test_kernels_lower_to_triton(monkeypatch):
     with jax.sharding.use_abstract_mesh(mesh):
       text = jax.jit(fn).trace(*args).lower(
           lowering_platforms=("cuda",)).as_text()
-    # gumbel, stats, two selects, candidates and their packing
-    assert text.count("__gpu$xla.gpu.triton") == 6, dtype
+    # gumbel (batches without truncation, and the rows left by the
+    # truncation kernels), stats, bounds, candidates, their packing, select
+    assert text.count("__gpu$xla.gpu.triton") == 7, dtype
     # without a mask, also the large kept sets' window, windowed candidates
     # and their packing, exact search and floored Gumbel kernel
     no_mask = lambda *a: fn(*a, return_mask=False)
     with jax.sharding.use_abstract_mesh(mesh):
       text = jax.jit(no_mask).trace(*args).lower(
           lowering_platforms=("cuda",)).as_text()
-    assert text.count("__gpu$xla.gpu.triton") == 11, dtype
+    assert text.count("__gpu$xla.gpu.triton") == 12, dtype

@@ -41,7 +41,7 @@ them with the sort-based XLA reference):
 
 Large kept sets (rows without top-k whose sample, every ``_SAMPLE_STRIDE``-th
 logit written by the stats pass, puts more than ``C / 2`` candidates above
-``L``; ``_sample_large``): min-p alone keeps ``{y >= t1}``.  With top-p,
+``L``; ``sample_large``): min-p alone keeps ``{y >= t1}``.  With top-p,
 ``top_p_window`` places a window ``[lower, upper)`` of sample ranks around
 the threshold estimated from the sample; the compact pass, windowed, writes
 the window's elements and sums the count and mass above and the mass below
@@ -131,12 +131,24 @@ def _segment_size(vocab: int, chunk: int) -> int:
   return min(chunk, max(_MIN_SEGMENT, _pow2_ceil(-(-vocab // _SEGMENTS_PER_ROW))))
 
 
-def _stats_kernel(temp_ref, active_ref, sampled_ref, x_ref, max_ref,
-                  sumexp_ref, finite_ref, segment_ref, sample_ref, *,
-                  plan: common.KernelPlan, vocab: int, segment: int):
-  row, split = pl.program_id(0), pl.program_id(1)
+def _row_flags(row, param_refs, large_rows: bool):
+  """``(active, sampled)`` of a row: sampled with a filter on (canonical
+  params), and also (``large_rows``) without top-k, so that its kept set may
+  be large and its sample is written."""
+  params = SamplingParams(*(ref[row] for ref in param_refs))
+  active = (params.temperature > 0) & params.truncates()
+  return active, active & (params.top_k == 0) & large_rows
 
-  @pl.when(active_ref[row] != 0)
+
+def _stats_kernel(temp_ref, k_ref, p_ref, m_ref, x_ref, max_ref, sumexp_ref,
+                  finite_ref, segment_ref, sample_ref, *,
+                  plan: common.KernelPlan, vocab: int, segment: int,
+                  large_rows: bool):
+  row, split = pl.program_id(0), pl.program_id(1)
+  active, sampled = _row_flags(row, (temp_ref, k_ref, p_ref, m_ref),
+                               large_rows)
+
+  @pl.when(active)
   def _():
     math = common.KernelMath(plan.interpret)
     per_chunk = plan.chunk // segment
@@ -154,7 +166,7 @@ def _stats_kernel(temp_ref, active_ref, sampled_ref, x_ref, max_ref,
     sumexp_ref[row, split] = sumexp
     finite_ref[row, split] = jnp.sum(finite)
 
-  @pl.when((active_ref[row] != 0) & (sampled_ref[row] != 0))
+  @pl.when(sampled)
   def _():  # every _SAMPLE_STRIDE-th element (-inf past V), tile by tile
     size = plan.tile // _SAMPLE_STRIDE
     lanes = jnp.arange(size, dtype=jnp.int32) * _SAMPLE_STRIDE
@@ -176,14 +188,20 @@ def _stats_kernel(temp_ref, active_ref, sampled_ref, x_ref, max_ref,
     lax.fori_loop(0, plan.steps, body, 0)
 
 
-def _stats_pass(logits, temperature, active, sampled, plan, segment):
+def _params(params: SamplingParams) -> tuple:
+  """The kernels' parameter inputs, in ``SamplingParams``' field order."""
+  return (params.temperature, params.top_k, params.top_p, params.min_p)
+
+
+def _stats_pass(logits, params: SamplingParams, plan, segment,
+                large_rows: bool):
   """The stats pass's per-split ``(max, sum-exp, finite count)`` ``[B, S]``,
   raw segment maxima ``[B, N]`` and sample ``[B, M]``."""
   batch, vocab = logits.shape
   shape = (batch, plan.num_splits)
   padded = plan.num_splits * plan.split_len
   kernel = functools.partial(_stats_kernel, plan=plan, vocab=vocab,
-                             segment=segment)
+                             segment=segment, large_rows=large_rows)
   return pl.pallas_call(
       kernel,
       out_shape=[jax.ShapeDtypeStruct(shape, jnp.float32),
@@ -194,19 +212,21 @@ def _stats_pass(logits, temperature, active, sampled, plan, segment):
                                       jnp.float32)],
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_row_stats")(
-          temperature, active.astype(jnp.int32), sampled.astype(jnp.int32),
-          logits)
+          *_params(params), logits)
 
 
-def _bound_kernel(temp_ref, active_ref, sampled_ref, log_min_p_ref, k_ref,
-                  p_ref, top_ref, sumexp_ref, finite_ref, segment_ref,
-                  sample_ref, row_max_out, mass_out, finite_out, t1_out,
-                  bound_out, listed_out, listed_count_out, estimate_out, *,
-                  splits: int, segments: int, interpret: bool):
-  """One row's stats combined across splits, then its bound (``row_bounds``)."""
+def _bound_kernel(temp_ref, k_ref, p_ref, m_ref, log_min_p_ref, top_ref,
+                  sumexp_ref, finite_ref, segment_ref, sample_ref, row_max_out,
+                  safe_max_out, mass_out, finite_out, t1_out, bound_out,
+                  listed_out, listed_count_out, narrow_out, gather_out,
+                  large_out, *, splits: int, segments: int, capacity: int,
+                  large_rows: bool, interpret: bool):
+  """One row's stats combined across splits, its bound and its route
+  (``row_bounds``)."""
   row = pl.program_id(0)
   math = common.KernelMath(interpret)
-  active = active_ref[row] != 0
+  active, sampled = _row_flags(row, (temp_ref, k_ref, p_ref, m_ref),
+                               large_rows)
   t = jnp.where(active, temp_ref[row], 1.0)
   split = jnp.arange(_pow2_ceil(splits), dtype=jnp.int32)
   use = active & (split < splits)
@@ -219,44 +239,58 @@ def _bound_kernel(temp_ref, active_ref, sampled_ref, log_min_p_ref, k_ref,
   mass = jnp.sum(jnp.where(top > -jnp.inf,
                            sumexp * jnp.exp((top - ref) * (1.0 / t)), 0.0))
   t1 = safe_max + log_min_p_ref[row]
+  k = k_ref[row]
   lanes = jnp.arange(_pow2_ceil(segments), dtype=jnp.int32)
   y = math.temper(plgpu.load(segment_ref.at[row, lanes],
                              mask=active & (lanes < segments),
                              other=-jnp.inf), t)
-  bound, _ = _bound(y, safe_max, t1, k_ref[row], p_ref[row],
+  bound, _ = _bound(y, safe_max, t1, k, p_ref[row],
                     mass * (1 + _BOUND_MARGIN), 0.0, _BOUND_KEY_BITS)
+  listed = _list_reaching(y, bound, row, listed_out.shape[1], listed_out)
+  valid = active & jnp.isfinite(row_max)
+  large = valid & sampled & (_estimate_reaching(
+      bound, row, sample_ref.shape[1], interpret, t, sampled,
+      sample_ref) > capacity // 2)
+  narrow = valid & ~large
   row_max_out[row] = row_max
+  safe_max_out[row] = safe_max
   mass_out[row] = mass
   finite_out[row] = jnp.sum(plgpu.load(finite_ref.at[row, split], mask=use,
                                        other=0))
   t1_out[row] = t1
   bound_out[row] = bound
-  _list_reaching(y, bound, row, listed_out.shape[1], listed_out,
-                 listed_count_out)
-  estimate_out[row] = _estimate_reaching(
-      bound, row, sample_ref.shape[1], interpret, temp_ref, sampled_ref,
-      sample_ref)
+  listed_count_out[row] = listed
+  narrow_out[row] = jnp.where(narrow, 1, 0)
+  # Rows whose outside mass is 0 (top-k on: unused; bound == t1: no survivor
+  # lies below it) or the row's mass less the candidates' (no min-p).
+  gather_out[row] = jnp.where(
+      narrow & (listed <= _LIST_CAP) & (
+          (k > 0) | (bound == t1) | (t1 == -jnp.inf)), 1, 0)
+  large_out[row] = jnp.where(large, 1, 0)
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class RowBounds:
   """Per-row results of the stats pass and the bound select (``[B]`` each
-  unless noted).
+  unless noted) on the active rows: sampled, with a filter on.
 
-  ``row_max = max(y)`` (valid iff finite), ``mass = sum exp(y - row_max)``,
-  ``lse = logsumexp(y)``, ``finite`` the number of finite entries, ``t1`` the
-  min-p threshold (``safe_max + log(min_p)``, ``safe_max`` = ``row_max``
-  where finite, else 0), ``bound`` the lower bound ``L`` of the kept set's
-  threshold (``>= t1``); ``listed`` ``[B, _LIST_CAP]`` the segments
-  (``_segment_size`` contiguous ids each) whose maximum reaches ``L``
-  (ascending; their number ``listed_count`` may exceed ``_LIST_CAP``);
-  ``estimate`` the sample's estimate of ``#{y >= L}`` (``sampled`` rows,
-  else 0); ``sample`` ``[B, M]``: every ``_SAMPLE_STRIDE``-th logit ``x`` of
-  the ``sampled`` rows (-inf padded past V; undefined on other rows).
+  ``row_max = max(y)`` (valid iff finite; ``safe_max``: 0 where not),
+  ``mass = sum exp(y - row_max)``, ``lse = logsumexp(y)``, ``finite`` the
+  number of finite entries, ``t1`` the min-p threshold (``safe_max +
+  log(min_p)``), ``bound`` the lower bound ``L`` of the kept set's threshold
+  (``>= t1``); ``listed`` ``[B, _LIST_CAP]`` the segments (``_segment_size``
+  contiguous ids each) whose maximum reaches ``L`` (ascending; their number
+  ``listed_count`` may exceed ``_LIST_CAP``); ``sample`` ``[B, M]``: every
+  ``_SAMPLE_STRIDE``-th logit ``x`` of the rows that may be large (-inf
+  padded past V; undefined on other rows).  The route, int32 flags: valid
+  rows are ``large`` (no top-k, and the sample estimates more than ``C / 2``
+  elements reaching ``L``) or ``narrow`` (their candidates go to the buffer);
+  ``gather`` narrow rows read only their listed segments (``Segments``).
   """
 
   row_max: jax.Array
+  safe_max: jax.Array
   mass: jax.Array
   lse: jax.Array
   finite: jax.Array
@@ -264,46 +298,49 @@ class RowBounds:
   bound: jax.Array
   listed: jax.Array
   listed_count: jax.Array
-  estimate: jax.Array
+  narrow: jax.Array
+  gather: jax.Array
+  large: jax.Array
   sample: jax.Array
 
 
-def row_bounds(logits, params: SamplingParams, active, config: SamplerConfig,
-               *, sampled) -> RowBounds:
-  """Runs the stats pass and the bound select on the ``active`` rows
-  (temperature > 0 there; canonical ``params``); ``sampled`` ``[B]``: rows
-  that also write their sample.
+def row_bounds(logits, params: SamplingParams, config: SamplerConfig, *,
+               large_rows: bool) -> RowBounds:
+  """Runs the stats pass and the bound select on the rows of canonical
+  ``params`` that are sampled with a filter on; ``large_rows``: rows without
+  top-k may be routed ``large`` (they write their sample).
 
-  The bound select combines each row's per-split stats and searches its
-  segment maxima (``_bound``, ``_SELECT_WARPS`` warps, one program per row).
+  The bound select combines each row's per-split stats, searches its
+  segment maxima (``_bound``) and routes it: one program per row,
+  ``_SELECT_WARPS`` warps.
   """
   batch, vocab = logits.shape
   plan = _pass_plan(batch, vocab, logits.dtype, config)
   segment = _segment_size(vocab, plan.chunk)
   top, sumexp, finite, segment_max, sample = _stats_pass(
-      logits, params.temperature, active, sampled, plan, segment)
+      logits, params, plan, segment, large_rows)
   log_min_p = jnp.where(params.min_p > 0, jnp.log(params.min_p), -jnp.inf)
   kernel = functools.partial(_bound_kernel, splits=plan.num_splits,
                              segments=segment_max.shape[1],
-                             interpret=plan.interpret)
-  row_shape = lambda dtype: jax.ShapeDtypeStruct((batch,), dtype)
-  row_max, mass, finite, t1, bound, listed, listed_count, estimate = (
-      pl.pallas_call(
-          kernel,
-          out_shape=[row_shape(jnp.float32), row_shape(jnp.float32),
-                     row_shape(jnp.int32), row_shape(jnp.float32),
-                     row_shape(jnp.float32),
-                     jax.ShapeDtypeStruct((batch, _LIST_CAP), jnp.int32),
-                     row_shape(jnp.int32), row_shape(jnp.int32)],
-          grid=(batch,),
-          compiler_params=plgpu.CompilerParams(num_warps=_SELECT_WARPS,
-                                               num_stages=1),
-          interpret=plan.interpret, name="jaxsample_row_bounds")(
-              params.temperature, active.astype(jnp.int32),
-              sampled.astype(jnp.int32), log_min_p, params.top_k,
-              params.top_p, top, sumexp, finite, segment_max, sample))
-  return RowBounds(row_max, mass, row_max + jnp.log(mass), finite, t1, bound,
-                   listed, listed_count, estimate, sample)
+                             capacity=config.max_candidates,
+                             large_rows=large_rows, interpret=plan.interpret)
+  f32, i32 = (jax.ShapeDtypeStruct((batch,), d) for d in (jnp.float32,
+                                                          jnp.int32))
+  (row_max, safe_max, mass, finite, t1, bound, listed, listed_count, narrow,
+   gather, large) = pl.pallas_call(
+       kernel,
+       out_shape=[f32, f32, f32, i32, f32, f32,
+                  jax.ShapeDtypeStruct((batch, _LIST_CAP), jnp.int32), i32,
+                  i32, i32, i32],
+       grid=(batch,),
+       compiler_params=plgpu.CompilerParams(num_warps=_SELECT_WARPS,
+                                            num_stages=1),
+       interpret=plan.interpret, name="jaxsample_row_bounds")(
+           *_params(params), log_min_p, top, sumexp, finite, segment_max,
+           sample)
+  return RowBounds(row_max, safe_max, mass, row_max + jnp.log(mass), finite,
+                   t1, bound, listed, listed_count, narrow, gather, large,
+                   sample)
 
 
 def _pow2_ceil(n: int) -> int:
@@ -430,12 +467,14 @@ def _rank_sizes(n: int) -> list[int]:
   return [min(n, 64 << i) for i in range(max(n // 64, 1).bit_length())]
 
 
-def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
-                   above_ref, *refs, bound: bool, width: int, bits: int):
+def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref, *refs,
+                   bound: bool, has_above: bool, width: int, bits: int):
   """One row's thresholds (``select_threshold``).
 
-  Bound mode (all ``N`` entries filled): ``_bound``.
-  Final mode (a candidate buffer with ``scan`` filled slots): on the smallest
+  Bound mode (all ``N`` entries filled; input ``above`` if ``has_above``):
+  ``_bound``.
+  Final mode (inputs ``scan``, ``ids``, ``race``; a candidate buffer with
+  ``scan`` filled slots, none if ``scan > N``): on the smallest
   prefix in ``_rank_sizes`` holding them, ``_rank``, then ``t2 = min{y_i :
   above_i < k}`` (the ``k``-th largest survivor) and ``t3 = max{y_i >= t2 :
   mass_i >= p * total}`` (the sorted cumulative sum first reaches ``p *
@@ -443,14 +482,18 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
   ``i``'s position in the stable descending order; the token is the kept
   entry with the largest race value (the first slot on ties).
   """
-  ids_ref, race_ref, *refs = (None, None, *refs) if bound else refs
-  threshold_ref, count_ref, kept_mass_ref, certified_ref, *extra_refs = refs
+  inputs = int(has_above) if bound else 3
+  (threshold_ref, count_ref, kept_mass_ref, certified_ref,
+   *extra_refs) = refs[inputs:]
   row = pl.program_id(0)
   row_max = row_max_ref[row]
   t1 = t1_ref[row]
   k = k_ref[row]
   p = p_ref[row]
-  scan = scan_ref[row]
+  if not bound:
+    scan_ref, ids_ref, race_ref = refs[:3]
+    scan = scan_ref[row]
+    scan = jnp.where(scan <= y_ref.shape[1], scan, 0)
 
   def select(size):
     y = y_ref[row, pl.ds(0, size)]
@@ -459,7 +502,7 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
     survives = finite & (y >= t1)
     if bound:
       threshold, k_found = _bound(y, row_max, t1, k, p, mass_ref[row],
-                                  above_ref[row], bits)
+                                  refs[0][row] if has_above else 0.0, bits)
     else:
       above, mass, ties = _rank(y_ref, row, scan, y, t1, row_max,
                                 with_ties=bool(width))
@@ -505,23 +548,23 @@ def _select_kernel(y_ref, scan_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
     smaller = size
 
 
-def _estimate_reaching(threshold, row, width: int, interpret: bool, temp_ref,
-                       sampled_ref, sample_ref):
-  """``_SAMPLE_STRIDE`` times the number of the row's tempered sample values
-  reaching ``threshold`` (0 on rows not ``sampled``)."""
+def _estimate_reaching(threshold, row, width: int, interpret: bool, t,
+                       sampled, sample_ref):
+  """``_SAMPLE_STRIDE`` times the number of the row's sample values, tempered
+  by ``t``, reaching ``threshold`` (0 on rows not ``sampled``)."""
   lanes = jnp.arange(_pow2_ceil(width), dtype=jnp.int32)
-  use = (lanes < width) & (sampled_ref[row] != 0)
+  use = (lanes < width) & sampled
   x = plgpu.load(sample_ref.at[row, jnp.where(use, lanes, 0)], mask=use,
                  other=-jnp.inf)
-  t = jnp.where(sampled_ref[row] != 0, temp_ref[row], 1.0)
   y = common.KernelMath(interpret).temper(_sanitize(x), t)
   return _SAMPLE_STRIDE * jnp.sum(jnp.where(use & (y >= threshold), 1, 0))
 
 
-def _list_reaching(y, threshold, row, cap: int, listed_ref, listed_count_ref):
+def _list_reaching(y, threshold, row, cap: int, listed_ref):
   """Writes the indices ``i`` (ascending, the first ``cap``) with ``y_i >=
-  threshold`` less twice the candidate filter's slack, and their number: the
-  segments that may hold candidates of the compact pass's filter."""
+  threshold`` less twice the candidate filter's slack, and returns their
+  number: the segments that may hold candidates of the compact pass's
+  filter."""
   reach = jnp.where(threshold > -jnp.inf,
                     threshold - 2 * _FILTER_SLACK * jnp.abs(threshold),
                     -jnp.inf)
@@ -530,7 +573,7 @@ def _list_reaching(y, threshold, row, cap: int, listed_ref, listed_count_ref):
   plgpu.store(listed_ref.at[row, position],
               jnp.arange(y.shape[0], dtype=jnp.int32),
               mask=(flag != 0) & (position < cap))
-  listed_count_ref[row] = jnp.sum(flag)
+  return jnp.sum(flag)
 
 
 def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
@@ -545,9 +588,9 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
   0) as mass above every entry; with 32 bits an exact search of a row's
   top-p threshold inside a window of its values); final mode ranks the
   entries against the min-p survivors among the first ``scan`` slots
-  (``[B]``, default N; every finite entry must lie there): ``scan x
-  pow2ceil(scan)`` comparisons, below a search's latency up to a few hundred
-  filled slots.
+  (``[B]``, required; every finite entry must lie there; ``scan > N``, an
+  overflowed buffer, ranks none): ``scan x pow2ceil(scan)`` comparisons,
+  below a search's latency up to a few hundred filled slots.
 
   Final mode: the reference's ``max(t1, t2, t3)`` for a row whose min-p
   survivors outside ``y`` have mass ``mass`` (relative to ``row_max``), exact
@@ -563,10 +606,9 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
   ``y``; with ``order_width``, also ``ids``' kept entries by descending
   ``y`` (smallest slot first on ties), ``[B, order_width]``, -1 padded.
   """
-  batch, size = y.shape
-  scan = jnp.full((batch,), size, jnp.int32) if scan is None else scan
-  above = jnp.zeros((batch,), jnp.float32) if above is None else above
-  kernel = functools.partial(_select_kernel, bound=bound, width=order_width,
+  batch = y.shape[0]
+  kernel = functools.partial(_select_kernel, bound=bound,
+                             has_above=above is not None, width=order_width,
                              bits=bits)
   out_shape = [jax.ShapeDtypeStruct((batch,), jnp.float32),
                jax.ShapeDtypeStruct((batch,), jnp.int32),
@@ -581,8 +623,9 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
       kernel, out_shape=out_shape, grid=(batch,),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsample_select_threshold")(
-          y, scan.astype(jnp.int32), row_max, t1, params.top_k, params.top_p,
-          mass, above, *([] if bound else [ids, race]))
+          y, row_max, t1, params.top_k, params.top_p, mass,
+          *(([] if above is None else [above]) if bound else
+            [scan.astype(jnp.int32), ids, race]))
 
 
 # ---------------------------------------------------------------------------
@@ -663,21 +706,22 @@ def top_p_window(sample, row_max, t1, params: SamplingParams, mass,
 # ---------------------------------------------------------------------------
 
 
-def _compact_kernel(temp_ref, active_ref, bound_ref, upper_ref, t1_ref,
-                    row_max_ref, *refs, plan: common.KernelPlan, vocab: int,
-                    capacity: int, segment: int, gathering: bool):
+def _compact_kernel(temp_ref, active_ref, bound_ref, t1_ref, row_max_ref,
+                    *refs, plan: common.KernelPlan, vocab: int, capacity: int,
+                    segment: int, windowed: bool, gathering: bool):
   """Writes the split's elements with ``x * (1 / T) >= L - slack`` (a superset
   of ``{y >= L}``: ``collect_candidates`` drops the rest) in vocab order and
-  sums the mass of the other min-p survivors.  Windowed (``above_out``): only
-  the elements below ``U + slack`` are written; the count and mass of those
-  above it (all ``y >= U``) go to ``above_out``.
+  sums the mass of the other min-p survivors.  ``windowed`` (input ``U``,
+  outputs ``above_out``): only the elements below ``U + slack`` are written;
+  the count and mass of those above it (all ``y >= U``) go to ``above_out``.
 
-  ``gathering`` (inputs ``Segments``' fields): ``gather`` rows read only
-  their listed segments, the split's share of them in order, and report no
-  outside mass.
+  ``gathering`` (inputs ``gather``, ``listed`` and ``count`` of
+  ``Segments``): ``gather`` rows read only their listed segments, the
+  split's share of them in order, and report no outside mass.
   """
   row, split = pl.program_id(0), pl.program_id(1)
   active = active_ref[row] != 0
+  upper_refs, refs = refs[:windowed], refs[windowed:]
   gather_refs, (x_ref, x_out, id_out, count_out, outside_out, *above_out) = (
       refs[:3 * gathering], refs[3 * gathering:])
   gather = gather_refs[0][row] != 0 if gathering else None
@@ -687,7 +731,7 @@ def _compact_kernel(temp_ref, active_ref, bound_ref, upper_ref, t1_ref,
   t1 = t1_ref[row]
   ref = row_max_ref[row] * _LOG2E
   filter_bound = bound - _FILTER_SLACK * jnp.abs(bound)
-  upper = upper_ref[row]
+  upper = upper_refs[0][row] if windowed else jnp.inf
   filter_upper = upper + _FILTER_SLACK * jnp.abs(upper)
 
   def compact(carry, index, x):
@@ -774,11 +818,15 @@ class Segments:
   """Rows (``gather`` ``[B]``) whose candidates come from listed segments
   alone: ``listed`` ``[B, N]`` segment indices (ascending), ``count`` ``[B]``
   of them (``<= N`` on ``gather`` rows); every element reaching the compact
-  pass's filter lies in a listed segment (``RowBounds.listed``)."""
+  pass's filter lies in a listed segment (``RowBounds.listed``).  ``mass``
+  ``[B]``: the row's mass relative to ``row_max`` (``RowBounds.mass``).
+  Gather rows need no outside mass (top-k on, or the bound is ``t1``) or
+  have min-p off: then it is ``mass`` less the candidates'."""
 
   gather: jax.Array
   listed: jax.Array
   count: jax.Array
+  mass: jax.Array
 
 
 @jax.tree_util.register_dataclass
@@ -806,24 +854,27 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
                        streams: rng.RowStreams, config: SamplerConfig, *,
                        upper=None, capacity: int | None = None,
                        segments: Segments | None = None) -> Candidates:
-  """Runs the compact pass and packs each row's candidates into ``C`` slots
+  """Runs the compact pass on the ``active`` rows (``[B]`` bool or int32
+  flags) and packs each row's candidates into ``C`` slots
   (``capacity``, default ``config.max_candidates``); with ``upper`` ``[B]``
   (``>= lower_bound``, ``>= t1``), only the window ``[lower_bound, upper)``;
   with ``segments``, its ``gather`` rows read only their listed segments
-  (``RowBounds.listed``) and their ``outside_mass`` covers only the
-  filter's extra elements."""
+  (``RowBounds.listed``); the outside mass of those with min-p off is the
+  row's ``mass`` less the candidates'."""
   batch, vocab = logits.shape
   capacity = capacity or config.max_candidates
   windowed = upper is not None
-  upper = jnp.full((batch,), jnp.inf) if upper is None else upper
+  upper_inputs = (upper,) if windowed else ()
   plan = _pass_plan(batch, vocab, logits.dtype, config)
   shape = (batch, plan.num_splits)
   kernel = functools.partial(_compact_kernel, plan=plan, vocab=vocab,
                              capacity=capacity,
                              segment=_segment_size(vocab, plan.chunk),
-                             gathering=segments is not None)
-  gather_inputs = () if segments is None else (
-      segments.gather.astype(jnp.int32), segments.listed, segments.count)
+                             windowed=windowed, gathering=segments is not None)
+  active = active.astype(jnp.int32)
+  gather = () if segments is None else (segments.gather.astype(jnp.int32),)
+  gather_inputs = gather and (*gather, segments.listed, segments.count)
+  pack_gather_inputs = gather and (*gather, segments.mass)
   buffer = shape + (capacity,)
   x, ids, count, outside, *above = pl.pallas_call(
       kernel,
@@ -835,51 +886,67 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
                      jax.ShapeDtypeStruct(shape, jnp.float32)] * windowed,
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_collect_candidates")(
-          temperature, active.astype(jnp.int32), lower_bound, upper, t1,
-          row_max, *gather_inputs, logits)
-  written = jnp.where(active[:, None], jnp.minimum(count, capacity), 0)
-  starts = jnp.cumsum(written, axis=-1) - written  # [B, S]
+          temperature, active, lower_bound, t1, row_max, *upper_inputs,
+          *gather_inputs, logits)
   pack = functools.partial(_pack_kernel, splits=plan.num_splits,
                            capacity=capacity, generator=config.rng,
-                           windowed=windowed, interpret=plan.interpret)
+                           windowed=windowed, gathering=segments is not None,
+                           interpret=plan.interpret)
   row_shape = lambda dtype: jax.ShapeDtypeStruct((batch,), dtype)
   slots = lambda dtype: jax.ShapeDtypeStruct((batch, capacity), dtype)
-  y, ids, race, count, outside, inside_mass, above_count, above_mass = (
+  y, ids, race, count, outside, inside_mass, above_count, above_mass, _ = (
       pl.pallas_call(
           pack,
           out_shape=[slots(jnp.float32), slots(jnp.int32), slots(jnp.float32),
                      row_shape(jnp.int32), row_shape(jnp.float32),
                      row_shape(jnp.float32), row_shape(jnp.int32),
-                     row_shape(jnp.float32)],
+                     row_shape(jnp.float32),
+                     jax.ShapeDtypeStruct((batch, _pow2_ceil(plan.num_splits)),
+                                          jnp.int32)],
           grid=(batch,),
           compiler_params=plgpu.CompilerParams(
               num_warps=min(16, max(_PACK_WARPS, capacity // 256)),
               num_stages=1),
           interpret=plan.interpret, name="jaxsample_pack_candidates")(
-              temperature, active.astype(jnp.int32), lower_bound, upper, t1,
-              row_max, streams.key0, streams.key1, streams.base_hi,
-              streams.base_lo, x, ids, starts, count, outside, *above))
+              temperature, active, lower_bound, t1, row_max, streams.key0,
+              streams.key1, streams.base_hi, streams.base_lo, x, ids, count,
+              outside, *upper_inputs, *above, *pack_gather_inputs))
   return Candidates(y, ids, race, count, outside, inside_mass, above_count,
                     above_mass)
 
 
-def _pack_kernel(temp_ref, active_ref, lower_ref, upper_ref, t1_ref,
-                 row_max_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
-                 x_ref, id_ref, starts_ref, count_ref, outside_ref, *refs,
-                 splits: int, capacity: int, generator: str, windowed: bool,
+def _pack_kernel(temp_ref, active_ref, lower_ref, t1_ref, row_max_ref,
+                 key0_ref, key1_ref, base_hi_ref, base_lo_ref, x_ref, id_ref,
+                 count_ref, outside_ref, *refs, splits: int, capacity: int,
+                 generator: str, windowed: bool, gathering: bool,
                  interpret: bool):
   """One row's candidates (``Candidates``) from the compact pass's split
   buffers: the splits' entries side by side (vocab order; split ``s``'s
-  first at slot ``starts[s]``), tempered with the reference's division, the
+  first at slot ``starts[s]``, the sum of the earlier splits' written
+  counts, which the kernel writes to its last output and reads back),
+  tempered with the reference's division, the
   filter's extra elements moved to the outside mass (``y < L``) or above the
-  window (``y >= U``), and the race values of the rest with the noise of
-  their ids."""
-  above_refs, (y_out, id_out, race_out, count_out, outside_out, inside_out,
-               above_count_out, above_mass_out) = (
-                   refs[:2 * windowed], refs[2 * windowed:])
+  window (``y >= U``; ``windowed``: inputs ``U`` and the compact pass's
+  above count and mass), and the race values of the rest with the noise of
+  their ids.  ``gathering`` (inputs ``Segments.gather`` and ``mass``): the
+  outside mass of gather rows with min-p off is the row's less the
+  candidates'."""
+  window_refs, refs = refs[:3 * windowed], refs[3 * windowed:]
+  gather_refs, (y_out, id_out, race_out, count_out, outside_out, inside_out,
+                above_count_out, above_mass_out, starts_ref) = (
+                    refs[:2 * gathering], refs[2 * gathering:])
   row = pl.program_id(0)
+  upper, above_refs = ((window_refs[0][row], window_refs[1:]) if windowed
+                       else (jnp.inf, ()))
   math = common.KernelMath(interpret)
   active = active_ref[row] != 0
+  lanes = jnp.arange(_pow2_ceil(splits), dtype=jnp.int32)
+  written = plgpu.load(count_ref.at[row, lanes], mask=active & (lanes < splits),
+                       other=0)
+  written = jnp.minimum(written, capacity)
+  starts_ref[row, :] = jnp.cumsum(written) - written
+  if not interpret:  # the stores above are read by other threads
+    plgpu.debug_barrier()
   slot = lax.broadcasted_iota(jnp.int32, (capacity,), 0)
   # Each slot's split: the last one starting at or before it (binary search).
   source = jnp.zeros((capacity,), jnp.int32)
@@ -898,8 +965,6 @@ def _pack_kernel(temp_ref, active_ref, lower_ref, upper_ref, t1_ref,
   x = plgpu.load(x_ref.at[row, source, local], mask=filled, other=-jnp.inf)
   ids = plgpu.load(id_ref.at[row, source, local], mask=filled, other=0)
 
-  lanes = jnp.arange(_pow2_ceil(splits), dtype=jnp.int32)
-
   def split_sum(ref):  # one load of the row's per-split values
     value = plgpu.load(ref.at[row, lanes], mask=lanes < splits, other=0)
     return jnp.where(active, jnp.sum(value), jnp.zeros((), value.dtype))
@@ -910,9 +975,10 @@ def _pack_kernel(temp_ref, active_ref, lower_ref, upper_ref, t1_ref,
   t = jnp.where(active, temp_ref[row], 1.0)
   y = jnp.where(x > -jnp.inf, math.temper(x, t), -jnp.inf)
   e = jnp.where(y > -jnp.inf, jnp.exp(y - row_max_ref[row]), 0.0)
-  over = y >= upper_ref[row]
+  over = y >= upper
   inside = (y >= lower_ref[row]) & ~over
-  extra = ~inside & ~over & (y >= t1_ref[row])
+  t1 = t1_ref[row]
+  extra = ~inside & ~over & (y >= t1)
   y = jnp.where(inside, y, -jnp.inf)
   ids = jnp.where(inside, ids, 0)
   stream = rng.RowStreams(key0_ref[row], key1_ref[row], base_hi_ref[row],
@@ -923,8 +989,14 @@ def _pack_kernel(temp_ref, active_ref, lower_ref, upper_ref, t1_ref,
   id_out[row, :] = jnp.where(inside, ids, -1)
   race_out[row, :] = y + noise
   count_out[row] = count
-  outside_out[row] = outside + jnp.sum(jnp.where(extra, e, 0.0))
-  inside_out[row] = jnp.sum(jnp.where(inside, e, 0.0))
+  inside_mass = jnp.sum(jnp.where(inside, e, 0.0))
+  outside = outside + jnp.sum(jnp.where(extra, e, 0.0))
+  if gathering:
+    gather_ref, mass_ref = gather_refs
+    outside = jnp.where((gather_ref[row] != 0) & (t1 == -jnp.inf),
+                        jnp.maximum(mass_ref[row] - inside_mass, 0.0), outside)
+  outside_out[row] = outside
+  inside_out[row] = inside_mass
   above_count_out[row] = above_count + jnp.sum(jnp.where(over, 1, 0))
   above_mass_out[row] = above_mass + jnp.sum(jnp.where(over, e, 0.0))
 
@@ -948,7 +1020,10 @@ class Truncation:
   (``y >= threshold`` entries); ``ordered_ids`` ``[B, W]`` (when asked for):
   ``K``'s ids by descending ``y``, smallest id first on ties, -1 padded;
   ``finite``: the row's number of finite entries; ``gathered``: the row's
-  candidates came from its listed segments (``Segments``).
+  candidates came from its listed segments (``Segments``); ``large`` (int32
+  flags, ``RowBounds.large``): the row's kept set is left to
+  ``sample_large``;
+  ``t1``, ``mass`` and ``sample``: ``RowBounds``'.
   """
 
   token: jax.Array
@@ -963,67 +1038,66 @@ class Truncation:
   ordered_ids: jax.Array | None
   finite: jax.Array
   gathered: jax.Array
+  large: jax.Array
+  t1: jax.Array
+  mass: jax.Array
+  sample: jax.Array
 
 
-def sample_truncated(logits, params: SamplingParams, active,
+def sample_truncated(logits, params: SamplingParams,
                      streams: rng.RowStreams, config: SamplerConfig, *,
-                     order_width: int = 0) -> Truncation:
-  """Truncated Gumbel-max for canonical params on rows where ``active``
-  (sampled rows with a filter on; fp32 noise); with ``order_width``, also the
-  kept ids in probability order (``min(order_width, C)`` wide).
+                     order_width: int = 0,
+                     finish_large: bool = True) -> Truncation:
+  """Truncated Gumbel-max (fp32 noise) of the rows of canonical ``params``
+  that are sampled with a filter on (other rows: not ``complete``); with
+  ``order_width``, also the kept ids in probability order (``min(order_width,
+  C)`` wide).
 
   Rows without top-k whose candidates ``{y >= L}`` would overflow the buffer
-  (estimated from ``RowBounds.sample``) take ``_sample_large``, unless
-  ``order_width`` asks for ordered ids.
+  (estimated from ``RowBounds.sample``) are ``large``, unless
+  ``order_width`` asks for ordered ids: ``sample_large`` samples them, here
+  (``finish_large``) or by the caller (the rows stay incomplete).
   """
   interpret = jax.default_backend() != "gpu"
-  t = params.temperature
-  may_be_large = active & (params.top_k == 0) & (order_width == 0)
-  stats = row_bounds(logits, params, active, config, sampled=may_be_large)
-  valid = active & jnp.isfinite(stats.row_max)
-  safe_max = jnp.where(valid, stats.row_max, 0.0)
-  t1, bound, mass = stats.t1, stats.bound, stats.mass
+  stats = row_bounds(logits, params, config, large_rows=order_width == 0)
+  safe_max, t1, bound, mass = stats.safe_max, stats.t1, stats.bound, stats.mass
   capacity = config.max_candidates
-  large = may_be_large & valid & (stats.estimate > capacity // 2)
-  narrow = valid & ~large
-  # Rows whose outside mass is 0 (top-k on: unused; bound == t1: no survivor
-  # lies below it) or the row's mass less the candidates' (no min-p).
-  gathered = narrow & (stats.listed_count <= _LIST_CAP) & (
-      (params.top_k > 0) | (bound == t1) | (t1 == -jnp.inf))
   candidates = collect_candidates(
-      logits, t, narrow, bound, t1, safe_max, streams, config,
-      segments=Segments(gathered, stats.listed, stats.listed_count))
-  outside_mass = jnp.where(gathered & (t1 == -jnp.inf),
-                           jnp.maximum(mass - candidates.inside_mass, 0.0),
-                           candidates.outside_mass)
+      logits, params.temperature, stats.narrow, bound, t1, safe_max, streams,
+      config, segments=Segments(stats.gather, stats.listed,
+                                stats.listed_count, mass))
   (threshold, count, kept_mass, certified, token, token_y,
    *ordered) = select_threshold(
-      candidates.y, safe_max, t1, params, outside_mass, bound=False,
+      candidates.y, safe_max, t1, params, candidates.outside_mass, bound=False,
       interpret=interpret, ids=candidates.ids, race=candidates.race,
-      # Rows whose candidates overflow take the fallback: not ranked.
-      scan=jnp.where(candidates.count <= capacity, candidates.count, 0),
+      scan=candidates.count,  # rows that overflow the buffer are not ranked
       order_width=min(order_width, capacity))
   log_kept = jnp.log(kept_mass)
   logprob = (token_y - safe_max) - log_kept
   # Exact iff every kept element and every top-k survivor is a candidate
   # (bound == t1: the candidates are all min-p survivors).
-  complete = (narrow & (candidates.count <= capacity) &
+  complete = ((stats.narrow != 0) & (candidates.count <= capacity) &
               (threshold >= bound) & ((certified != 0) | (bound == t1)))
-  found = (token, logprob, complete, threshold, count, log_kept)
-  if not order_width:
-    found = rowwise.where_rows(large, rowwise.only_if(large, lambda: _sample_large(
-        logits, params, large, tempered_sample(stats.sample, t), safe_max, t1,
-        mass, streams, config)), found)
-  token, logprob, complete, threshold, count, log_kept = found
-  return Truncation(token, logprob, complete, stats.row_max, stats.lse,
-                    threshold, count, log_kept, candidates,
-                    ordered[0] if ordered else None, stats.finite, gathered)
+  trunc = Truncation(token, logprob, complete, stats.row_max, stats.lse,
+                     threshold, count, log_kept, candidates,
+                     ordered[0] if ordered else None, stats.finite,
+                     stats.gather != 0, stats.large, t1, mass, stats.sample)
+  if not finish_large or order_width:
+    return trunc
+  large = stats.large != 0
+  found = rowwise.where_rows(
+      large, rowwise.only_if(large, lambda: sample_large(
+          logits, params, trunc, streams, config)),
+      (token, logprob, complete, threshold, count, log_kept))
+  return dataclasses.replace(trunc, **dict(zip(
+      ("token", "logprob", "complete", "threshold", "count", "log_kept"),
+      found)))
 
 
-def _sample_large(logits, params: SamplingParams, large, sample, row_max, t1,
-                  mass, streams: rng.RowStreams, config: SamplerConfig):
+def sample_large(logits, params: SamplingParams, trunc: Truncation,
+                 streams: rng.RowStreams, config: SamplerConfig):
   """``(token, logprob, complete, threshold, count, log_kept)`` of the
-  ``large`` rows (no top-k; ``Truncation``'s fields).
+  ``trunc.large`` rows (no top-k; ``Truncation``'s fields).
 
   min-p alone keeps ``{y >= t1}``.  With top-p: ``top_p_window`` places a
   window ``[lower, upper)`` around the threshold; the windowed compact pass
@@ -1035,6 +1109,9 @@ def _sample_large(logits, params: SamplingParams, large, sample, row_max, t1,
   """
   interpret = jax.default_backend() != "gpu"
   t = params.temperature
+  large, t1, mass = trunc.large != 0, trunc.t1, trunc.mass
+  row_max = jnp.where(jnp.isfinite(trunc.row_max), trunc.row_max, 0.0)
+  sample = tempered_sample(trunc.sample, t)
   windowed = large & (params.top_p < 1)
   capacity = _WINDOW_BUFFERS * config.max_candidates
 
