@@ -87,12 +87,15 @@ def test_kernels_decide_most_rows_without_fallback():
 
 @pytest.mark.parametrize("setting", [dict(top_p=0.9), dict(top_p=0.95),
                                      dict(min_p=0.05),
-                                     dict(top_p=0.9, min_p=0.001)],
+                                     dict(top_p=0.9, min_p=0.001),
+                                     dict(top_k=VOCAB - 1),
+                                     dict(top_k=20000, min_p=0.001),
+                                     dict(top_k=60000, top_p=0.9)],
                          ids=str)
 def test_large_kept_sets_take_the_window_search(setting):
-  """Flat rows without top-k keep far more than the candidate buffer: the
-  windowed search decides them (complete, no fallback) with the reference's
-  counts and tokens."""
+  """Flat rows with top-k off or large keep far more than the candidate
+  buffer: the windowed searches decide them (complete, no fallback) with the
+  reference's counts and tokens."""
   batch = 32
   for kind in ("flat", "zipf"):
     x = logits(kind, batch, jnp.float32, seed=4)
@@ -110,8 +113,8 @@ def test_large_kept_sets_take_the_window_search(setting):
     want = reference.sample_reference(x, params, streams, generator="philox")
     y = np.asarray(proc.y)
     for row in range(batch):
-      o = oracle_keep(y[row], 0, float(params.top_p[row]),
-                      float(params.min_p[row]))
+      o = oracle_keep(y[row], int(params.top_k[row]),
+                      float(params.top_p[row]), float(params.min_p[row]))
       if o.near_boundary:
         continue
       assert tr.count[row] == count[row], (kind, row)

@@ -102,12 +102,20 @@ def test_small_kept_sets_are_always_certified():
 
 
 def test_overflowing_rows_are_not_certified():
-  """Top-k rows whose candidates overflow the buffer take the fallback."""
+  """Rows with top-k at most ``C / 2`` whose candidates overflow the buffer
+  (here: the tie at the threshold) take the fallback; rows with a larger
+  top-k take the window searches."""
   vocab = 3000
-  x = np.random.default_rng(4).standard_normal((3, vocab)).astype(np.float32)
-  params = SamplingParams.make(3, top_k=[100, 200, 5], top_p=[1, 0.99, 1])
+  x = np.random.default_rng(4).standard_normal((4, vocab)).astype(np.float32)
+  x[0, :200] = 5.0
+  params = SamplingParams.make(4, top_k=[5, 100, 200, 5], top_p=[1, 1, 0.99, 1])
   tr = truncate(x, params, SamplerConfig(max_candidates=64))
-  np.testing.assert_array_equal(tr.complete, [False, False, True])
+  np.testing.assert_array_equal(tr.complete, [False, True, True, True])
+  np.testing.assert_array_equal(tr.large != 0, [False, True, True, False])
+  for i in (1, 2, 3):
+    o = oracle_keep(x[i], int(params.top_k[i]), float(params.top_p[i]), 0.0)
+    np.testing.assert_array_equal(x[i] >= tr.threshold[i], o.kept)
+    assert tr.count[i] == o.kept.sum()
 
 
 def test_rows_read_only_their_listed_segments_when_they_can():
@@ -138,13 +146,15 @@ def test_rows_read_only_their_listed_segments_when_they_can():
     assert kept[tr.token[i]], i
 
 
-@pytest.mark.parametrize("setting", [dict(top_p=0.9), dict(top_p=0.5),
-                                     dict(top_p=0.95, min_p=0.01),
-                                     dict(min_p=0.05)], ids=str)
+@pytest.mark.parametrize("setting", [
+    dict(top_p=0.9), dict(top_p=0.5), dict(top_p=0.95, min_p=0.01),
+    dict(min_p=0.05), dict(top_k=19999), dict(top_k=5000, min_p=0.001),
+    dict(top_k=[3000, 200, 12000, 600], top_p=[0.9, 1, 0.5, 0.95])], ids=str)
 def test_large_kept_sets_are_decided_by_the_window_search(setting):
-  """Rows without top-k whose kept sets overflow the candidate buffer take
-  the window search: complete (so not by the buffer), with the oracle's kept
-  set, count and mass and the reference's token and logprob."""
+  """Rows with top-k off or above ``C / 2`` whose kept sets overflow the
+  candidate buffer take the window searches: complete (so not by the
+  buffer), with the oracle's kept set, count and mass and the reference's
+  token and logprob."""
   batch, vocab = 4, 20000
   r = np.random.default_rng(11)
   x = (r.standard_normal((batch, vocab)) * np.float32([[1], [2], [1], [3]])
@@ -157,7 +167,8 @@ def test_large_kept_sets_are_decided_by_the_window_search(setting):
   y = np.asarray(reference.temper(jnp.asarray(x), params.temperature))
   large = 0
   for i in range(batch):
-    o = oracle_keep(y[i], 0, float(params.top_p[i]), float(params.min_p[i]))
+    o = oracle_keep(y[i], int(params.top_k[i]), float(params.top_p[i]),
+                    float(params.min_p[i]))
     large += o.kept.sum() > config.max_candidates
     kept = (y[i] >= tr.threshold[i]) & (y[i] > -np.inf)
     if o.near_boundary:
@@ -169,6 +180,7 @@ def test_large_kept_sets_are_decided_by_the_window_search(setting):
     np.testing.assert_allclose(tr.log_kept[i], np.log(mass), rtol=1e-5,
                                atol=1e-5)
   assert large >= 2
+  assert (tr.large != 0).sum() >= 2
   assert tr.complete.all()
   streams, _ = rng.row_streams(key, None, batch, vocab)
   want = reference.sample_reference(jnp.asarray(x), params.canonical(vocab),
@@ -181,13 +193,16 @@ def test_large_kept_sets_are_decided_by_the_window_search(setting):
 
 
 def test_a_misleading_sample_falls_back_to_the_reference():
-  """Every sampled element is far below the rest: the window misses, the
-  rows are not certified, and the sampler's fallback matches the reference."""
-  batch, vocab = 2, 20000
+  """Every sampled element is far below the rest (top-p, top-k), or every
+  element ties (top-k): the window misses, the rows are not certified, and
+  the sampler's fallback matches the reference."""
+  batch, vocab = 3, 20000
   x = np.random.default_rng(13).standard_normal((batch, vocab)).astype(
       np.float32)
   x[:, ::threshold._SAMPLE_STRIDE] = -30
-  params = SamplingParams.make(batch, top_p=0.9)
+  x[2] = 0.5
+  params = SamplingParams.make(batch, top_p=[0.9, 1, 1],
+                               top_k=[0, 10000, vocab - 1])
   key = jax.random.key(14)
   tr = truncate(x, params, SamplerConfig(max_candidates=256), key)
   assert not tr.complete.any()
@@ -285,10 +300,11 @@ def test_kernels_lower_to_triton(monkeypatch):
     # gumbel (batches without truncation, and the rows left by the
     # truncation kernels), stats, bounds, candidates, their packing, select
     assert text.count("__gpu$xla.gpu.triton") == 7, dtype
-    # without a mask, also the large kept sets' window, windowed candidates
-    # and their packing, exact search and floored Gumbel kernel
+    # without a mask, also the large kept sets' two window searches (top-k,
+    # top-p: window, windowed candidates and their packing, exact search)
+    # and floored Gumbel kernel
     no_mask = lambda *a: fn(*a, return_mask=False)
     with jax.sharding.use_abstract_mesh(mesh):
       text = jax.jit(no_mask).trace(*args).lower(
           lowering_platforms=("cuda",)).as_text()
-    assert text.count("__gpu$xla.gpu.triton") == 12, dtype
+    assert text.count("__gpu$xla.gpu.triton") == 16, dtype

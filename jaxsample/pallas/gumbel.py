@@ -308,7 +308,8 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
       def step(carry, chunk, x):
         state, kept = carry
         x = x.astype(jnp.float32)
-        inside = math.temper(x, t) >= floor  # the reference's y: exact
+        # The reference's y (exact); a floor of -inf keeps the finite ones.
+        inside = (math.temper(x, t) >= floor) & (x > -jnp.inf)
         state = race.chunk_step(state, chunk, jnp.where(inside, x, -jnp.inf))
         return state, kept + jnp.where(inside, 1, 0)
 

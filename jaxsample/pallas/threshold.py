@@ -39,16 +39,21 @@ them with the sort-based XLA reference):
    sampling mask).  The token is the largest race value among kept
    candidates (smallest id on ties: the buffer is in vocab order).
 
-Large kept sets (rows without top-k whose sample, every ``_SAMPLE_STRIDE``-th
-logit written by the stats pass, puts more than ``C / 2`` candidates above
-``L``; ``sample_large``): min-p alone keeps ``{y >= t1}``.  With top-p,
-``top_p_window`` places a window ``[lower, upper)`` of sample ranks around
-the threshold estimated from the sample; the compact pass, windowed, writes
-the window's elements and sums the count and mass above and the mass below
-it; a 32-bit bound-mode search over the window finds the exact threshold.
-Then the Gumbel kernel with a ``floor`` races the kept set and counts it.
-Three passes over the row (stats, windowed compact, Gumbel); a window that
-missed the threshold or overflowed its buffer makes the row incomplete.
+Large kept sets (rows with ``k > C / 2``, and rows without top-k whose
+sample, every ``_SAMPLE_STRIDE``-th logit written by the stats pass, puts
+more than ``C / 2`` candidates above ``L``; ``sample_large``): min-p alone keeps
+``{y >= t1}``.  Top-k and top-p thresholds each come from a window search:
+``threshold_window`` places a window ``[lower, upper)`` of sample ranks
+around the threshold estimated from the sample; the compact pass, windowed,
+writes the window's elements and sums the count and mass above and the mass
+below it; a 32-bit bound-mode search over the window finds the exact
+threshold (top-k first; top-p then searches above ``max(t1, t2)``).  Then
+the Gumbel kernel with a ``floor`` races the kept set and counts it.  Three
+passes over the row (stats, windowed compact, Gumbel), four with top-k and
+top-p both on; a window that missed the threshold or overflowed its buffer
+makes the row incomplete (the sampler then takes the sort-based reference:
+rows whose ties span the window, and the rare rows whose sample misleads the
+estimate by more than 5 standard deviations).
 
 Every partial result is a max, a sum or a list of candidates in vocab order,
 so the vocab-parallel sampler combines shards exactly as it combines splits:
@@ -131,22 +136,23 @@ def _segment_size(vocab: int, chunk: int) -> int:
   return min(chunk, max(_MIN_SEGMENT, _pow2_ceil(-(-vocab // _SEGMENTS_PER_ROW))))
 
 
-def _row_flags(row, param_refs, large_rows: bool):
+def _row_flags(row, param_refs, large_rows: bool, capacity: int):
   """``(active, sampled)`` of a row: sampled with a filter on (canonical
-  params), and also (``large_rows``) without top-k, so that its kept set may
-  be large and its sample is written."""
+  params), and also (``large_rows``) without top-k or with ``k > C / 2``, so
+  that its kept set may be large and its sample is written."""
   params = SamplingParams(*(ref[row] for ref in param_refs))
   active = (params.temperature > 0) & params.truncates()
-  return active, active & (params.top_k == 0) & large_rows
+  return active, active & large_rows & (
+      (params.top_k == 0) | (params.top_k > capacity // 2))
 
 
 def _stats_kernel(temp_ref, k_ref, p_ref, m_ref, x_ref, max_ref, sumexp_ref,
                   finite_ref, segment_ref, sample_ref, *,
                   plan: common.KernelPlan, vocab: int, segment: int,
-                  large_rows: bool):
+                  large_rows: bool, capacity: int):
   row, split = pl.program_id(0), pl.program_id(1)
   active, sampled = _row_flags(row, (temp_ref, k_ref, p_ref, m_ref),
-                               large_rows)
+                               large_rows, capacity)
 
   @pl.when(active)
   def _():
@@ -194,14 +200,15 @@ def _params(params: SamplingParams) -> tuple:
 
 
 def _stats_pass(logits, params: SamplingParams, plan, segment,
-                large_rows: bool):
+                large_rows: bool, capacity: int):
   """The stats pass's per-split ``(max, sum-exp, finite count)`` ``[B, S]``,
   raw segment maxima ``[B, N]`` and sample ``[B, M]``."""
   batch, vocab = logits.shape
   shape = (batch, plan.num_splits)
   padded = plan.num_splits * plan.split_len
   kernel = functools.partial(_stats_kernel, plan=plan, vocab=vocab,
-                             segment=segment, large_rows=large_rows)
+                             segment=segment, large_rows=large_rows,
+                             capacity=capacity)
   return pl.pallas_call(
       kernel,
       out_shape=[jax.ShapeDtypeStruct(shape, jnp.float32),
@@ -226,7 +233,7 @@ def _bound_kernel(temp_ref, k_ref, p_ref, m_ref, log_min_p_ref, top_ref,
   row = pl.program_id(0)
   math = common.KernelMath(interpret)
   active, sampled = _row_flags(row, (temp_ref, k_ref, p_ref, m_ref),
-                               large_rows)
+                               large_rows, capacity)
   t = jnp.where(active, temp_ref[row], 1.0)
   split = jnp.arange(_pow2_ceil(splits), dtype=jnp.int32)
   use = active & (split < splits)
@@ -248,9 +255,11 @@ def _bound_kernel(temp_ref, k_ref, p_ref, m_ref, log_min_p_ref, top_ref,
                     mass * (1 + _BOUND_MARGIN), 0.0, _BOUND_KEY_BITS)
   listed = _list_reaching(y, bound, row, listed_out.shape[1], listed_out)
   valid = active & jnp.isfinite(row_max)
-  large = valid & sampled & (_estimate_reaching(
+  # The sample's estimate is too noisy to trust a top-k row (k > C / 2) with
+  # the buffer.
+  large = valid & sampled & ((k > 0) | (_estimate_reaching(
       bound, row, sample_ref.shape[1], interpret, t, sampled,
-      sample_ref) > capacity // 2)
+      sample_ref) > capacity // 2))
   narrow = valid & ~large
   row_max_out[row] = row_max
   safe_max_out[row] = safe_max
@@ -284,8 +293,8 @@ class RowBounds:
   ``listed_count`` may exceed ``_LIST_CAP``); ``sample`` ``[B, M]``: every
   ``_SAMPLE_STRIDE``-th logit ``x`` of the rows that may be large (-inf
   padded past V; undefined on other rows).  The route, int32 flags: valid
-  rows are ``large`` (no top-k, and the sample estimates more than ``C / 2``
-  elements reaching ``L``) or ``narrow`` (their candidates go to the buffer);
+  rows are ``large`` (``k > C / 2``, or top-k off and the sample estimates
+  more than ``C / 2`` elements reaching ``L``) or ``narrow`` (their candidates go to the buffer);
   ``gather`` narrow rows read only their listed segments (``Segments``).
   """
 
@@ -308,7 +317,8 @@ def row_bounds(logits, params: SamplingParams, config: SamplerConfig, *,
                large_rows: bool) -> RowBounds:
   """Runs the stats pass and the bound select on the rows of canonical
   ``params`` that are sampled with a filter on; ``large_rows``: rows without
-  top-k may be routed ``large`` (they write their sample).
+  top-k or with ``k > C / 2`` may be routed ``large`` (they write their
+  sample).
 
   The bound select combines each row's per-split stats, searches its
   segment maxima (``_bound``) and routes it: one program per row,
@@ -318,7 +328,7 @@ def row_bounds(logits, params: SamplingParams, config: SamplerConfig, *,
   plan = _pass_plan(batch, vocab, logits.dtype, config)
   segment = _segment_size(vocab, plan.chunk)
   top, sumexp, finite, segment_max, sample = _stats_pass(
-      logits, params, plan, segment, large_rows)
+      logits, params, plan, segment, large_rows, config.max_candidates)
   log_min_p = jnp.where(params.min_p > 0, jnp.log(params.min_p), -jnp.inf)
   kernel = functools.partial(_bound_kernel, splits=plan.num_splits,
                              segments=segment_max.shape[1],
@@ -629,14 +639,21 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
 
 
 # ---------------------------------------------------------------------------
-# Large kept sets: a window around the top-p threshold, from a sample.
+# Large kept sets: a window around the threshold, from a sample.
 # ---------------------------------------------------------------------------
 
 # Every ``_SAMPLE_STRIDE``-th element of a row is its sample.  The window
 # spans ``2 * half`` sample ranks around the estimate, with ``half`` sized so
 # the window's expected count is about 0.7 of its buffer.
 _SAMPLE_STRIDE = 32
-_WINDOW_BUFFERS = 8  # the window's buffer, in candidate buffers
+# The window's buffer, in candidate buffers.  A top-p estimate from the
+# sample's mass is tight; the top-k estimate ``k / _SAMPLE_STRIDE`` misses
+# the ``k``-th largest by about ``sqrt(_SAMPLE_STRIDE * V / 4)`` elements (one
+# standard deviation, at k = V / 2), so its window is twice as wide: with
+# V = 151936, 5 standard deviations (a simulation of 2000 random-normal rows
+# missed 0.8% of them at 8 buffers).
+_WINDOW_BUFFERS = 8
+_TOP_K_WINDOW_BUFFERS = 16
 _WINDOW_WARPS = 16  # the window and its exact search: long serial searches
 
 
@@ -653,26 +670,30 @@ def tempered_sample(sample, temperature):
                  constant_values=-jnp.inf)
 
 
-def _window_kernel(y_ref, row_max_ref, t1_ref, p_ref, mass_ref, lower_ref,
-                   upper_ref, *, half: int):
+def _window_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
+                   lower_ref, upper_ref, *, half: int, by_count: bool):
   """One row's window ``[lower, upper)``: sample ranks ``r +- half`` around
-  the estimated top-p threshold (rank ``r``), clamped to ``>= t1``."""
+  the estimated threshold (rank ``r``; ``by_count``: the ``k``-th largest
+  survivor, else the top-p threshold), clamped to ``>= t1``."""
   row = pl.program_id(0)
   y = y_ref[row, :]
   t1 = t1_ref[row]
-  p = p_ref[row]
   finite = y > -jnp.inf
-  e = jnp.where(finite, jnp.exp(y - row_max_ref[row]), 0.0) * _SAMPLE_STRIDE
   survives = finite & (y >= t1)
   key = order_key(y)
-  # The mass below the threshold is (1 - p) of the survivors' mass, made of
-  # many small terms: the sample estimates it well.
-  below_t1 = jnp.sum(jnp.where(finite & ~survives, e, 0.0))
-  target = (1 - p) * mass_ref[row] + p * below_t1
-  threshold_key = _largest_key(
-      lambda v: jnp.sum(jnp.where(key < v, e, 0.0)) <= target,
-      _BOUND_KEY_BITS)
-  rank = jnp.sum(jnp.where(survives & (key >= threshold_key), 1, 0))
+  if by_count:
+    rank = k_ref[row] // _SAMPLE_STRIDE
+  else:
+    p = p_ref[row]
+    e = jnp.where(finite, jnp.exp(y - row_max_ref[row]), 0.0) * _SAMPLE_STRIDE
+    # The mass below the threshold is (1 - p) of the survivors' mass, made
+    # of many small terms: the sample estimates it well.
+    below_t1 = jnp.sum(jnp.where(finite & ~survives, e, 0.0))
+    target = (1 - p) * mass_ref[row] + p * below_t1
+    threshold_key = _largest_key(
+        lambda v: jnp.sum(jnp.where(key < v, e, 0.0)) <= target,
+        _BOUND_KEY_BITS)
+    rank = jnp.sum(jnp.where(survives & (key >= threshold_key), 1, 0))
 
   def ranked(n):  # the n-th largest survivor (rounded down), -inf if none
     found = _largest_key(_count_reaches(key, survives, n), _BOUND_KEY_BITS)
@@ -683,22 +704,24 @@ def _window_kernel(y_ref, row_max_ref, t1_ref, p_ref, mass_ref, lower_ref,
   upper_ref[row] = jnp.maximum(upper, t1)
 
 
-def top_p_window(sample, row_max, t1, params: SamplingParams, mass,
-                 capacity: int, *, interpret: bool):
-  """``(lower, upper)`` ``[B]``: a window that likely holds the top-p
-  threshold and fewer than ``capacity`` elements (the caller checks both),
-  from the rows' ``sample`` (``tempered_sample``).  ``mass``: the row's mass
-  relative to ``row_max``.  Three searches of ``_BOUND_KEY_BITS`` block
-  reductions over the sample."""
+def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
+                     capacity: int, *, by_count: bool, interpret: bool):
+  """``(lower, upper)`` ``[B]``: a window that likely holds the threshold
+  (``by_count``: the ``k``-th largest min-p survivor; else top-p's, on the
+  min-p survivors ``y >= t1``) and fewer than ``capacity`` elements (the
+  caller checks both), from the rows' ``sample`` (``tempered_sample``).
+  ``mass``: the row's mass relative to ``row_max``.  Two or three searches of
+  ``_BOUND_KEY_BITS`` block reductions over the sample."""
   batch = sample.shape[0]
-  kernel = functools.partial(_window_kernel, half=_window_half(capacity))
+  kernel = functools.partial(_window_kernel, half=_window_half(capacity),
+                             by_count=by_count)
   shape = jax.ShapeDtypeStruct((batch,), jnp.float32)
   return pl.pallas_call(
       kernel, out_shape=[shape, shape], grid=(batch,),
       compiler_params=plgpu.CompilerParams(num_warps=_WINDOW_WARPS,
                                            num_stages=1),
-      interpret=interpret, name="jaxsample_top_p_window")(
-          sample, row_max, t1, params.top_p, mass)
+      interpret=interpret, name="jaxsample_threshold_window")(
+          sample, row_max, t1, params.top_k, params.top_p, mass)
 
 
 # ---------------------------------------------------------------------------
@@ -1053,8 +1076,9 @@ def sample_truncated(logits, params: SamplingParams,
   ``order_width``, also the kept ids in probability order (``min(order_width,
   C)`` wide).
 
-  Rows without top-k whose candidates ``{y >= L}`` would overflow the buffer
-  (estimated from ``RowBounds.sample``) are ``large``, unless
+  Rows with ``k > C / 2``, and rows without top-k whose candidates ``{y >=
+  L}`` would overflow the buffer (estimated from ``RowBounds.sample``), are
+  ``large``, unless
   ``order_width`` asks for ordered ids: ``sample_large`` samples them, here
   (``finish_large``) or by the caller (the rows stay incomplete).
   """
@@ -1097,41 +1121,66 @@ def sample_truncated(logits, params: SamplingParams,
 def sample_large(logits, params: SamplingParams, trunc: Truncation,
                  streams: rng.RowStreams, config: SamplerConfig):
   """``(token, logprob, complete, threshold, count, log_kept)`` of the
-  ``trunc.large`` rows (no top-k; ``Truncation``'s fields).
+  ``trunc.large`` rows (``Truncation``'s fields).
 
-  min-p alone keeps ``{y >= t1}``.  With top-p: ``top_p_window`` places a
-  window ``[lower, upper)`` around the threshold; the windowed compact pass
-  writes the window's elements and sums the mass above it and below it; a
-  32-bit bound-mode search over the window finds the exact threshold (the
-  row is complete iff the window held it and fit its buffer).  Then the
+  Each threshold comes from a window search: ``threshold_window`` places a
+  window ``[lower, upper)`` around it, from the row's sample; the windowed
+  compact pass writes the window's elements and sums the count and mass
+  above it and the mass below it; a 32-bit bound-mode search over the window
+  finds the exact threshold (the row is complete iff the window held it and
+  fit its buffer).  With top-k on, a first search finds ``max(t1, t2)``:
+  the ``(k - above)``-th largest survivor in the window.  With top-p, a
+  search on the survivors ``y >= max(t1, t2)`` (the distribution top-p
+  renormalizes) finds ``t3``.  min-p alone keeps ``{y >= t1}``.  Then the
   Gumbel kernel races the kept set ``{y >= threshold}`` (``floor``), which
-  also gives its count and mass.
+  also gives its count and mass: three passes over the row (four with both
+  top-k and top-p).
   """
   interpret = jax.default_backend() != "gpu"
   t = params.temperature
   large, t1, mass = trunc.large != 0, trunc.t1, trunc.mass
   row_max = jnp.where(jnp.isfinite(trunc.row_max), trunc.row_max, 0.0)
   sample = tempered_sample(trunc.sample, t)
-  windowed = large & (params.top_p < 1)
-  capacity = _WINDOW_BUFFERS * config.max_candidates
+  ones = jnp.ones_like(params.top_p)
 
-  def searched():  # ``(threshold, held)`` of the windowed rows
-    lower, upper = top_p_window(sample, row_max, t1, params, mass, capacity,
-                                interpret=interpret)
-    window = collect_candidates(logits, t, windowed, lower, t1, row_max,
+  def window_search(rows, floor, by_count: bool):
+    """``(threshold, held)`` of ``rows``: top-k's (``by_count``) or top-p's
+    above the survivors' ``floor``."""
+    capacity = config.max_candidates * (
+        _TOP_K_WINDOW_BUFFERS if by_count else _WINDOW_BUFFERS)
+    search = dataclasses.replace(params, **(
+        dict(top_p=ones) if by_count else dict(top_k=jnp.zeros_like(
+            params.top_k))))
+    lower, upper = threshold_window(sample, row_max, floor, search, mass,
+                                    capacity, by_count=by_count,
+                                    interpret=interpret)
+    window = collect_candidates(logits, t, rows, lower, floor, row_max,
                                 streams, config, upper=upper,
                                 capacity=capacity)
     total = window.above_mass + window.outside_mass + window.inside_mass
+    if by_count:
+      search = dataclasses.replace(search, top_k=jnp.maximum(
+          params.top_k - window.above_count, 0))
+      reached = window.above_count < params.top_k
+    else:
+      reached = window.above_mass < params.top_p * total
     threshold, *_ = select_threshold(
-        window.y, row_max, t1, params, total, bound=True, interpret=interpret,
-        above=window.above_mass, bits=32, num_warps=_WINDOW_WARPS)
-    return threshold, ((window.count <= capacity) &
-                       (window.above_mass < params.top_p * total) &
+        window.y, row_max, floor, search, total, bound=True,
+        interpret=interpret, above=window.above_mass, bits=32,
+        num_warps=_WINDOW_WARPS)
+    return threshold, ((window.count <= capacity) & reached &
                        (threshold >= lower))
 
-  threshold, held = rowwise.only_if(windowed, searched)
-  threshold = jnp.where(windowed, threshold, t1)
-  complete = large & (~windowed | held)
+  counted = large & (params.top_k > 0)
+  floor, counted_held = rowwise.only_if(
+      counted, lambda: window_search(counted, t1, by_count=True))
+  floor = jnp.where(counted, floor, t1)
+  held = ~counted | counted_held
+  windowed = large & held & (params.top_p < 1)
+  threshold, windowed_held = rowwise.only_if(
+      windowed, lambda: window_search(windowed, floor, by_count=False))
+  threshold = jnp.where(windowed, threshold, floor)
+  complete = large & held & (~windowed | windowed_held)
   partials = gumbel.gumbel_partials(logits, t, streams, config,
                                     active=complete, floor=threshold)
   result, _, (shift, log_sum) = gumbel.finish_sampling(logits, params,
