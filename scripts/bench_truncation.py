@@ -32,7 +32,15 @@ SETTINGS = {
     "top_k50+top_p0.9": dict(top_k=50, top_p=0.9),
     "min_p0.05": dict(min_p=0.05),
     "top_p0.95": dict(top_p=0.95),
+    # Large top-k (above C / 2: the window searches).
+    "top_k1000": dict(top_k=1000),
+    "top_k20000": dict(top_k=20000),
+    "top_k150000": dict(top_k=150000),
+    "top_k20000+top_p0.9": dict(top_k=20000, top_p=0.9),
 }
+# The settings (the default).
+MAIN_SETTINGS = ("top_k50", "top_p0.9", "top_k50+top_p0.9", "min_p0.05",
+                 "top_p0.95")
 MASK_SETTINGS = ("top_k50+top_p0.9", "top_p0.95")
 DISTRIBUTIONS = ("randn_x1", "randn_x5", "zipf")
 
@@ -158,7 +166,8 @@ def main(argv=None) -> int:
   parser.add_argument("--batch", default="1,32,128,256")
   parser.add_argument("--vocab", type=int, default=151936)
   parser.add_argument("--dtypes", default="float32,bfloat16")
-  parser.add_argument("--settings", default=",".join(SETTINGS))
+  parser.add_argument("--settings", default=",".join(MAIN_SETTINGS),
+                      help=f"any of {','.join(SETTINGS)}")
   parser.add_argument("--distributions", default=",".join(DISTRIBUTIONS))
   parser.add_argument("--mask-caps", default="64,1024,4096")
   parser.add_argument("--iters", type=int, default=32)

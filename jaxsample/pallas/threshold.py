@@ -12,7 +12,9 @@ them with the sort-based XLA reference):
    The segment maxima are actual row elements, so every bound computed from
    them is conservative: the ``k``-th largest segment maximum is ``<=`` the
    row's ``k``-th largest value, and a value whose segment-maxima mass already
-   reaches ``p * Z`` is ``<=`` the top-p threshold.
+   reaches ``p * Z`` is ``<=`` the top-p threshold.  Rows that may keep a
+   large set also write their *sample*, every ``_SAMPLE_STRIDE``-th ``x``,
+   from the same loads.
 2. ``bound`` select (grid ``(B,)``) combines the splits' stats (row max,
    mass, ``t1``) and, on the segment maxima, gives a per-row lower bound
    ``L <= max(t1, t2, t3)`` of the kept set's threshold, so the kept set is
@@ -108,8 +110,9 @@ _PASS_TILE = 4  # chunks per loop step (loads run one step ahead)
 
 
 def _pass_plan(batch, vocab, dtype, config: SamplerConfig) -> common.KernelPlan:
+  # A chunk holds whole groups of the sample's stride.
   plan = common.make_plan(batch, vocab, dtype, dataclasses.replace(
-      config, block_size=config.block_size or _PASS_BLOCK,
+      config, block_size=max(config.block_size or _PASS_BLOCK, _SAMPLE_STRIDE),
       num_warps=config.num_warps or _PASS_WARPS), generator=None)
   if _PASS_TILE == 1:
     return plan
@@ -158,10 +161,24 @@ def _stats_kernel(temp_ref, k_ref, p_ref, m_ref, x_ref, max_ref, sumexp_ref,
   def _():
     math = common.KernelMath(plan.interpret)
     per_chunk = plan.chunk // segment
+    sampled_per_chunk = plan.chunk // _SAMPLE_STRIDE
+    first_in_group = lax.broadcasted_iota(
+        jnp.int32, (plan.chunk,), 0) % _SAMPLE_STRIDE == 0
 
-    def fold(finite, chunk, x):  # the chunk's segment maxima; finite count
+    def fold(finite, chunk, x):
+      """The chunk's segment maxima and sample (the first element of every
+      ``_SAMPLE_STRIDE``, on ``sampled`` rows); the finite count."""
       segment_ref[row, pl.ds(chunk.start // segment, per_chunk)] = jnp.max(
           x.reshape(per_chunk, segment), axis=1)
+
+      @pl.when(sampled)
+      def _():
+        first = jnp.where(first_in_group, x, -jnp.inf)
+        sample_ref[row, pl.ds(chunk.start // _SAMPLE_STRIDE,
+                              sampled_per_chunk)] = jnp.max(
+                                  first.reshape(sampled_per_chunk,
+                                                _SAMPLE_STRIDE), axis=1)
+
       return finite + jnp.where(x > -jnp.inf, 1, 0)
 
     top, sumexp, finite = common.split_sumexp(
@@ -171,27 +188,6 @@ def _stats_kernel(temp_ref, k_ref, p_ref, m_ref, x_ref, max_ref, sumexp_ref,
     max_ref[row, split] = top
     sumexp_ref[row, split] = sumexp
     finite_ref[row, split] = jnp.sum(finite)
-
-  @pl.when(sampled)
-  def _():  # every _SAMPLE_STRIDE-th element (-inf past V), tile by tile
-    size = plan.tile // _SAMPLE_STRIDE
-    lanes = jnp.arange(size, dtype=jnp.int32) * _SAMPLE_STRIDE
-
-    def body(i, carry):
-      start = split * plan.split_len + i * plan.tile
-      if plan.interpret:  # no strided loads there: the tile, then a slice
-        x = plgpu.load(x_ref.at[row, pl.ds(start, plan.tile)],
-                       mask=start + jnp.arange(plan.tile) < vocab,
-                       other=-jnp.inf)
-        x = x.reshape(size, _SAMPLE_STRIDE)[:, 0]
-      else:
-        x = plgpu.load(x_ref.at[row, pl.ds(start, size, _SAMPLE_STRIDE)],
-                       mask=start + lanes < vocab, other=-jnp.inf)
-      sample_ref[row, pl.ds((split * plan.steps + i) * size, size)] = (
-          x.astype(jnp.float32))
-      return carry
-
-    lax.fori_loop(0, plan.steps, body, 0)
 
 
 def _params(params: SamplingParams) -> tuple:
@@ -291,10 +287,11 @@ class RowBounds:
   (``>= t1``); ``listed`` ``[B, _LIST_CAP]`` the segments (``_segment_size``
   contiguous ids each) whose maximum reaches ``L`` (ascending; their number
   ``listed_count`` may exceed ``_LIST_CAP``); ``sample`` ``[B, M]``: every
-  ``_SAMPLE_STRIDE``-th logit ``x`` of the rows that may be large (-inf
-  padded past V; undefined on other rows).  The route, int32 flags: valid
-  rows are ``large`` (``k > C / 2``, or top-k off and the sample estimates
-  more than ``C / 2`` elements reaching ``L``) or ``narrow`` (their candidates go to the buffer);
+  ``_SAMPLE_STRIDE``-th sanitized logit ``x`` of the rows that may be large
+  (-inf padded past V; undefined on other rows).  The route, int32 flags:
+  valid rows are ``large`` (``k > C / 2``, or top-k off and the sample
+  estimates more than ``C / 2`` elements reaching ``L``) or ``narrow``
+  (their candidates go to the buffer);
   ``gather`` narrow rows read only their listed segments (``Segments``).
   """
 
