@@ -17,6 +17,7 @@ import jaxsample
 from conftest import oracle_keep, run_sample
 from jaxsample import SamplerConfig, SamplingParams, reference, rng
 from jaxsample.pallas import threshold
+from test_threshold import check_kept_sets_match_oracle
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 
@@ -67,6 +68,18 @@ def test_truncated_kernels_match_reference(setting, kind, dtype):
     np.testing.assert_allclose(a.logprobs[row], b.logprobs[row], rtol=1e-5,
                                atol=1e-5)
   np.testing.assert_array_equal(a.valid, b.valid)
+
+
+@pytest.mark.parametrize("vocab", [1007, 151936])
+def test_kept_sets_match_oracle(vocab):
+  """The oracle grid of every kind of row (flat, ties at the boundary, -inf,
+  peaked, ...) x p x k (1, 2, 50, V - 1, V) x min-p, compiled.  At V =
+  151936, rows whose ties at a threshold overflow the candidate buffer or
+  span a window take the sort fallback: flat rows, rows of a few values, and
+  peaked rows (their 151935 other entries tie: with k >= 2 every one
+  survives top-k, so top-p needs their mass from the buffer)."""
+  check_kept_sets_match_oracle(vocab, fallback_kinds=(
+      ("flat", "ties", "ties_halves", "peaked") if vocab > 1024 else ()))
 
 
 def test_kernels_decide_most_rows_without_fallback():

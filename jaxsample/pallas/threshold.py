@@ -698,7 +698,10 @@ def _window_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
 
   upper = jnp.where(rank > half, ranked(rank - half), jnp.inf)
   lower_ref[row] = jnp.maximum(ranked(rank + half), t1)
-  upper_ref[row] = jnp.maximum(upper, t1)
+  # With fewer survivors in the sample than ``rank - half``, every finite
+  # survivor is above the window (counted, not written).
+  upper_ref[row] = jnp.maximum(jnp.maximum(upper, t1),
+                               jnp.finfo(jnp.float32).min)
 
 
 def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
