@@ -98,13 +98,14 @@ def keep_threshold(y: jax.Array, params: SamplingParams,
   t3 = jnp.take_along_axis(ys, first[:, None], axis=-1)[:, 0]
   t3 = jnp.where(params.top_p < 1, t3, -jnp.inf)
   threshold = jnp.maximum(jnp.maximum(t1, t2), t3)
-  return (threshold, top_ids(y, ys, order_width)) if order_width else threshold
+  return ((threshold, top_ids(y, ys[:, order_width - 1], order_width))
+          if order_width else threshold)
 
 
-def top_ids(y: jax.Array, ys: jax.Array, width: int) -> jax.Array:
+def top_ids(y: jax.Array, last: jax.Array, width: int) -> jax.Array:
   """The first ``width`` ids of each row of ``y`` by descending value,
-  smallest id first among equal values (``width <= V``; ``ys`` is ``y``
-  sorted descending).
+  smallest id first among equal values (``width <= V``; ``last`` ``[B]`` is
+  the row's ``width``-th largest value: ``sorted(y)[::-1][width - 1]``).
 
   Equivalent to a stable key-value sort of ``(-y, ids)`` cut to ``width``,
   without sorting ``[B, V]`` pairs: the entries at or above the ``width``-th
@@ -114,7 +115,7 @@ def top_ids(y: jax.Array, ys: jax.Array, width: int) -> jax.Array:
   """
   batch = y.shape[0]
   y = y + 0.0  # -0.0 and +0.0 are one value
-  last = ys[:, width - 1:width]
+  last = last[:, None]
   reach = y >= last
   slot = jnp.cumsum(reach, axis=-1, dtype=jnp.int32) - 1
 

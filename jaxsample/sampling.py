@@ -132,13 +132,12 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   the truncation kernels (``jaxsample.pallas.threshold``) sample the
   truncating rows, and one branch, taken only when some row is left
   (``lax.cond``), samples the rest: rows with no filter (greedy rows
-  included) by the Gumbel kernel, rows with large kept sets by
-  ``threshold.sample_large``, then invalid truncating rows and rows whose
-  kept set overflows the buffers by the sort-based reference.  On the FP64
-  path every truncating row takes the reference.  In a batch where the
-  truncation kernels finish every row, the rest costs a predicate, its copy
-  to the host (a ``lax.cond`` holding the sort runs outside command
-  buffers), a fill and a select.
+  included) and invalid rows by the Gumbel kernel, rows with large kept sets
+  or overflowed candidate buffers by ``threshold.sample_large`` (with their
+  masks).  No sort of the vocabulary runs, except on the FP64 path, where
+  every truncating row takes the sort-based reference.  In a batch where the truncation kernels finish
+  every row, the rest costs a predicate, its copy to the host (a
+  ``lax.cond`` runs outside command buffers), a fill and a select.
   """
   # pylint: disable=g-import-not-at-top
   from jaxsample.pallas import gumbel, threshold
@@ -158,19 +157,32 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
         ordered_ids=jnp.zeros((batch, 1), jnp.int32),
         max_ids=config.max_mask_ids)
 
+  def truncation_mask(valid, token, count, log_kept, ordered_ids, trunc):
+    return mask.assemble(
+        valid=valid, greedy=~sampled, token=token, count=count,
+        finite=trunc.finite, logz=(trunc.row_max + log_kept) - trunc.lse,
+        lse=trunc.lse, row_max=trunc.row_max, ordered_ids=ordered_ids,
+        max_ids=config.max_mask_ids)
+
   def left_rows(done, trunc=None):
     """Every row but the ``done`` ones (their outputs are undefined)."""
-    rows = rowwise.only_if(~truncating, lambda: gumbel_rows(~truncating))
-    done = done | ~truncating
-    if trunc is not None and not return_mask:  # mask calls have no large rows
-      token, logprob, complete, *_ = rowwise.only_if(
-          trunc.large != 0, lambda: threshold.sample_large(
-              logits, params, trunc, streams, config))
-      rows = rowwise.where_rows(
-          complete, (SampleResult(token, logprob, complete), None), rows)
-      done = done | complete
-    return rowwise.where_rows(~done, rowwise.only_if(~done, lambda: _sample_xla(
-        logits, params, streams, config, return_mask)), rows)
+    plain = ~truncating
+    if trunc is not None:  # invalid rows: the argmax, as without a filter
+      plain |= ~jnp.isfinite(trunc.row_max)
+    rows = rowwise.only_if(plain & ~done, lambda: gumbel_rows(plain))
+    if trunc is None:  # the FP64 path
+      left = ~done & ~plain
+      return rowwise.where_rows(left, rowwise.only_if(left, lambda: _sample_xla(
+          logits, params, streams, config, return_mask)), rows)
+    unfinished = trunc.unfinished(params)
+    token, logprob, _, _, count, log_kept, *ordered = rowwise.only_if(
+        unfinished, lambda: threshold.sample_large(
+            logits, params, trunc, streams, config, unfinished,
+            order_width=config.max_mask_ids if return_mask else 0))
+    result = SampleResult(token, logprob, unfinished)
+    return rowwise.where_rows(unfinished, (result, truncation_mask(
+        unfinished, token, count, log_kept, ordered[0], trunc)
+                                           if return_mask else None), rows)
 
   if config.use_fp64_gumbel:
     result, result_mask = left_rows(jnp.zeros_like(truncating))
@@ -184,12 +196,9 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     done = trunc.complete
     rows = (SampleResult(trunc.token, trunc.logprob, done), None)
     if return_mask:
-      rows = (rows[0], mask.assemble(
-          valid=done, greedy=~sampled, token=trunc.token, count=trunc.count,
-          finite=trunc.finite,
-          logz=(trunc.row_max + trunc.log_kept) - trunc.lse, lse=trunc.lse,
-          row_max=trunc.row_max, ordered_ids=trunc.ordered_ids,
-          max_ids=config.max_mask_ids))
+      rows = (rows[0], truncation_mask(done, trunc.token, trunc.count,
+                                       trunc.log_kept, trunc.ordered_ids,
+                                       trunc))
     return rowwise.where_rows(done, rows, rowwise.only_if(
         ~done, lambda: left_rows(done, trunc)))
 

@@ -43,6 +43,9 @@ MAIN_SETTINGS = ("top_k50", "top_p0.9", "top_k50+top_p0.9", "min_p0.05",
                  "top_p0.95")
 MASK_SETTINGS = ("top_k50+top_p0.9", "top_p0.95")
 DISTRIBUTIONS = ("randn_x1", "randn_x5", "zipf")
+# Ties no candidate buffer or window holds (the pivot search): every entry
+# equal, or random-normal rounded to halves (about 20 values).
+TIE_DISTRIBUTIONS = ("flat", "halves")
 
 
 def make_inputs(kind, batch, vocab, dtype, seed=0):
@@ -54,6 +57,10 @@ def make_inputs(kind, batch, vocab, dtype, seed=0):
     x = jax.random.normal(key, (batch, vocab), jnp.float32)
     if kind == "randn_x5":
       x = x * 5
+    elif kind == "flat":
+      x = jnp.full_like(x, 0.5 + i)
+    elif kind == "halves":
+      x = jnp.round(x * 2) / 2
     elif kind == "zipf":  # p_r ~ r^-1.1 over a random permutation of ranks
       ranks = jax.random.permutation(jax.random.fold_in(key, i),
                                      jnp.arange(1, vocab + 1), independent=True)
@@ -168,7 +175,8 @@ def main(argv=None) -> int:
   parser.add_argument("--dtypes", default="float32,bfloat16")
   parser.add_argument("--settings", default=",".join(MAIN_SETTINGS),
                       help=f"any of {','.join(SETTINGS)}")
-  parser.add_argument("--distributions", default=",".join(DISTRIBUTIONS))
+  parser.add_argument("--distributions", default=",".join(DISTRIBUTIONS),
+                      help=f"any of {','.join(DISTRIBUTIONS + TIE_DISTRIBUTIONS)}")
   parser.add_argument("--mask-caps", default="64,1024,4096")
   parser.add_argument("--iters", type=int, default=32)
   parser.add_argument("--repeats", type=int, default=3)

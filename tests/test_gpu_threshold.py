@@ -73,13 +73,12 @@ def test_truncated_kernels_match_reference(setting, kind, dtype):
 @pytest.mark.parametrize("vocab", [1007, 151936])
 def test_kept_sets_match_oracle(vocab):
   """The oracle grid of every kind of row (flat, ties at the boundary, -inf,
-  peaked, ...) x p x k (1, 2, 50, V - 1, V) x min-p, compiled.  At V =
-  151936, rows whose ties at a threshold overflow the candidate buffer or
-  span a window take the sort fallback: flat rows, rows of a few values, and
-  peaked rows (their 151935 other entries tie: with k >= 2 every one
-  survives top-k, so top-p needs their mass from the buffer)."""
-  check_kept_sets_match_oracle(vocab, fallback_kinds=(
-      ("flat", "ties", "ties_halves", "peaked") if vocab > 1024 else ()))
+  peaked, ...) x p x k (1, 2, 50, V - 1, V) x min-p, compiled: every valid
+  truncating row complete, with the oracle's kept set.  At V = 151936 the
+  rows whose ties at a threshold overflow the candidate buffer or span a
+  window (flat rows, rows of a few values, peaked rows whose 151935 other
+  entries tie) take the pivot search."""
+  check_kept_sets_match_oracle(vocab)
 
 
 def test_kernels_decide_most_rows_without_fallback():

@@ -1,13 +1,14 @@
 """The truncated-sampling kernels (``jaxsample.pallas.threshold``) in interpret mode.
 
 Kept sets against the numpy sort-based oracle, the exactness certificate
-(``complete``), tokens against the XLA reference, and the reference fallback
-for rows whose kept set overflows the candidate buffer.
+(``complete``), tokens against the XLA reference, and the fixed-pass pivot
+search for rows whose kept set no buffer holds.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -67,11 +68,10 @@ def test_kept_sets_match_oracle(vocab):
   check_kept_sets_match_oracle(vocab)
 
 
-def check_kept_sets_match_oracle(vocab, fallback_kinds=()):
-  """Every kind of row x p x k x min-p: complete rows keep the oracle's set
-  (an admissible one on a rounding boundary), with its count and mass, and
-  every truncating row is complete except rows of ``fallback_kinds`` (they
-  take the sampler's sort fallback).  On a GPU the kernels run compiled
+def check_kept_sets_match_oracle(vocab):
+  """Every kind of row x p x k x min-p: every valid truncating row is
+  complete and keeps the oracle's set (an admissible one on a rounding
+  boundary), with its count and mass.  On a GPU the kernels run compiled
   (``test_gpu_threshold``)."""
   y, ks, ps, ms, combos = oracle_grid(vocab, seed=vocab + 1,
                                      m_values=M_VALUES[:3])
@@ -93,7 +93,7 @@ def check_kept_sets_match_oracle(vocab, fallback_kinds=()):
                                atol=1e-5, err_msg=ctx)
     assert kept[tr.token[i]], ctx
   kinds = np.asarray([kind for kind in KINDS for _ in combos])
-  left = truncating & ~tr.complete & ~np.isin(kinds, fallback_kinds)
+  left = truncating & ~tr.complete & np.isfinite(y.max(axis=-1))
   assert not left.any(), [(kinds[i], ks[i], ps[i], ms[i])
                           for i in np.flatnonzero(left)]
 
@@ -111,21 +111,35 @@ def test_small_kept_sets_are_always_certified():
   assert tr.complete.all()
 
 
-def test_overflowing_rows_are_not_certified():
-  """Rows with top-k at most ``C / 2`` whose candidates overflow the buffer
-  (here: the tie at the threshold) take the fallback; rows with a larger
-  top-k take the window searches."""
+def test_overflowing_rows_take_the_pivot_search():
+  """A row with top-k at most ``C / 2`` whose candidates overflow the buffer
+  (here: the tie at the threshold) is left incomplete by the buffer and
+  finished by the pivot search; rows with a larger top-k take the window
+  searches.  All keep the oracle's set."""
   vocab = 3000
   x = np.random.default_rng(4).standard_normal((4, vocab)).astype(np.float32)
   x[0, :200] = 5.0
   params = SamplingParams.make(4, top_k=[5, 100, 200, 5], top_p=[1, 1, 0.99, 1])
-  tr = truncate(x, params, SamplerConfig(max_candidates=64))
-  np.testing.assert_array_equal(tr.complete, [False, True, True, True])
+  config = SamplerConfig(max_candidates=64)
+  tr = truncate(x, params, config)
+  unfinished = truncate_unfinished(x, params, config)
+  np.testing.assert_array_equal(unfinished, [True, True, True, False])
   np.testing.assert_array_equal(tr.large != 0, [False, True, True, False])
-  for i in (1, 2, 3):
+  assert tr.complete.all()
+  for i in range(4):
     o = oracle_keep(x[i], int(params.top_k[i]), float(params.top_p[i]), 0.0)
     np.testing.assert_array_equal(x[i] >= tr.threshold[i], o.kept)
     assert tr.count[i] == o.kept.sum()
+
+
+def truncate_unfinished(x, params, config):
+  """``Truncation.unfinished``: the rows the buffers left to ``sample_large``."""
+  batch, vocab = x.shape
+  canon = params.canonical(vocab)
+  streams, _ = rng.row_streams(jax.random.key(0), None, batch, vocab)
+  tr = jax.jit(lambda x: threshold.sample_truncated(
+      x, canon, streams, config, finish_large=False))(jnp.asarray(x))
+  return np.asarray(tr.unfinished(canon))
 
 
 def test_rows_read_only_their_listed_segments_when_they_can():
@@ -202,10 +216,10 @@ def test_large_kept_sets_are_decided_by_the_window_search(setting):
     np.testing.assert_array_equal(a.tokens, want.tokens)
 
 
-def test_a_misleading_sample_falls_back_to_the_reference():
+def test_a_misleading_sample_takes_the_pivot_search():
   """Every sampled element is far below the rest (top-p, top-k), or every
-  element ties (top-k): the window misses, the rows are not certified, and
-  the sampler's fallback matches the reference."""
+  element ties (top-k): the window misses, and the pivot search finds the
+  oracle's threshold; tokens equal the reference's."""
   batch, vocab = 3, 20000
   x = np.random.default_rng(13).standard_normal((batch, vocab)).astype(
       np.float32)
@@ -214,11 +228,68 @@ def test_a_misleading_sample_falls_back_to_the_reference():
   params = SamplingParams.make(batch, top_p=[0.9, 1, 1],
                                top_k=[0, 10000, vocab - 1])
   key = jax.random.key(14)
-  tr = truncate(x, params, SamplerConfig(max_candidates=256), key)
-  assert not tr.complete.any()
+  config = SamplerConfig(max_candidates=256)
+  tr = truncate(x, params, config, key)
+  assert tr.complete.all()
+  for i in range(batch):
+    o = oracle_keep(x[i], int(params.top_k[i]), float(params.top_p[i]), 0.0)
+    np.testing.assert_array_equal(x[i] >= tr.threshold[i], o.kept)
   a = run_sample(x, params, key, impl="pallas", max_candidates=256)
   b = run_sample(x, params, key, impl="xla")
   np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+
+
+def pivot_rows(vocab, r):
+  """Rows for ``pivot_threshold``: random, wide (keys spanning most of the
+  32-bit range), flat, a few values, ties at the top, -inf entries and one
+  finite entry."""
+  rows = [r.standard_normal(vocab),
+          r.standard_normal(vocab) * 1e30 * 10.0 ** r.integers(-60, 8, vocab),
+          np.full(vocab, 0.25),
+          np.round(r.standard_normal(vocab) * 2) / 2,
+          np.where(np.arange(vocab) < vocab // 3, 7.0, r.standard_normal(vocab)),
+          np.where(r.random(vocab) < 0.6, -np.inf, r.standard_normal(vocab)),
+          np.where(np.arange(vocab) == vocab // 2, -1e-3, -np.inf)]
+  return np.asarray(rows, np.float32)
+
+
+@pytest.mark.parametrize("vocab", [40, 3001])
+def test_pivot_threshold_matches_oracle(vocab):
+  """``pivot_threshold`` alone, on every kind of row: by count, the
+  ``min(k, n)``-th largest survivor above a floor; by mass, top-p's threshold
+  on the survivors (an admissible one where fp32 sums decide the crossing)."""
+  r = np.random.default_rng(vocab)
+  y = pivot_rows(vocab, r)
+  batch = len(y)
+  row_max = y.max(axis=-1)
+  quantile = np.quantile(np.where(np.isfinite(y), y, row_max[:, None]), 0.3,
+                         axis=-1)
+  floor = np.where(np.arange(batch) % 2 == 0, -np.inf, quantile).astype(
+      np.float32)
+  floor = np.minimum(floor, row_max)
+  survive = (y >= floor[:, None]) & (y > -np.inf)
+  ks = np.int32([1, 2, vocab // 3, vocab - 1, vocab, 7, 1][:batch])
+  ps = np.float32([0.9, 0.5, 1e-6, 0.999999, 0.3, 0.9, 0.7][:batch])
+  params = SamplingParams.make(batch, top_k=ks, top_p=ps).canonical(vocab)
+  config = SamplerConfig(block_size=16 if vocab < 100 else None)
+  found = {}
+  for by_count in (True, False):
+    found[by_count] = np.asarray(jax.jit(
+        lambda y, by_count=by_count: threshold.pivot_threshold(
+            y, jnp.ones((batch,)), jnp.ones((batch,), bool),
+            jnp.asarray(floor), jnp.asarray(row_max), params, config,
+            by_count=by_count))(jnp.asarray(y)))
+  for i in range(batch):
+    values = np.sort(y[i][survive[i]])[::-1]
+    want = values[min(ks[i], len(values)) - 1]
+    assert found[True][i] == want, (i, found[True][i], want)
+    o = oracle_keep(np.where(survive[i], y[i], -np.inf), 0, float(ps[i]), 0.0)
+    kept = (y[i] >= found[False][i]) & survive[i]
+    if o.near_boundary:
+      assert o.admits(kept), i
+    else:
+      np.testing.assert_array_equal(kept, o.kept, err_msg=str(i))
 
 
 @pytest.mark.parametrize("max_candidates", [16, 4096])
@@ -308,13 +379,34 @@ def test_kernels_lower_to_triton(monkeypatch):
       text = jax.jit(fn).trace(*args).lower(
           lowering_platforms=("cuda",)).as_text()
     # gumbel (batches without truncation, and the rows left by the
-    # truncation kernels), stats, bounds, candidates, their packing, select
-    assert text.count("__gpu$xla.gpu.triton") == 7, dtype
-    # without a mask, also the large kept sets' two window searches (top-k,
-    # top-p: window, windowed candidates and their packing, exact search)
-    # and floored Gumbel kernel
+    # truncation kernels), stats, bounds, candidates, their packing, select;
+    # the rows they leave: the top-k and the top-p searches (each a window,
+    # windowed candidates, their packing, an exact search, and the pivot
+    # search), the floored Gumbel kernel, and the mask's search for its
+    # K_cap-th id (a third search: five more)
+    assert text.count("__gpu$xla.gpu.triton") == 23, dtype
+    # No sort of the vocabulary: only the mask's [B, K_cap] pairs.
+    assert sort_operands(text) == [f"tensor<{batch}x1024xf32>, "
+                                   f"tensor<{batch}x1024xi32>"], dtype
+    # without a mask, no third search
     no_mask = lambda *a: fn(*a, return_mask=False)
     with jax.sharding.use_abstract_mesh(mesh):
       text = jax.jit(no_mask).trace(*args).lower(
           lowering_platforms=("cuda",)).as_text()
-    assert text.count("__gpu$xla.gpu.triton") == 16, dtype
+    assert text.count("__gpu$xla.gpu.triton") == 18, dtype
+    assert sort_operands(text) == [], dtype
+
+
+def sort_operands(stablehlo: str) -> list[str]:
+  """The operand types of every sort in lowered StableHLO text."""
+  return re.findall(r"stablehlo\.sort.*?\}\) : \(([^)]*)\)", stablehlo,
+                    re.DOTALL)
+
+
+def test_sort_operands_finds_the_reference_sort():
+  """``sort_operands`` sees the XLA reference's sort of the vocabulary."""
+  y = jax.ShapeDtypeStruct((4, 1000), jnp.float32)
+  params = SamplingParams.make(4, top_p=0.9)
+  text = jax.jit(lambda y: reference.keep_threshold(y, params)).lower(
+      y).as_text()
+  assert sort_operands(text) == ["tensor<4x1000xf32>"]

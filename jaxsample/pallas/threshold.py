@@ -139,23 +139,22 @@ def _segment_size(vocab: int, chunk: int) -> int:
   return min(chunk, max(_MIN_SEGMENT, _pow2_ceil(-(-vocab // _SEGMENTS_PER_ROW))))
 
 
-def _row_flags(row, param_refs, large_rows: bool, capacity: int):
+def _row_flags(row, param_refs, capacity: int):
   """``(active, sampled)`` of a row: sampled with a filter on (canonical
-  params), and also (``large_rows``) without top-k or with ``k > C / 2``, so
-  that its kept set may be large and its sample is written."""
+  params), and also without top-k or with ``k > C / 2``, so that its kept
+  set may be large and its sample is written."""
   params = SamplingParams(*(ref[row] for ref in param_refs))
   active = (params.temperature > 0) & params.truncates()
-  return active, active & large_rows & (
+  return active, active & (
       (params.top_k == 0) | (params.top_k > capacity // 2))
 
 
 def _stats_kernel(temp_ref, k_ref, p_ref, m_ref, x_ref, max_ref, sumexp_ref,
                   finite_ref, segment_ref, sample_ref, *,
                   plan: common.KernelPlan, vocab: int, segment: int,
-                  large_rows: bool, capacity: int):
+                  capacity: int):
   row, split = pl.program_id(0), pl.program_id(1)
-  active, sampled = _row_flags(row, (temp_ref, k_ref, p_ref, m_ref),
-                               large_rows, capacity)
+  active, sampled = _row_flags(row, (temp_ref, k_ref, p_ref, m_ref), capacity)
 
   @pl.when(active)
   def _():
@@ -195,16 +194,14 @@ def _params(params: SamplingParams) -> tuple:
   return (params.temperature, params.top_k, params.top_p, params.min_p)
 
 
-def _stats_pass(logits, params: SamplingParams, plan, segment,
-                large_rows: bool, capacity: int):
+def _stats_pass(logits, params: SamplingParams, plan, segment, capacity: int):
   """The stats pass's per-split ``(max, sum-exp, finite count)`` ``[B, S]``,
   raw segment maxima ``[B, N]`` and sample ``[B, M]``."""
   batch, vocab = logits.shape
   shape = (batch, plan.num_splits)
   padded = plan.num_splits * plan.split_len
   kernel = functools.partial(_stats_kernel, plan=plan, vocab=vocab,
-                             segment=segment, large_rows=large_rows,
-                             capacity=capacity)
+                             segment=segment, capacity=capacity)
   return pl.pallas_call(
       kernel,
       out_shape=[jax.ShapeDtypeStruct(shape, jnp.float32),
@@ -223,13 +220,12 @@ def _bound_kernel(temp_ref, k_ref, p_ref, m_ref, log_min_p_ref, top_ref,
                   safe_max_out, mass_out, finite_out, t1_out, bound_out,
                   listed_out, listed_count_out, narrow_out, gather_out,
                   large_out, *, splits: int, segments: int, capacity: int,
-                  large_rows: bool, interpret: bool):
+                  interpret: bool):
   """One row's stats combined across splits, its bound and its route
   (``row_bounds``)."""
   row = pl.program_id(0)
   math = common.KernelMath(interpret)
-  active, sampled = _row_flags(row, (temp_ref, k_ref, p_ref, m_ref),
-                               large_rows, capacity)
+  active, sampled = _row_flags(row, (temp_ref, k_ref, p_ref, m_ref), capacity)
   t = jnp.where(active, temp_ref[row], 1.0)
   split = jnp.arange(_pow2_ceil(splits), dtype=jnp.int32)
   use = active & (split < splits)
@@ -310,12 +306,11 @@ class RowBounds:
   sample: jax.Array
 
 
-def row_bounds(logits, params: SamplingParams, config: SamplerConfig, *,
-               large_rows: bool) -> RowBounds:
+def row_bounds(logits, params: SamplingParams,
+               config: SamplerConfig) -> RowBounds:
   """Runs the stats pass and the bound select on the rows of canonical
-  ``params`` that are sampled with a filter on; ``large_rows``: rows without
-  top-k or with ``k > C / 2`` may be routed ``large`` (they write their
-  sample).
+  ``params`` that are sampled with a filter on; rows without top-k or with
+  ``k > C / 2`` may be routed ``large`` (they write their sample).
 
   The bound select combines each row's per-split stats, searches its
   segment maxima (``_bound``) and routes it: one program per row,
@@ -325,12 +320,12 @@ def row_bounds(logits, params: SamplingParams, config: SamplerConfig, *,
   plan = _pass_plan(batch, vocab, logits.dtype, config)
   segment = _segment_size(vocab, plan.chunk)
   top, sumexp, finite, segment_max, sample = _stats_pass(
-      logits, params, plan, segment, large_rows, config.max_candidates)
+      logits, params, plan, segment, config.max_candidates)
   log_min_p = jnp.where(params.min_p > 0, jnp.log(params.min_p), -jnp.inf)
   kernel = functools.partial(_bound_kernel, splits=plan.num_splits,
                              segments=segment_max.shape[1],
                              capacity=config.max_candidates,
-                             large_rows=large_rows, interpret=plan.interpret)
+                             interpret=plan.interpret)
   f32, i32 = (jax.ShapeDtypeStruct((batch,), d) for d in (jnp.float32,
                                                           jnp.int32))
   (row_max, safe_max, mass, finite, t1, bound, listed, listed_count, narrow,
@@ -1025,6 +1020,113 @@ def _pack_kernel(temp_ref, active_ref, lower_ref, t1_ref, row_max_ref,
 
 
 # ---------------------------------------------------------------------------
+# Fixed-pass search: thresholds no buffer holds.
+# ---------------------------------------------------------------------------
+
+_PIVOT_BITS = 4  # key bits each pass resolves
+_PIVOTS = 1 << _PIVOT_BITS  # pivots per pass
+_PIVOT_PASSES = 32 // _PIVOT_BITS  # passes that resolve any uint32 key range
+_SMALLEST_FINITE_KEY = 0x00800000  # order_key(-FLT_MAX)
+
+
+def _pivot_kernel(temp_ref, active_ref, floor_ref, row_max_ref, pivot_ref,
+                  x_ref, reach_out, *, plan: common.KernelPlan, vocab: int,
+                  by_count: bool):
+  """One split's count (``by_count``) or mass relative to ``row_max`` of the
+  survivors ``y >= floor`` (finite) whose order key reaches each pivot."""
+  row, split = pl.program_id(0), pl.program_id(1)
+
+  @pl.when(active_ref[row] != 0)
+  def _():
+    math = common.KernelMath(plan.interpret)
+    t, floor = temp_ref[row], floor_ref[row]
+    ref = row_max_ref[row] * _LOG2E
+    pivots = pivot_ref[row, :]
+
+    def step(reach, chunk, x):
+      del chunk
+      y = math.temper(x.astype(jnp.float32), t)
+      survives = (y >= floor) & (y > -jnp.inf)
+      weight = (jnp.where(survives, 1, 0) if by_count else jnp.where(
+          survives, math.exp2_approx(y * _LOG2E - ref), 0.0))
+      reaches = order_key(y)[:, None] >= pivots[None, :]
+      return reach + jnp.where(reaches, weight[:, None], 0)
+
+    reach = common.chunk_loop(
+        plan, math, split * plan.split_len, vocab,
+        common.row_chunk_loader(x_ref, row, plan.chunk), step,
+        jnp.zeros((plan.chunk, _PIVOTS),
+                  jnp.int32 if by_count else jnp.float32))
+    reach_out[row, split, :] = jnp.sum(reach, axis=0)
+
+
+def pivot_threshold(logits, temperature, active, floor, row_max,
+                    params: SamplingParams, config: SamplerConfig, *,
+                    by_count: bool):
+  """Exact threshold ``[B]`` of the ``active`` rows (valid, sampled) in
+  ``_PIVOT_PASSES`` passes over the row, whatever the data: no buffer, no
+  sample, no sort.
+
+  Over the survivors ``S = {y >= floor}`` (``floor <= row_max``), with
+  ``reach(v)`` their count (``by_count``) or mass ``sum exp(y - row_max)``
+  at order keys ``>= v``: the largest ``v`` with ``reach(v) >= goal``,
+  ``goal = min(k, |S|)`` (the ``k``-th largest survivor, or the smallest;
+  ``|S|`` where ``k = 0``)
+  or ``p * reach(floor)`` (top-p's threshold on ``S``).  Each pass splits
+  the key interval ``[lo, hi]`` known to hold it (``reach(lo) >= goal``,
+  ``hi`` the key of ``row_max`` or below a pivot that missed the goal) at
+  ``_PIVOTS`` evenly spaced pivots and keeps the piece between the last
+  pivot that meets the goal and the next: ``_PIVOT_BITS``
+  key bits per pass, so 32-bit keys resolve in ``_PIVOT_PASSES``, ties or
+  not.  A pass's partial results are per-pivot sums, so vocab shards
+  combine them by a sum.  Masses are fp32 sums in a fixed order (monotone
+  in ``v``).
+  """
+  batch, vocab = logits.shape
+  plan = _pass_plan(batch, vocab, logits.dtype, config)
+  kernel = functools.partial(_pivot_kernel, plan=plan, vocab=vocab,
+                             by_count=by_count)
+  run = pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct(
+          (batch, plan.num_splits, _PIVOTS),
+          jnp.int32 if by_count else jnp.float32),
+      grid=(batch, plan.num_splits), compiler_params=plan.compiler_params(),
+      interpret=plan.interpret, name="jaxsample_pivot_threshold")
+  active = active.astype(jnp.int32)
+  lo = jnp.maximum(order_key(floor), jnp.uint32(_SMALLEST_FINITE_KEY))
+  hi = jnp.maximum(order_key(row_max), lo)
+  steps = jnp.arange(_PIVOTS, dtype=jnp.uint32)
+
+  def one_pass(i, state):
+    lo, hi, goal = state
+    width = hi - lo
+    shift = jnp.maximum(
+        (32 - _PIVOT_BITS) - lax.clz(width).astype(jnp.int32), 0).astype(
+            jnp.uint32)
+    # Pivots past hi sit at hi: where every pivot meets the goal (p = 0),
+    # the answer is hi itself.
+    pivots = lo[:, None] + jnp.minimum(steps[None, :] << shift[:, None],
+                                       width[:, None])
+    reach = jnp.sum(run(temperature, active, floor, row_max, pivots, logits),
+                    axis=1)
+    total = reach[:, 0]  # reach(lo); in the first pass reach(floor)
+    goal = jnp.where(i == 0, jnp.where(
+        params.top_k > 0, jnp.minimum(params.top_k, total), total) if by_count
+                     else params.top_p * total, goal)
+    last = jnp.sum(reach >= goal[:, None], axis=1) - 1  # reach: non-increasing
+    at = lambda j: jnp.take_along_axis(pivots, j[:, None], axis=1)[:, 0]
+    return (at(last),
+            jnp.where(last < _PIVOTS - 1,
+                      at(jnp.minimum(last + 1, _PIVOTS - 1)) - 1, hi),
+            goal)
+
+  goal = jnp.zeros((batch,), jnp.int32 if by_count else jnp.float32)
+  lo, _, _ = lax.fori_loop(0, _PIVOT_PASSES, one_pass, (lo, hi, goal))
+  return key_value(lo)
+
+
+# ---------------------------------------------------------------------------
 # The truncated sampler.
 # ---------------------------------------------------------------------------
 
@@ -1066,6 +1168,13 @@ class Truncation:
   mass: jax.Array
   sample: jax.Array
 
+  def unfinished(self, params: SamplingParams) -> jax.Array:
+    """``[B]``: the valid rows, sampled with a filter on, left incomplete
+    (``large`` rows, and rows whose candidates overflowed the buffer):
+    ``sample_large``'s rows."""
+    return (params.truncates() & (params.temperature > 0) &
+            jnp.isfinite(self.row_max) & ~self.complete)
+
 
 def sample_truncated(logits, params: SamplingParams,
                      streams: rng.RowStreams, config: SamplerConfig, *,
@@ -1078,12 +1187,12 @@ def sample_truncated(logits, params: SamplingParams,
 
   Rows with ``k > C / 2``, and rows without top-k whose candidates ``{y >=
   L}`` would overflow the buffer (estimated from ``RowBounds.sample``), are
-  ``large``, unless
-  ``order_width`` asks for ordered ids: ``sample_large`` samples them, here
-  (``finish_large``) or by the caller (the rows stay incomplete).
+  ``large``: ``sample_large`` samples them and the rows whose candidates
+  overflowed (``Truncation.unfinished``), here (``finish_large``, without
+  ``order_width``) or by the caller (the rows stay incomplete).
   """
   interpret = jax.default_backend() != "gpu"
-  stats = row_bounds(logits, params, config, large_rows=order_width == 0)
+  stats = row_bounds(logits, params, config)
   safe_max, t1, bound, mass = stats.safe_max, stats.t1, stats.bound, stats.mass
   capacity = config.max_candidates
   candidates = collect_candidates(
@@ -1108,10 +1217,10 @@ def sample_truncated(logits, params: SamplingParams,
                      stats.gather != 0, stats.large, t1, mass, stats.sample)
   if not finish_large or order_width:
     return trunc
-  large = stats.large != 0
+  left = trunc.unfinished(params)
   found = rowwise.where_rows(
-      large, rowwise.only_if(large, lambda: sample_large(
-          logits, params, trunc, streams, config)),
+      left, rowwise.only_if(left, lambda: sample_large(
+          logits, params, trunc, streams, config, left)),
       (token, logprob, complete, threshold, count, log_kept))
   return dataclasses.replace(trunc, **dict(zip(
       ("token", "logprob", "complete", "threshold", "count", "log_kept"),
@@ -1119,31 +1228,41 @@ def sample_truncated(logits, params: SamplingParams,
 
 
 def sample_large(logits, params: SamplingParams, trunc: Truncation,
-                 streams: rng.RowStreams, config: SamplerConfig):
-  """``(token, logprob, complete, threshold, count, log_kept)`` of the
-  ``trunc.large`` rows (``Truncation``'s fields).
+                 streams: rng.RowStreams, config: SamplerConfig, rows=None, *,
+                 order_width: int = 0):
+  """``(token, logprob, complete, threshold, count, log_kept)`` of ``rows``
+  (default ``trunc.large``; valid rows of ``trunc``, sampled with a filter
+  on), every one of them complete (``Truncation``'s fields); with
+  ``order_width``, also ``ordered_ids`` ``[B, min(order_width, V)]``.
 
   Each threshold comes from a window search: ``threshold_window`` places a
   window ``[lower, upper)`` around it, from the row's sample; the windowed
   compact pass writes the window's elements and sums the count and mass
   above it and the mass below it; a 32-bit bound-mode search over the window
-  finds the exact threshold (the row is complete iff the window held it and
-  fit its buffer).  With top-k on, a first search finds ``max(t1, t2)``:
+  finds the exact threshold (held iff the window held it and fit its
+  buffer).  With top-k on, a first search finds ``max(t1, t2)``:
   the ``(k - above)``-th largest survivor in the window.  With top-p, a
   search on the survivors ``y >= max(t1, t2)`` (the distribution top-p
   renormalizes) finds ``t3``.  min-p alone keeps ``{y >= t1}``.  Then the
   Gumbel kernel races the kept set ``{y >= threshold}`` (``floor``), which
   also gives its count and mass: three passes over the row (four with both
-  top-k and top-p).
+  top-k and top-p).  A threshold no window holds (ties spanning the window,
+  a misleading sample, or a row not ``large`` whose candidates overflowed
+  their buffer) comes from ``pivot_threshold`` instead:
+  ``_PIVOT_PASSES`` more passes per search.  Ordered ids: one more search
+  by count finds the ``order_width``-th largest kept value, then
+  ``reference.top_ids`` lists the ids reaching it (prefix sums over the row,
+  a sort of ``order_width`` pairs).
   """
   interpret = jax.default_backend() != "gpu"
   t = params.temperature
   large, t1, mass = trunc.large != 0, trunc.t1, trunc.mass
+  rows = large if rows is None else rows
   row_max = jnp.where(jnp.isfinite(trunc.row_max), trunc.row_max, 0.0)
   sample = tempered_sample(trunc.sample, t)
   ones = jnp.ones_like(params.top_p)
 
-  def window_search(rows, floor, by_count: bool):
+  def window_search(rows, floor, params, by_count: bool):
     """``(threshold, held)`` of ``rows``: top-k's (``by_count``) or top-p's
     above the survivors' ``floor``."""
     capacity = config.max_candidates * (
@@ -1171,19 +1290,31 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
     return threshold, ((window.count <= capacity) & reached &
                        (threshold >= lower))
 
-  counted = large & (params.top_k > 0)
-  floor, counted_held = rowwise.only_if(
-      counted, lambda: window_search(counted, t1, by_count=True))
-  floor = jnp.where(counted, floor, t1)
-  held = ~counted | counted_held
-  windowed = large & held & (params.top_p < 1)
-  threshold, windowed_held = rowwise.only_if(
-      windowed, lambda: window_search(windowed, floor, by_count=False))
-  threshold = jnp.where(windowed, threshold, floor)
-  complete = large & held & (~windowed | windowed_held)
+  def search(rows, floor, by_count: bool, params=params):
+    """Exact thresholds of ``rows``: a window search where the row has a
+    sample and its window holds the threshold, else the pivot search."""
+    windowed = rows & large
+    threshold, held = rowwise.only_if(
+        windowed, lambda: window_search(windowed, floor, params, by_count))
+    missed = rows & ~(windowed & held)
+    exact = rowwise.only_if(missed, lambda: pivot_threshold(
+        logits, t, missed, floor, row_max, params, config, by_count=by_count))
+    return jnp.where(missed, exact, threshold)
+
+  counted = rows & (params.top_k > 0)
+  floor = jnp.where(counted, search(counted, t1, by_count=True), t1)
+  topped = rows & (params.top_p < 1)
+  threshold = jnp.where(topped, search(topped, floor, by_count=False), floor)
   partials = gumbel.gumbel_partials(logits, t, streams, config,
-                                    active=complete, floor=threshold)
+                                    active=rows, floor=threshold)
   result, _, (shift, log_sum) = gumbel.finish_sampling(logits, params,
                                                        partials)
-  return (result.tokens, result.logprobs, complete, threshold,
-          jnp.sum(partials.kept, axis=-1), (shift - row_max) + log_sum)
+  found = (result.tokens, result.logprobs, rows, threshold,
+            jnp.sum(partials.kept, axis=-1), (shift - row_max) + log_sum)
+  if not order_width:
+    return found
+  width = min(order_width, logits.shape[1])
+  last = search(rows, threshold, by_count=True, params=dataclasses.replace(
+      params, top_k=jnp.full_like(params.top_k, width)))
+  y = reference.temper(reference.sanitize(logits), t)
+  return found + (reference.top_ids(y, last, width),)
