@@ -105,7 +105,8 @@ def keep_threshold(y: jax.Array, params: SamplingParams,
 def top_ids(y: jax.Array, last: jax.Array, width: int) -> jax.Array:
   """The first ``width`` ids of each row of ``y`` by descending value,
   smallest id first among equal values (``width <= V``; ``last`` ``[B]`` is
-  the row's ``width``-th largest value: ``sorted(y)[::-1][width - 1]``).
+  the row's ``width``-th largest value: ``sorted(y)[::-1][width - 1]``; a
+  larger ``last`` lists the entries reaching it first, then undefined ids).
 
   Equivalent to a stable key-value sort of ``(-y, ids)`` cut to ``width``,
   without sorting ``[B, V]`` pairs: the entries at or above the ``width``-th
@@ -131,7 +132,9 @@ def top_ids(y: jax.Array, last: jax.Array, width: int) -> jax.Array:
   ids = jax.lax.broadcasted_iota(jnp.int32, y.shape, 1)
   top = jnp.zeros((batch, width), jnp.int32).at[rows, jnp.where(
       reach, slot, width)].set(ids, mode="drop")
-  values = jnp.take_along_axis(y, top, axis=-1)
+  # Slots no entry filled (fewer than ``width`` reach ``last``) sort last.
+  filled = jnp.arange(width) < jnp.sum(reach, axis=-1, keepdims=True)
+  values = jnp.where(filled, jnp.take_along_axis(y, top, axis=-1), -jnp.inf)
   _, order = jax.lax.sort((-values, top), num_keys=1, is_stable=True)
   return order
 

@@ -3,7 +3,8 @@
     PYTHONPATH=. python3 scripts/diagnose_mask.py [B ...] [top_k=K] [top_p=P]
 
 Per batch size: the device ops of one ``jaxsample.sample`` call with and
-without ``return_mask`` (default top-k 50 + top-p 0.9; fp32, randn), in
+without ``return_mask`` (default top-k 50 + top-p 0.9; fp32, randn, or
+every entry equal with ``DIST=flat``), in
 launch order (``TOP``: only the costliest, by total time per op name),
 each with the HLO op the profiler attributes it to; the optimized HLO of both
 programs goes to ``$OUT`` (or ./diagnose-out).
@@ -28,6 +29,7 @@ setting.update({a.split("=")[0]: float(a.split("=")[1]) for a in sys.argv[1:]
                 if "=" in a})
 setting["top_k"] = int(setting["top_k"])
 top = int(os.environ.get("TOP", "0"))
+flat = os.environ.get("DIST", "randn") == "flat"
 
 
 def events(fn, x):
@@ -56,6 +58,8 @@ def events(fn, x):
 
 for batch in batches:
   x = jax.random.normal(jax.random.key(batch), (batch, vocab))
+  if flat:
+    x = jnp.full_like(x, 0.5)
   params = SamplingParams.make(batch, **setting)
   key = jax.random.key(0)
   for with_mask in (False, True):

@@ -747,7 +747,7 @@ def _compact_kernel(temp_ref, active_ref, bound_ref, t1_ref, row_max_ref,
   inv_t = 1.0 / temp_ref[row]
   bound = bound_ref[row]
   t1 = t1_ref[row]
-  ref = row_max_ref[row] * _LOG2E
+  row_max = row_max_ref[row]
   filter_bound = bound - _FILTER_SLACK * jnp.abs(bound)
   upper = upper_refs[0][row] if windowed else jnp.inf
   filter_upper = upper + _FILTER_SLACK * jnp.abs(upper)
@@ -757,7 +757,9 @@ def _compact_kernel(temp_ref, active_ref, bound_ref, t1_ref, row_max_ref,
     x = _sanitize(x)
     approx = x * inv_t
     flag = (approx >= filter_bound) & (x > -jnp.inf)
-    e = math.exp2_approx(approx * _LOG2E - ref)
+    # The difference first: y * log2(e) - row_max * log2(e) contracts to an
+    # FMA, whose error overflows exp2 for |y| ~ 1e37.
+    e = math.exp2_approx((approx - row_max) * _LOG2E)
     if above_out:
       surely_above = approx >= filter_upper
       flag = flag & ~surely_above
@@ -1030,57 +1032,73 @@ _SMALLEST_FINITE_KEY = 0x00800000  # order_key(-FLT_MAX)
 
 
 def _pivot_kernel(temp_ref, active_ref, floor_ref, row_max_ref, pivot_ref,
-                  x_ref, reach_out, *, plan: common.KernelPlan, vocab: int,
-                  by_count: bool):
+                  hi_ref, x_ref, reach_out, *, plan: common.KernelPlan,
+                  vocab: int, by_count: bool):
   """One split's count (``by_count``) or mass relative to ``row_max`` of the
-  survivors ``y >= floor`` (finite) whose order key reaches each pivot."""
+  survivors ``y >= floor`` (finite) that reach each pivot value, and of all
+  survivors (the last entry); fp32 sums (counts stay exact below 2^24).
+
+  Survivors above ``hi`` (every pivot's) reach every pivot: one sum; a chunk
+  without survivors in ``[pivot 0, hi]`` skips the per-pivot sums."""
   row, split = pl.program_id(0), pl.program_id(1)
 
   @pl.when(active_ref[row] != 0)
   def _():
     math = common.KernelMath(plan.interpret)
-    t, floor = temp_ref[row], floor_ref[row]
-    ref = row_max_ref[row] * _LOG2E
-    pivots = pivot_ref[row, :]
+    t, floor, hi = temp_ref[row], floor_ref[row], hi_ref[row]
+    row_max = row_max_ref[row]
+    # One lane-wise accumulator per pivot, and fp32 compares and sums: the
+    # float pipes are twice as wide as the integer ones.
+    pivots = [pivot_ref[row, j] for j in range(_PIVOTS)]
 
-    def step(reach, chunk, x):
+    def step(carry, chunk, x):
       del chunk
+      total, above, reach = carry
       y = math.temper(x.astype(jnp.float32), t)
       survives = (y >= floor) & (y > -jnp.inf)
-      weight = (jnp.where(survives, 1, 0) if by_count else jnp.where(
-          survives, math.exp2_approx(y * _LOG2E - ref), 0.0))
-      reaches = order_key(y)[:, None] >= pivots[None, :]
-      return reach + jnp.where(reaches, weight[:, None], 0)
+      weight = jnp.where(survives, 1.0 if by_count else math.exp2_approx(
+          (y - row_max) * _LOG2E), 0.0)
+      inside = jnp.where(y <= hi, weight, 0.0)
+      reach = lax.cond(
+          jnp.max(jnp.where((y >= pivots[0]) & (inside > 0), 1, 0)) > 0,
+          lambda: tuple(r + jnp.where(y >= pivot, inside, 0.0)
+                        for r, pivot in zip(reach, pivots)),
+          lambda: reach)
+      return total + weight, above + (weight - inside), reach
 
-    reach = common.chunk_loop(
+    lanes = jnp.zeros((plan.chunk,), jnp.float32)
+    total, above, reach = common.chunk_loop(
         plan, math, split * plan.split_len, vocab,
         common.row_chunk_loader(x_ref, row, plan.chunk), step,
-        jnp.zeros((plan.chunk, _PIVOTS),
-                  jnp.int32 if by_count else jnp.float32))
-    reach_out[row, split, :] = jnp.sum(reach, axis=0)
+        (lanes, lanes, (lanes,) * _PIVOTS))
+    above = jnp.sum(above)
+    for j, r in enumerate(reach):
+      reach_out[row, split, j] = jnp.sum(r) + above
+    reach_out[row, split, _PIVOTS] = jnp.sum(total)
 
 
 def pivot_threshold(logits, temperature, active, floor, row_max,
                     params: SamplingParams, config: SamplerConfig, *,
-                    by_count: bool):
-  """Exact threshold ``[B]`` of the ``active`` rows (valid, sampled) in
-  ``_PIVOT_PASSES`` passes over the row, whatever the data: no buffer, no
-  sample, no sort.
+                    by_count: bool, lower=None):
+  """Exact threshold ``[B]`` of the ``active`` rows (valid, sampled) in at
+  most ``_PIVOT_PASSES`` passes over the row, whatever the data: no buffer,
+  no sample, no sort.
 
   Over the survivors ``S = {y >= floor}`` (``floor <= row_max``), with
   ``reach(v)`` their count (``by_count``) or mass ``sum exp(y - row_max)``
   at order keys ``>= v``: the largest ``v`` with ``reach(v) >= goal``,
   ``goal = min(k, |S|)`` (the ``k``-th largest survivor, or the smallest;
-  ``|S|`` where ``k = 0``)
-  or ``p * reach(floor)`` (top-p's threshold on ``S``).  Each pass splits
-  the key interval ``[lo, hi]`` known to hold it (``reach(lo) >= goal``,
-  ``hi`` the key of ``row_max`` or below a pivot that missed the goal) at
-  ``_PIVOTS`` evenly spaced pivots and keeps the piece between the last
-  pivot that meets the goal and the next: ``_PIVOT_BITS``
-  key bits per pass, so 32-bit keys resolve in ``_PIVOT_PASSES``, ties or
-  not.  A pass's partial results are per-pivot sums, so vocab shards
-  combine them by a sum.  Masses are fp32 sums in a fixed order (monotone
-  in ``v``).
+  ``|S|`` where ``k = 0``) or ``p * reach(floor)`` (top-p's threshold on
+  ``S``).  ``lower`` (default ``floor``): a value known not to exceed the
+  answer.  Each pass splits the key interval ``[lo, hi]`` known to hold it
+  (``reach(lo) >= goal``, ``hi`` the key of ``row_max`` or below a pivot
+  that missed the goal) at ``_PIVOTS`` evenly spaced pivots and keeps the
+  piece between the last pivot that meets the goal and the next:
+  ``_PIVOT_BITS`` key bits per pass, so 32-bit keys resolve in
+  ``_PIVOT_PASSES`` passes, ties or not; a row whose interval has closed
+  skips the passes left (all of them when ``lower`` is the answer).  A
+  pass's partial results are per-pivot sums, so vocab shards combine them
+  by a sum.  Masses are fp32 sums in a fixed order (monotone in ``v``).
   """
   batch, vocab = logits.shape
   plan = _pass_plan(batch, vocab, logits.dtype, config)
@@ -1088,13 +1106,12 @@ def pivot_threshold(logits, temperature, active, floor, row_max,
                              by_count=by_count)
   run = pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct(
-          (batch, plan.num_splits, _PIVOTS),
-          jnp.int32 if by_count else jnp.float32),
+      out_shape=jax.ShapeDtypeStruct((batch, plan.num_splits, _PIVOTS + 1),
+                                     jnp.float32),
       grid=(batch, plan.num_splits), compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_pivot_threshold")
-  active = active.astype(jnp.int32)
-  lo = jnp.maximum(order_key(floor), jnp.uint32(_SMALLEST_FINITE_KEY))
+  lower = floor if lower is None else jnp.maximum(floor, lower)
+  lo = jnp.maximum(order_key(lower), jnp.uint32(_SMALLEST_FINITE_KEY))
   hi = jnp.maximum(order_key(row_max), lo)
   steps = jnp.arange(_PIVOTS, dtype=jnp.uint32)
 
@@ -1108,20 +1125,26 @@ def pivot_threshold(logits, temperature, active, floor, row_max,
     # the answer is hi itself.
     pivots = lo[:, None] + jnp.minimum(steps[None, :] << shift[:, None],
                                        width[:, None])
-    reach = jnp.sum(run(temperature, active, floor, row_max, pivots, logits),
-                    axis=1)
-    total = reach[:, 0]  # reach(lo); in the first pass reach(floor)
+    # Every pivot is the key of a finite value or of 0 (keys between those of
+    # -FLT_MAX and row_max), so y >= value iff order_key(y) >= pivot.
+    reach = jnp.sum(run(temperature, (active & (width > 0)).astype(jnp.int32),
+                        floor, row_max, key_value(pivots), key_value(hi),
+                        logits), axis=1)
+    total = reach[:, _PIVOTS]  # reach(floor)
+    reach = reach[:, :_PIVOTS]
     goal = jnp.where(i == 0, jnp.where(
         params.top_k > 0, jnp.minimum(params.top_k, total), total) if by_count
                      else params.top_p * total, goal)
-    last = jnp.sum(reach >= goal[:, None], axis=1) - 1  # reach: non-increasing
+    # reach is non-increasing; reach(lo) meets the goal (up to rounding).
+    last = jnp.maximum(jnp.sum(reach >= goal[:, None], axis=1) - 1, 0)
     at = lambda j: jnp.take_along_axis(pivots, j[:, None], axis=1)[:, 0]
-    return (at(last),
-            jnp.where(last < _PIVOTS - 1,
-                      at(jnp.minimum(last + 1, _PIVOTS - 1)) - 1, hi),
+    closed = width == 0
+    return (jnp.where(closed, lo, at(last)),
+            jnp.where(closed | (last == _PIVOTS - 1), hi,
+                      at(jnp.minimum(last + 1, _PIVOTS - 1)) - 1),
             goal)
 
-  goal = jnp.zeros((batch,), jnp.int32 if by_count else jnp.float32)
+  goal = jnp.zeros((batch,), jnp.float32)
   lo, _, _ = lax.fori_loop(0, _PIVOT_PASSES, one_pass, (lo, hi, goal))
   return key_value(lo)
 
@@ -1148,7 +1171,7 @@ class Truncation:
   candidates came from its listed segments (``Segments``); ``large`` (int32
   flags, ``RowBounds.large``): the row's kept set is left to
   ``sample_large``;
-  ``t1``, ``mass`` and ``sample``: ``RowBounds``'.
+  ``t1``, ``bound``, ``mass`` and ``sample``: ``RowBounds``'.
   """
 
   token: jax.Array
@@ -1165,6 +1188,7 @@ class Truncation:
   gathered: jax.Array
   large: jax.Array
   t1: jax.Array
+  bound: jax.Array
   mass: jax.Array
   sample: jax.Array
 
@@ -1214,7 +1238,8 @@ def sample_truncated(logits, params: SamplingParams,
   trunc = Truncation(token, logprob, complete, stats.row_max, stats.lse,
                      threshold, count, log_kept, candidates,
                      ordered[0] if ordered else None, stats.finite,
-                     stats.gather != 0, stats.large, t1, mass, stats.sample)
+                     stats.gather != 0, stats.large, t1, bound, mass,
+                     stats.sample)
   if not finish_large or order_width:
     return trunc
   left = trunc.unfinished(params)
@@ -1249,8 +1274,9 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
   top-k and top-p).  A threshold no window holds (ties spanning the window,
   a misleading sample, or a row not ``large`` whose candidates overflowed
   their buffer) comes from ``pivot_threshold`` instead:
-  ``_PIVOT_PASSES`` more passes per search.  Ordered ids: one more search
-  by count finds the ``order_width``-th largest kept value, then
+  ``_PIVOT_PASSES`` more passes per search.  Ordered ids: where more than
+  ``order_width`` ids are kept, a pivot search by count finds the
+  ``order_width``-th largest kept value, then
   ``reference.top_ids`` lists the ids reaching it (prefix sums over the row,
   a sort of ``order_width`` pairs).
   """
@@ -1262,7 +1288,7 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
   sample = tempered_sample(trunc.sample, t)
   ones = jnp.ones_like(params.top_p)
 
-  def window_search(rows, floor, params, by_count: bool):
+  def window_search(rows, floor, by_count: bool):
     """``(threshold, held)`` of ``rows``: top-k's (``by_count``) or top-p's
     above the survivors' ``floor``."""
     capacity = config.max_candidates * (
@@ -1290,15 +1316,17 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
     return threshold, ((window.count <= capacity) & reached &
                        (threshold >= lower))
 
-  def search(rows, floor, by_count: bool, params=params):
+  def search(rows, floor, by_count: bool, lower=trunc.bound):
     """Exact thresholds of ``rows``: a window search where the row has a
-    sample and its window holds the threshold, else the pivot search."""
+    sample and its window holds the threshold, else the pivot search
+    (``lower``: a value not above the threshold)."""
     windowed = rows & large
     threshold, held = rowwise.only_if(
-        windowed, lambda: window_search(windowed, floor, params, by_count))
+        windowed, lambda: window_search(windowed, floor, by_count))
     missed = rows & ~(windowed & held)
     exact = rowwise.only_if(missed, lambda: pivot_threshold(
-        logits, t, missed, floor, row_max, params, config, by_count=by_count))
+        logits, t, missed, floor, row_max, params, config, by_count=by_count,
+        lower=lower))
     return jnp.where(missed, exact, threshold)
 
   counted = rows & (params.top_k > 0)
@@ -1314,7 +1342,10 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
   if not order_width:
     return found
   width = min(order_width, logits.shape[1])
-  last = search(rows, threshold, by_count=True, params=dataclasses.replace(
-      params, top_k=jnp.full_like(params.top_k, width)))
+  over = rows & (found[4] > width)  # the kept set's width-th largest value
+  last = jnp.where(over, rowwise.only_if(over, lambda: pivot_threshold(
+      logits, t, over, threshold, row_max, dataclasses.replace(
+          params, top_k=jnp.full_like(params.top_k, width)), config,
+      by_count=True)), threshold)
   y = reference.temper(reference.sanitize(logits), t)
   return found + (reference.top_ids(y, last, width),)
