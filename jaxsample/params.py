@@ -166,8 +166,8 @@ class SamplerConfig:
     max_mask_ids: ``K_cap``, the static width of ``SamplingMask.ids`` (kept
       ids listed per row; see ``jaxsample.mask``), >= 1.
     max_candidates: candidate buffer per row of the truncated-sampling
-      kernels (a power of 2 >= 16); rows whose kept set is larger are
-      resampled by the sort-based XLA reference.
+      kernels (a power of 2 >= 16); rows whose kept set is larger take the
+      window and pivot searches (``jaxsample.pallas.threshold``).
   """
 
   rng: str = "philox"

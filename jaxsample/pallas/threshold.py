@@ -1,9 +1,10 @@
 """Sorting-free truncated sampling: exact top-k / top-p / min-p kept sets.
 
-Design (the pass count is fixed: at most two passes over each truncating
-row, one small selection over a bounded candidate buffer; rows whose kept set does not
-fit the buffer are reported ``complete = False`` and the caller resamples
-them with the sort-based XLA reference):
+Design (the pass count is bounded: two passes over each truncating row and
+one small selection over a bounded candidate buffer; rows whose kept set
+does not fit the buffer are reported ``complete = False`` and finished by
+``sample_large``: window searches, then at most ``_PIVOT_PASSES`` passes of
+the pivot search per threshold no window holds; no sort anywhere):
 
 1. ``stats`` pass (grid ``(B, S)``): per vocab split, the max of the
    sanitized logits ``x``, ``sum exp(y - max)`` (``y = x / T``), the count of
@@ -53,9 +54,10 @@ threshold (top-k first; top-p then searches above ``max(t1, t2)``).  Then
 the Gumbel kernel with a ``floor`` races the kept set and counts it.  Three
 passes over the row (stats, windowed compact, Gumbel), four with top-k and
 top-p both on; a window that missed the threshold or overflowed its buffer
-makes the row incomplete (the sampler then takes the sort-based reference:
-rows whose ties span the window, and the rare rows whose sample misleads the
-estimate by more than 5 standard deviations).
+(rows whose ties span the window, and the rare rows whose sample misleads
+the estimate by more than 5 standard deviations) leaves the threshold to
+``pivot_threshold``: at most ``_PIVOT_PASSES`` passes, each splitting the
+order-key interval that holds it at ``_PIVOTS`` pivots.
 
 Every partial result is a max, a sum or a list of candidates in vocab order,
 so the vocab-parallel sampler combines shards exactly as it combines splits:
