@@ -1113,6 +1113,9 @@ def pivot_threshold(logits, temperature, active, floor, row_max,
       grid=(batch, plan.num_splits), compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_pivot_threshold")
   lower = floor if lower is None else jnp.maximum(floor, lower)
+  # A bound past row_max (a vacuous top-p bound at p = 0: NaN) is row_max,
+  # the answer such rows have.
+  lower = jnp.where(lower <= row_max, lower, row_max)
   lo = jnp.maximum(order_key(lower), jnp.uint32(_SMALLEST_FINITE_KEY))
   hi = jnp.maximum(order_key(row_max), lo)
   steps = jnp.arange(_PIVOTS, dtype=jnp.uint32)
