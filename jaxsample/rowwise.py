@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 
 
@@ -16,8 +17,23 @@ def where_rows(where: jax.Array, a, b):
       a, b)
 
 
+def cond(pred: jax.Array, true_fn, false_fn):
+  """``lax.cond(pred, true_fn, false_fn)``, or the one branch ``pred`` picks
+  when it is known while tracing (computed under
+  ``jax.ensure_compile_time_eval`` from parameters the caller's ``jit``
+  closes over, or in an eager call): only that branch is traced and
+  compiled, and no predicate goes to the host."""
+  try:
+    taken = bool(pred)
+  except jax.errors.ConcretizationTypeError:
+    taken = None
+  if taken is None:
+    return jax.lax.cond(pred, true_fn, false_fn)
+  return true_fn() if taken else false_fn()
+
+
 def only_if(needed: jax.Array, fn, *, pack: bool = True):
-  """``fn()`` if any of ``needed``, else zeros of its shapes (``lax.cond``).
+  """``fn()`` if any of ``needed``, else zeros of its shapes (``cond``).
 
   ``fn`` returns a pytree of ``[B]`` and ``[B, W]`` arrays of 32- or 64-bit
   or bool dtypes.  With ``pack``, the branches exchange one int32 ``[B, F]``
@@ -25,10 +41,14 @@ def only_if(needed: jax.Array, fn, *, pack: bool = True):
   rather than one per leaf (each a launch on a GPU); pass ``pack=False`` for
   large outputs of a branch that usually runs.
   """
-  shapes = jax.eval_shape(fn)
+  # One trace of fn (eval_shape and then the cond's own trace would trace it
+  # twice, and nested calls 2^depth times): the cond branch replays its jaxpr.
+  traced, shapes = jax.make_jaxpr(fn, return_shape=True)()
+  replay = jax.extend.core.jaxpr_as_fun(traced)
+  fn = lambda: jax.tree.unflatten(jax.tree.structure(shapes), replay())
   zeros = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
   if not pack:
-    return jax.lax.cond(jnp.any(needed), fn, zeros)
+    return cond(jnp.any(needed), fn, zeros)
   leaves, tree = jax.tree.flatten(shapes)
   batch = leaves[0].shape[0]
   # int32 words per row of each leaf (bool: one word per element).
@@ -41,7 +61,7 @@ def only_if(needed: jax.Array, fn, *, pack: bool = True):
          jax.lax.bitcast_convert_type(leaf, jnp.int32)).reshape(batch, -1)
         for leaf in jax.tree.leaves(fn())], axis=1)
 
-  block = jax.lax.cond(jnp.any(needed), packed,
+  block = cond(jnp.any(needed), packed,
                        lambda: jnp.zeros((batch, sum(words)), jnp.int32))
   out, start = [], 0
   for s, size in zip(leaves, words):

@@ -94,7 +94,8 @@ def sample(logits: jax.Array,
   check_logits(logits, params)
   batch, vocab = logits.shape
   streams, _ = rng.row_streams(key, positions, batch, vocab)
-  params = params.canonical(vocab)
+  with jax.ensure_compile_time_eval():  # concrete params stay concrete
+    params = params.canonical(vocab)
   if batch == 0:
     result = SampleResult(jnp.zeros((0,), jnp.int32),
                           jnp.zeros((0,), jnp.float32), jnp.zeros((0,), bool))
@@ -134,16 +135,23 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   (``lax.cond``), samples the rest: rows with no filter (greedy rows
   included) and invalid rows by the Gumbel kernel, rows with large kept sets
   or overflowed candidate buffers by ``threshold.sample_large`` (with their
-  masks).  No sort of the vocabulary runs, except on the FP64 path, where
-  every truncating row takes the sort-based reference.  In a batch where the truncation kernels finish
-  every row, the rest costs a predicate, its copy to the host (a
-  ``lax.cond`` runs outside command buffers), a fill and a select.
+  masks).  In a batch where the truncation kernels finish every row, the
+  rest costs a predicate, its copy to the host (a ``lax.cond`` runs outside
+  command buffers), a fill and a select; none of it where the caller's
+  ``jit`` closes over the params (``rowwise.cond``).
+
+  The FP64 path finds every kept set's threshold
+  (``threshold.kept_thresholds``) and races the kept set with FP64 noise
+  (one more pass); with a mask, its truncating rows take the sort-based
+  reference, the one sort of the vocabulary left on the kernel path.
   """
   # pylint: disable=g-import-not-at-top
   from jaxsample.pallas import gumbel, threshold
   batch = logits.shape[0]
-  sampled = params.temperature > 0
-  truncating = params.truncates() & sampled
+  with jax.ensure_compile_time_eval():  # known for concrete params
+    sampled = params.temperature > 0
+    truncating = params.truncates() & sampled
+    any_truncating = jnp.any(truncating)
 
   def gumbel_rows(active=None):
     result, row_max, lse = gumbel.sample_untruncated(
@@ -184,9 +192,23 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
         unfinished, token, count, log_kept, ordered[0], trunc)
                                            if return_mask else None), rows)
 
-  if config.use_fp64_gumbel:
+  if config.use_fp64_gumbel and return_mask:
     result, result_mask = left_rows(jnp.zeros_like(truncating))
-    return (result, result_mask) if return_mask else result
+    return result, result_mask
+
+  def floored_fp64_batch():
+    """FP64 noise: the kept sets' thresholds, then one FP64 race per row."""
+    floor = threshold.kept_thresholds(logits, params, config)
+    floored = floor > -jnp.inf  # a threshold of -inf keeps every finite y
+    result, _, _ = gumbel.finish_sampling(logits, params, gumbel.gumbel_partials(
+        logits, params.temperature, streams, config, active=floored,
+        floor=floor))
+    return rowwise.where_rows(floored, result, rowwise.only_if(
+        ~floored, lambda: gumbel_rows(~floored)[0]))
+
+  if config.use_fp64_gumbel:
+    return rowwise.cond(any_truncating, floored_fp64_batch,
+                        lambda: gumbel_rows()[0])
 
   def truncated_batch():
     trunc = threshold.sample_truncated(
@@ -202,6 +224,6 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     return rowwise.where_rows(done, rows, rowwise.only_if(
         ~done, lambda: left_rows(done, trunc)))
 
-  result, result_mask = jax.lax.cond(jnp.any(truncating), truncated_batch,
+  result, result_mask = rowwise.cond(any_truncating, truncated_batch,
                                      gumbel_rows)
   return (result, result_mask) if return_mask else result

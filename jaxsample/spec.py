@@ -4,8 +4,8 @@
 model's logits and emits between 1 and ``k + 1`` tokens per request.  The XLA
 function here is the definition; the fused Pallas kernels
 (``jaxsample.pallas.spec``, ``implementation="pallas"``, or ``"auto"`` on a
-GPU) match it for batches in which no request truncates, and such batches
-(any top-k / top-p / min-p on) run this reference.
+GPU) match it, with the kept sets of truncating requests (top-k / top-p /
+min-p) from the sorting-free threshold kernels.
 
 Notation (request ``b``)
 ------------------------
@@ -102,7 +102,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsample import reference, rng
+from jaxsample import reference, rng, rowwise
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.sampling import use_pallas, x64_scope
 
@@ -319,8 +319,9 @@ def rejection_sample(target_logits: jax.Array,
     config: static ``SamplerConfig``; ``rng`` picks the generator and
       ``use_fp64_gumbel`` the fp64 Gumbel race.  ``implementation``: "xla"
       runs this reference, "pallas" the fused kernels (interpret mode off
-      GPU) for batches without truncation and this reference otherwise
-      (``lax.cond``), "auto" the kernels on GPU and the reference elsewhere.
+      GPU), after the threshold kernels' kept sets in a batch where some
+      sampled request truncates (``lax.cond``), "auto" the kernels on GPU
+      and the reference elsewhere.
       ``block_size`` / ``num_splits`` / ``num_warps`` / ``num_stages`` shape
       both kernel passes (``jaxsample.pallas.spec``).
 
@@ -343,7 +344,9 @@ def rejection_sample(target_logits: jax.Array,
   if positions is None:
     positions = jnp.zeros((batch,), jnp.int32)
   n = jnp.clip(num_draft, 0, k1 - 1).astype(jnp.int32)
-  params = params.canonical(vocab)
+  with jax.ensure_compile_time_eval():  # concrete params stay concrete
+    params = params.canonical(vocab)
+    truncating = jnp.any(params.truncates() & (params.temperature > 0))
   with x64_scope(config.use_fp64_gumbel, target_logits, key, positions,
                  *jax.tree.leaves(params)):
     xla = lambda: _reject_xla(target_logits, draft_tokens, n, params, key,
@@ -354,8 +357,11 @@ def rejection_sample(target_logits: jax.Array,
     from jaxsample.pallas import spec as kernels  # pylint: disable=g-import-not-at-top
     noise_keys, accept_keys = stream_keys(key, batch)
     d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
-    fused = lambda: kernels.reject_untruncated(
+    fused = lambda floors: kernels.reject(
         target_logits, d, n, params, noise_keys, accept_keys,
-        positions.astype(jnp.uint32), draft_logits, synthetic_rates, config)
-    # Truncating batches keep the reference until a threshold kernel lands.
-    return jax.lax.cond(jnp.any(params.truncates()), xla, fused)
+        positions.astype(jnp.uint32), draft_logits, synthetic_rates, config,
+        floors)
+    return rowwise.cond(
+        truncating, lambda: fused(kernels.kept_floors(
+            target_logits, draft_logits, n, params, config)),
+        lambda: fused(None))

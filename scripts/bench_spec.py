@@ -30,7 +30,8 @@ XLA glue (every other kernel), and counts the kernels per call.
 Inputs: ``2 N(0, 1)`` logits (``--dist llm`` adds head tokens, see
 ``jaxsample.bench``; needs a ``bench.rotating_inputs`` with ``dist``), draft
 tokens = argmax of the draft logits (one-hot: random tokens), ``n = k``,
-temperature ``--temperature``, per-request keys and random positions.  With
+``--temperature`` and the filters ``--top-k`` / ``--top-p`` / ``--min-p``
+for every request, per-request keys and random positions.  With
 random logits nearly every request rejects at slot 0 in the standard mode;
 the synthetic mode spreads ``num_accepted`` over ``0 .. k``.
 """
@@ -112,10 +113,12 @@ def make_inputs(batch, k, vocab, dtype, with_draft, dist, seed):
           for i in range(count)]
 
 
-def ops(batch, k, vocab, temperature, rates, config_kw) -> dict:
-  """The timed ops, each a jitted function of one ``(target, draft)`` pair."""
+def ops(batch, k, vocab, filters, rates, config_kw) -> dict:
+  """The timed ops, each a jitted function of one ``(target, draft)`` pair;
+  ``filters``: ``SamplingParams.make``'s keywords, the same for every
+  request."""
   r = np.random.default_rng(batch * 100 + k)
-  params = js.SamplingParams.make(batch, temperature=temperature)
+  params = js.SamplingParams.make(batch, **filters)
   keys = jax.random.split(jax.random.key(3), batch)
   positions = jnp.asarray(r.integers(0, 2**20, batch), jnp.int32)
   n = jnp.full((batch,), k, jnp.int32)
@@ -152,6 +155,9 @@ def main(argv=None) -> int:
   parser.add_argument("--draft", default="both", choices=("both", "yes", "no"))
   parser.add_argument("--dist", default="randn")
   parser.add_argument("--temperature", type=float, default=0.7)
+  parser.add_argument("--top-k", type=int, default=0)
+  parser.add_argument("--top-p", type=float, default=1.0)
+  parser.add_argument("--min-p", type=float, default=0.0)
   parser.add_argument("--rates", default="0.8,0",
                       help="synthetic acceptance rates per slot to time")
   parser.add_argument("--ops", default="",
@@ -178,7 +184,8 @@ def main(argv=None) -> int:
   device = jax.devices()[0]
   print(f"# device: {device.device_kind} ({jax.default_backend()}), jax "
         f"{jax.__version__}; copy bandwidth {bandwidth / 1e12:.2f} TB/s; "
-        f"V={args.vocab}, T={args.temperature}, rng={args.rng}, "
+        f"V={args.vocab}, T={args.temperature}, top_k={args.top_k}, "
+        f"top_p={args.top_p:g}, min_p={args.min_p:g}, rng={args.rng}, "
         f"dist={args.dist}; floor = target (+ draft) logits bytes / copy "
         "bandwidth")
   print(f"{'op':17s} {'plan':24s} {'dtype':8s} {'B':>4s} {'k':>2s} "
@@ -195,7 +202,9 @@ def main(argv=None) -> int:
                          args.dist, seed=batch * 10 + k)
     for plan in plans:
       config_kw = {key: v for key, v in plan.items() if v is not None}
-      table = ops(batch, k, args.vocab, args.temperature,
+      filters = dict(temperature=args.temperature, top_k=args.top_k,
+                     top_p=args.top_p, min_p=args.min_p)
+      table = ops(batch, k, args.vocab, filters,
                   [float(v) for v in args.rates.split(",") if v],
                   dict(config_kw, rng=args.rng))
       for name, fn in table.items():

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks, in one call (run from the repo root there):
-#   bash scripts/gpu_run.sh [smoke] [tests] [sweep] [bench]   (default: smoke tests bench)
+#   bash scripts/gpu_run.sh [smoke] [tests] [alltests] [sweep] [bench] [spec]
+#   (default: smoke tests bench).  tests: tests/test_gpu.py; alltests: every
+#   GPU test file; spec: scripts/bench_spec.py with $SPEC_ARGS.
 # Logs and JSON go to $OUT (the device tool's output folder) or ./gpu-out.
 # GPU_TEST_WORKERS: pytest-xdist workers for the GPU tests (default 6; 0: none).
 # SWEEP_BASELINE: a gumbel.py to compare against in the sweep (optional).
@@ -17,6 +19,13 @@ for step in "${steps[@]}"; do
     tests) python3 -m pytest -m gpu -q -rA -p no:cacheprovider "${xdist[@]}" tests/test_gpu.py \
              2>&1 | quiet > "$out/gpu-tests.log"
            status=$((status | ${PIPESTATUS[0]})); tail -n 3 "$out/gpu-tests.log" ;;
+    alltests) python3 -m pytest -m gpu -q -rA -p no:cacheprovider "${xdist[@]}" tests/test_gpu*.py \
+             2>&1 | quiet > "$out/gpu-alltests.log"
+           status=$((status | ${PIPESTATUS[0]})); grep -E "^(FAILED|ERROR)" "$out/gpu-alltests.log"
+           tail -n 3 "$out/gpu-alltests.log" ;;
+    spec) python3 scripts/bench_spec.py ${SPEC_ARGS:-} --json "$out/spec.json" 2>&1 | quiet \
+             | tee "$out/spec.log"
+           status=$((status | ${PIPESTATUS[0]})) ;;
     sweep) python3 scripts/sweep_gumbel.py ${SWEEP_BASELINE:+--baseline "$SWEEP_BASELINE"} \
              2>&1 | quiet | tee "$out/sweep.log"
            status=$((status | ${PIPESTATUS[0]})) ;;

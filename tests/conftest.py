@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import statistics
 
 import jax
@@ -41,13 +42,31 @@ def require_gpu():
                 f"{jax.default_backend()!r}")
 
 
-@pytest.fixture(autouse=True, scope="module")
+_MAP_COUNT_LIMIT = 40_000  # of the kernel's default vm.max_map_count, 65530
+
+
+def _memory_map_count() -> int:
+  try:
+    with open("/proc/self/maps", "rb") as maps:
+      return sum(1 for _ in maps)
+  except OSError:  # not Linux: no such limit to watch
+    return 0
+
+
+@pytest.fixture(autouse=True)
 def release_compiled_code():
-  """Drops JAX's compiled code after each test module: XLA:CPU maps memory for
-  every executable, and the whole suite in one process otherwise passes the
-  kernel's ``vm.max_map_count`` (65530 maps) and crashes in a compile."""
+  """Drops JAX's compiled code once the process holds many memory maps:
+  XLA:CPU maps memory for every executable, and a long module otherwise passes
+  the kernel's ``vm.max_map_count`` (65530 maps) and aborts in a compile."""
   yield
-  jax.clear_caches()
+  if _memory_map_count() > _MAP_COUNT_LIMIT:
+    jax.clear_caches()
+
+
+def sort_operands(stablehlo: str) -> list[str]:
+  """The operand types of every sort in lowered StableHLO text."""
+  return re.findall(r"stablehlo\.sort.*?\}\) : \(([^)]*)\)", stablehlo,
+                    re.DOTALL)
 
 
 # ---------------------------------------------------------------------------

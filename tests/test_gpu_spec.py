@@ -3,9 +3,9 @@
 Run on the GPU machine with ``python -m pytest -m gpu tests/test_gpu_spec.py``;
 skipped elsewhere (``require_gpu``).  Both passes must lower, compile and run
 on the device and match the XLA reference at the production vocabulary
-(V = 151936): tokens and ``num_accepted`` identical, logprobs within 1e-5.
-Params are untruncated (a truncating batch runs the reference, see
-``test_spec.test_truncating_batches_run_the_reference``).
+(V = 151936): tokens and ``num_accepted`` identical, logprobs within 1e-5,
+for untruncated batches and for batches whose kept sets come from the
+threshold kernels.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import sort_operands
 from jaxsample import SamplerConfig, SamplingParams, spec
-from test_spec import assert_same, edge_case_batch, keys, logits, run
+from test_spec import assert_same, keys, logits, run
+from test_spec_kernels import edge_case_batch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 
@@ -82,6 +84,32 @@ def test_random_requests_match_reference(batch, k, dtype, with_draft):
   assert np.all((out.tokens >= -1) & (out.tokens < VOCAB))
 
 
+@pytest.mark.parametrize("dtype,with_draft", [
+    (jnp.float32, True), (jnp.float32, False), (jnp.bfloat16, True)],
+    ids=["f32-draft", "f32-one_hot", "bf16-draft"])
+def test_truncating_requests_match_reference(dtype, with_draft):
+  """Per-request top-k / top-p / min-p (alone, combined, off; greedy rows
+  among them) on random rows, rows of a few values (ties at the thresholds)
+  and flat rows (ties wider than any candidate buffer)."""
+  batch, k = 64, 3
+  args, kw = random_case(21, batch, k, with_draft=with_draft)
+  target, drafts, n, params, key = args
+  target[:6] = np.round(target[:6])
+  target[6:8] = 0.5
+  if with_draft:
+    kw["draft_logits"][:8] = target[:8, :k]
+  r = np.random.default_rng(21)
+  params = SamplingParams.make(
+      batch, temperature=np.where(np.arange(batch) < 8, 1.0,
+                                  params.temperature),
+      top_k=r.choice([0, 1, 50, 20000], batch),
+      top_p=r.choice([1.0, 0.5, 0.9], batch),
+      min_p=r.choice([0.0, 0.0, 0.05], batch))
+  args, kw = cast((target, drafts, n, params, key), kw, dtype)
+  out = both(*args, **kw)
+  assert 0 < out.num_accepted.sum() < n.sum()
+
+
 @pytest.mark.parametrize("with_draft", [True, False], ids=["draft", "one_hot"])
 def test_synthetic_mode_matches_reference(with_draft):
   args, kw = random_case(7, 64, 3, with_draft=with_draft)
@@ -109,9 +137,12 @@ def test_both_passes_are_triton_kernels(with_draft):
   batch, k = 4, 3
   target = jnp.zeros((batch, k + 1, VOCAB), jnp.bfloat16)
   draft = jnp.zeros((batch, k, VOCAB), jnp.bfloat16) if with_draft else None
+  params = SamplingParams.make(batch)
   fn = jax.jit(lambda t, d: spec.rejection_sample(
       t, jnp.zeros((batch, k), jnp.int32), jnp.full((batch,), k, jnp.int32),
-      SamplingParams.make(batch), keys(batch), draft_logits=d,
+      params, keys(batch), draft_logits=d,
       config=SamplerConfig(implementation="auto")))
   text = fn.lower(target, draft).as_text()
+  # Params closed over without filters: the untruncated passes alone.
   assert text.count("__gpu$xla.gpu.triton") == 2
+  assert sort_operands(text) == []

@@ -48,14 +48,14 @@ def logits(kind, batch, dtype, seed):
                          ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("kind", ["flat", "peaked", "zipf"])
 @pytest.mark.parametrize("setting", list(SETTINGS))
-def test_truncated_kernels_match_reference(setting, kind, dtype):
+def test_truncated_kernels_match_reference(setting, kind, dtype, fp64=False):
   batch = 8
   x = logits(kind, batch, dtype, seed=zlib.crc32(f"{setting}/{kind}".encode()))
   temps = np.float32([1.0, 0.7, 1.3, 1.0, 0.5, 1.0, 0.9, 1.1])
   params = SamplingParams.make(batch, temperature=temps, **SETTINGS[setting])
   key = jax.random.key(5)
-  a = run_sample(x, params, key, impl="pallas")
-  b = run_sample(x, params, key, impl="xla")
+  a = run_sample(x, params, key, impl="pallas", fp64=fp64)
+  b = run_sample(x, params, key, impl="xla", fp64=fp64)
   y = np.asarray(reference.temper(reference.sanitize(x),
                                   jnp.asarray(temps)))
   canon = params.canonical(VOCAB)
@@ -68,6 +68,13 @@ def test_truncated_kernels_match_reference(setting, kind, dtype):
     np.testing.assert_allclose(a.logprobs[row], b.logprobs[row], rtol=1e-5,
                                atol=1e-5)
   np.testing.assert_array_equal(a.valid, b.valid)
+
+
+@pytest.mark.parametrize("kind", ["flat", "zipf"])
+@pytest.mark.parametrize("setting", ["top_k50_top_p0.9", "mixed"])
+def test_fp64_truncated_rows_match_reference(setting, kind):
+  """FP64 noise: the kept sets' thresholds, then an FP64 race of each."""
+  test_truncated_kernels_match_reference(setting, kind, jnp.float32, fp64=True)
 
 
 @pytest.mark.parametrize("vocab", [1007, 151936])

@@ -270,6 +270,31 @@ def row_chunk_loader(x_ref, row, size: int, fill=-jnp.inf):
   return load
 
 
+def xla_temper(x, t):
+  """``KernelMath.temper`` in XLA code outside a kernel (elements gathered from
+  rows, ``t`` their rows' temperatures, same shape): ``x * (1 / t)`` on CPU
+  (as XLA computes a row's division by a broadcast), XLA's division on a
+  GPU (``div.full.f32``, as the kernels)."""
+  return x / t if jax.default_backend() == "gpu" else x * (1.0 / t)
+
+
+def below_floor(math: KernelMath, x, t, floor):
+  """Where ``x`` lies below a truncated row's kept set ``{y >= floor}``, ``y =
+  x / T`` by ``math.temper`` (the reference's ``y`` bit for bit).  False for a
+  NaN ``x`` and wherever ``floor`` is -inf (no filter: the row as it is)."""
+  return math.temper(x.astype(jnp.float32), t) < floor
+
+
+def floored_loader(load, math: KernelMath, t, floor):
+  """``load`` with the elements ``below_floor`` read as -inf."""
+
+  def floored(start, mask):
+    x = load(start, mask)
+    return jnp.where(below_floor(math, x, t, floor), -jnp.inf, x)
+
+  return floored
+
+
 def argmax_update(best, best_index, value, index):
   """Lane-wise running argmax; earlier (smaller) ids win ties."""
   better = value > best

@@ -308,8 +308,7 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
       def step(carry, chunk, x):
         state, kept = carry
         x = x.astype(jnp.float32)
-        # The reference's y (exact); a floor of -inf keeps the finite ones.
-        inside = (math.temper(x, t) >= floor) & (x > -jnp.inf)
+        inside = ~common.below_floor(math, x, t, floor) & (x > -jnp.inf)
         state = race.chunk_step(state, chunk, jnp.where(inside, x, -jnp.inf))
         return state, kept + jnp.where(inside, 1, 0)
 
@@ -317,7 +316,7 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
           plan, math, split_start, vocab, load, step,
           (race.init(first_index), jnp.zeros((plan.chunk,), jnp.int32)),
           noise=noise)
-      return (*race.finish(state), jnp.sum(kept))
+      return (*race.finish(state), jnp.sum(kept, dtype=jnp.int32))
     if not skip:
       state = common.chunk_loop(plan, math, split_start, vocab, load,
                                 race.chunk_step, race.init(first_index),

@@ -1,9 +1,18 @@
 """Fused rejection sampling for speculative decoding: two Pallas passes.
 
-Implements ``jaxsample.spec.rejection_sample`` (its module doc is the spec)
-for batches in which no request truncates (top-k / top-p / min-p off); the
-caller routes other batches to the XLA reference.  Everything stays on the
-device: no host sync, no full softmax in HBM.
+Implements ``jaxsample.spec.rejection_sample`` (its module doc is the spec).
+Everything stays on the device: no host sync, no sort, no full softmax in
+HBM.
+
+Truncation: in a batch where some sampled request has a filter on, the
+threshold kernels first find the kept set ``{y >= floor}`` of every target
+row at a slot ``<= n_b`` and draft row at a slot ``< n_b``
+(``kept_floors``: ``threshold.kept_thresholds``, two to four passes over
+each such row, more for rows whose ties fill the candidate buffer); both
+passes below then read each row through its floor (``common.below_floor``
+elements read as -inf), so their sums, races and log-probabilities are those
+of the processed distributions.  Untruncated batches skip this (``lax.cond``)
+and run kernels without floors.
 
 Pass 1, ``stats_partials`` (grid ``(rows, vocab splits)``, no noise): for
 every *real* draft slot ``i < n_b`` it reads target row ``i`` (and draft row
@@ -54,7 +63,7 @@ from jax.experimental import pallas as pl
 
 from jaxsample import reference, rng
 from jaxsample import spec as spec_ref
-from jaxsample.pallas import common, gumbel
+from jaxsample.pallas import common, gumbel, threshold
 from jaxsample.params import SamplerConfig, SamplingParams
 
 STATS_BLOCK = 4096
@@ -89,12 +98,13 @@ class RowStats:
   valid: jax.Array
 
 
-def _stats_kernel(temp_ref, n_ref, target_ref, *refs, plan, k, batch, vocab,
-                  with_draft):
-  if with_draft:
-    draft_ref, max_ref, arg_ref, sumexp_ref = refs
-  else:
-    draft_ref, (max_ref, arg_ref, sumexp_ref) = None, refs
+def _stats_kernel(temp_ref, n_ref, *refs, plan, k, batch, vocab, with_draft,
+                  floored):
+  refs = list(refs)
+  floor_ref = refs.pop(0) if floored else None
+  target_ref = refs.pop(0)
+  draft_ref = refs.pop(0) if with_draft else None
+  max_ref, arg_ref, sumexp_ref = refs
   r, split = pl.program_id(0), pl.program_id(1)
   math = common.KernelMath(plan.interpret)
   split_start = split * plan.split_len
@@ -122,6 +132,9 @@ def _stats_kernel(temp_ref, n_ref, target_ref, *refs, plan, k, batch, vocab,
     write(m, arg, zero.astype(jnp.float32))
 
   def sampled(load):
+    if floored:
+      load = common.floored_loader(load, math, t, floor_ref[r])
+
     def branch():
       m, s = common.split_sumexp(plan, math, split_start, vocab, load, t)
       write(m, zero, s)
@@ -155,10 +168,12 @@ def stats_plan(rows: int, vocab: int, dtype, config: SamplerConfig):
                           generator=None)
 
 
-def stats_partials(target, draft, temperature, n, config: SamplerConfig):
+def stats_partials(target, draft, temperature, n, config: SamplerConfig,
+                   floors=None):
   """Runs pass 1 on ``target`` ``[B, k + 1, V]`` (and ``draft`` ``[B, k,
   V]``): ``(max, argmax, sumexp)``, each ``[rows, S]`` with rows = the ``B k``
-  target slots then the ``B k`` draft slots."""
+  target slots then the ``B k`` draft slots; ``floors`` ``[rows]`` (or None):
+  each sampled row's sum covers its kept set ``{y >= floor}`` only."""
   batch, k1, vocab = target.shape
   k = k1 - 1
   with_draft = draft is not None
@@ -166,7 +181,8 @@ def stats_partials(target, draft, temperature, n, config: SamplerConfig):
   plan = stats_plan(rows, vocab, target.dtype, config)
   shape = (rows, plan.num_splits)
   kernel = functools.partial(_stats_kernel, plan=plan, k=k, batch=batch,
-                             vocab=vocab, with_draft=with_draft)
+                             vocab=vocab, with_draft=with_draft,
+                             floored=floors is not None)
   call = pl.pallas_call(
       kernel,
       out_shape=[jax.ShapeDtypeStruct(shape, jnp.float32),
@@ -175,6 +191,7 @@ def stats_partials(target, draft, temperature, n, config: SamplerConfig):
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_spec_stats")
   args = [temperature.astype(jnp.float32), n.astype(jnp.int32),
+          *([floors.astype(jnp.float32)] if floors is not None else []),
           target.reshape(batch * k1, vocab)]
   if with_draft:
     args.append(draft.reshape(batch * k, vocab))
@@ -197,12 +214,14 @@ def combine_stats(m, arg, sumexp, temperature) -> RowStats:
   return RowStats(row_max, arg, shift, jnp.log(total), jnp.isfinite(shift))
 
 
-def log_probs_at(x, stats_shift, stats_log_sum, temperature):
+def log_probs_at(x, stats_shift, stats_log_sum, temperature, floor=-jnp.inf):
   """``lt(v)`` of sampled valid rows from the sanitized logit ``x`` at ``v``:
-  ``(x / T - shift) - log_sum``, -inf for a -inf logit (reference.log_probs)."""
+  ``(y - shift) - log_sum`` with ``y = x / T``, -inf for a -inf logit or
+  ``y`` below the kept set's ``floor`` (reference.log_probs)."""
   t = jnp.where(temperature > 0, temperature, 1.0)
-  y = x / t
-  return jnp.where(y > -jnp.inf, (y - stats_shift) - stats_log_sum, -jnp.inf)
+  y = common.xla_temper(x, jnp.broadcast_to(t, x.shape))
+  return jnp.where((y > -jnp.inf) & (y >= floor),
+                   (y - stats_shift) - stats_log_sum, -jnp.inf)
 
 
 # ---------------------------------------------------------------------------
@@ -235,12 +254,12 @@ class _ResidualMath(common.KernelMath):
 
 def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
                  key1_ref, base_hi_ref, base_lo_ref, shift_t_ref, lsum_t_ref,
-                 shift_d_ref, lsum_d_ref, target_ref, *refs, plan, vocab,
-                 generator, fp64, with_draft):
-  if with_draft:
-    draft_ref, *outs = refs
-  else:
-    draft_ref, outs = None, list(refs)
+                 shift_d_ref, lsum_d_ref, *refs, plan, vocab, generator, fp64,
+                 with_draft, floored):
+  refs = list(refs)
+  floor_t_ref, floor_d_ref = refs[:2] if floored else (None, None)
+  target_ref, *outs = refs[2:] if floored else refs
+  draft_ref = outs.pop(0) if with_draft else None
   race_ref, index_ref, max_ref, sumexp_ref = outs[:4]
   plain_race_ref, plain_index_ref = outs[4:6] if with_draft else (None, None)
   lo_refs = outs[6 if with_draft else 4:]
@@ -251,6 +270,9 @@ def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
   race_dtype = jnp.float64 if fp64 else jnp.float32
   first_index = split_start + jnp.arange(plan.chunk, dtype=jnp.int32)
   load_t = common.row_chunk_loader(target_ref, row_t_ref[b], plan.chunk)
+  # The races read the kept sets only (the greedy argmax reads the row).
+  race_t = (common.floored_loader(load_t, math, t, floor_t_ref[b]) if floored
+            else load_t)
   stream = rng.RowStreams(key0_ref[b], key1_ref[b], base_hi_ref[b],
                           base_lo_ref[b])
   noise = common.Noise(generator, stream, jnp.int32(0), wide=fp64)
@@ -291,24 +313,26 @@ def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
         loaded = [left_out(tile.index(c), x) for c, x in enumerate(loaded)]
         return race.step(state, tile, loaded)[0]
 
-      state = common.tile_loop(plan, math, split_start, vocab, load_t,
+      state = common.tile_loop(plan, math, split_start, vocab, race_t,
                                tile_step, race.init(first_index), noise=noise)
     else:
       def step(state, chunk, x):
         return race.chunk_step(state, chunk, left_out(chunk.index, x))
 
-      state = common.chunk_loop(plan, math, split_start, vocab, load_t, step,
+      state = common.chunk_loop(plan, math, split_start, vocab, race_t, step,
                                 race.init(first_index), noise=noise)
     write(race.finish(state))
 
   branches = [skip, greedy, plain_race]
   if with_draft:
     load_d = common.row_chunk_loader(draft_ref, row_d_ref[b], plan.chunk)
+    if floored:
+      load_d = common.floored_loader(load_d, math, t, floor_d_ref[b])
     norms = (shift_t_ref[b], lsum_t_ref[b], shift_d_ref[b], lsum_d_ref[b])
 
     def residual():
       def load(start, mask):
-        return load_t(start, mask), load_d(start, mask)
+        return race_t(start, mask), load_d(start, mask)
 
       def step(states, chunk, xs):
         x, xd = xs
@@ -341,7 +365,9 @@ class EmitRequest:
   ``RESIDUAL`` (module doc); ``row_t`` / ``row_d``: flat
   target / draft row; ``exclude``: vocab id left out of the race (-1: none);
   ``norms``: ``(shift_t, log_sum_t, shift_d, log_sum_d)`` of those rows
-  (``RESIDUAL`` only); ``streams``: noise streams.
+  (``RESIDUAL`` only); ``streams``: noise streams; ``floors``: ``(floor_t,
+  floor_d)``, the kept sets ``{y >= floor}`` of those rows, or ``()`` (no
+  filter).
   """
 
   mode: jax.Array
@@ -350,6 +376,7 @@ class EmitRequest:
   exclude: jax.Array
   norms: tuple
   streams: rng.RowStreams
+  floors: tuple = ()
 
 
 def emit_partials(target2d, draft2d, temperature, req: EmitRequest,
@@ -375,14 +402,14 @@ def emit_partials(target2d, draft2d, temperature, req: EmitRequest,
     out_shape += [jax.ShapeDtypeStruct(shape, jnp.uint32)] * (1 + with_draft)
   kernel = functools.partial(_emit_kernel, plan=plan, vocab=vocab,
                              generator=config.rng, fp64=fp64,
-                             with_draft=with_draft)
+                             with_draft=with_draft, floored=bool(req.floors))
   call = pl.pallas_call(kernel, out_shape=out_shape, grid=shape,
                         compiler_params=plan.compiler_params(),
                         interpret=plan.interpret, name="jaxsample_spec_emit")
   s = req.streams
   args = [temperature.astype(jnp.float32), req.mode, req.row_t, req.row_d,
           req.exclude, s.key0, s.key1, s.base_hi, s.base_lo,
-          *[a.astype(jnp.float32) for a in req.norms], target2d]
+          *[a.astype(jnp.float32) for a in req.norms + req.floors], target2d]
   if with_draft:
     args.append(draft2d)
   outs = list(call(*args))
@@ -417,12 +444,36 @@ def _at(a, j):
   return jnp.take_along_axis(a, j[:, None], axis=1)[:, 0]
 
 
-def reject_untruncated(target_logits, d, n, params: SamplingParams, noise_keys,
-                       accept_keys, positions, draft_logits, synthetic_rates,
-                       config: SamplerConfig) -> spec_ref.SpecResult:
-  """``rejection_sample`` by the kernels for canonical params with no filter
-  on; ``d`` clipped drafts, ``n`` clipped counts, raw stream keys ``[B, 2]``
-  (``spec.stream_keys``) and uint32 positions."""
+def kept_floors(target_logits, draft_logits, n, params: SamplingParams,
+                config: SamplerConfig):
+  """``(floor_t, floor_d)``: ``threshold.kept_thresholds`` of the target rows
+  ``[B, k + 1]`` and of the draft rows ``[B, k]`` (None without draft logits)
+  that the kernels may read (target slots ``<= n``, draft slots ``< n``),
+  -inf for the other rows."""
+  batch, k1, vocab = target_logits.shape
+
+  def floors(logits, live):
+    m = live.shape[1]
+    rows = jax.tree.map(lambda a: jnp.repeat(a, m), params)
+    rows = dataclasses.replace(rows, temperature=jnp.where(
+        live.reshape(-1), rows.temperature, 0.0))  # greedy rows: no floor
+    return threshold.kept_thresholds(logits.reshape(batch * m, vocab), rows,
+                                     config).reshape(batch, m)
+
+  slots = jnp.arange(k1)
+  floor_t = floors(target_logits, slots <= n[:, None])
+  floor_d = (floors(draft_logits, slots[:-1] < n[:, None])
+             if draft_logits is not None and k1 > 1 else None)
+  return floor_t, floor_d
+
+
+def reject(target_logits, d, n, params: SamplingParams, noise_keys,
+           accept_keys, positions, draft_logits, synthetic_rates,
+           config: SamplerConfig, floors=None) -> spec_ref.SpecResult:
+  """``rejection_sample`` by the kernels for canonical params; ``d`` clipped
+  drafts, ``n`` clipped counts, raw stream keys ``[B, 2]``
+  (``spec.stream_keys``) and uint32 positions.  ``floors``: ``kept_floors``
+  (a batch with filters on), or None where no request truncates."""
   batch, k1, vocab = target_logits.shape
   k = k1 - 1
   t = params.temperature
@@ -431,10 +482,21 @@ def reject_untruncated(target_logits, d, n, params: SamplingParams, noise_keys,
   target2d = target_logits.reshape(batch * k1, vocab)
   draft2d = draft_logits.reshape(batch * k, vocab) if with_draft else None
   rows = jnp.arange(batch, dtype=jnp.int32)
+  floored = floors is not None
+  floor_t, floor_d = floors if floored else (None, None)
+  if floor_t is None:
+    floor_t = jnp.full((batch, k1), -jnp.inf)
+  if floor_d is None:
+    floor_d = jnp.full((batch, k), -jnp.inf)
 
   if k:
+    row_floors = None
+    if floored:
+      row_floors = jnp.concatenate([floor_t[:, :k].reshape(-1)] + (
+          [floor_d.reshape(-1)] if with_draft else []))
     m, arg, sumexp = stats_partials(target_logits, draft_logits
-                                    if with_draft else None, t, n, config)
+                                    if with_draft else None, t, n, config,
+                                    floors=row_floors)
     split = lambda a: a.reshape(-1, batch, k, a.shape[-1])
     m, arg, sumexp = split(m), split(arg), split(sumexp)
     ts = combine_stats(m[0], arg[0], sumexp[0], t)
@@ -443,13 +505,14 @@ def reject_untruncated(target_logits, d, n, params: SamplingParams, noise_keys,
     x_t = reference.sanitize(target2d[rows[:, None] * k1 + slots, d])
     lt_d = jnp.where(greedy[:, None],
                      jnp.where(d == ts.argmax, 0.0, -jnp.inf),
-                     log_probs_at(x_t, ts.shift, ts.log_sum, t[:, None]))
+                     log_probs_at(x_t, ts.shift, ts.log_sum, t[:, None],
+                                  floor_t[:, :k]))
     lt_d = jnp.where(ts.valid, lt_d, -jnp.inf).astype(jnp.float32)
     if with_draft:
       ds = combine_stats(m[1], arg[1], sumexp[1], t)
       x_d = reference.sanitize(draft2d[rows[:, None] * k + slots, d])
       ld_d = jnp.where(ds.valid, log_probs_at(x_d, ds.shift, ds.log_sum,
-                                              t[:, None]), 0.0)
+                                              t[:, None], floor_d), 0.0)
     else:
       ld_d = jnp.zeros_like(lt_d)
     u = spec_ref.acceptance_uniforms(accept_keys, positions, k, vocab,
@@ -478,6 +541,10 @@ def reject_untruncated(target_logits, d, n, params: SamplingParams, noise_keys,
     d_j = jnp.zeros((batch,), jnp.int32)
     norms = (jnp.zeros((batch,), jnp.float32),) * 4
 
+  emit_floors = ()
+  if floored:
+    emit_floors = (_at(floor_t, j), _at(floor_d, jnp.minimum(j, k - 1))
+                   if with_draft else _at(floor_t, j))
   streams, _ = rng.row_streams(noise_keys, positions + j.astype(jnp.uint32),
                                batch, vocab)
   mode = jnp.where(known, SKIP, jnp.where(
@@ -485,7 +552,7 @@ def reject_untruncated(target_logits, d, n, params: SamplingParams, noise_keys,
   req = EmitRequest(mode.astype(jnp.int32), rows * k1 + j,
                     rows * max(k, 1) + jnp.minimum(j, max(k - 1, 0)),
                     jnp.where(rejected & ~use_draft, d_j, -1).astype(jnp.int32),
-                    norms, streams)
+                    norms, streams, emit_floors)
   partials, plain = emit_partials(target2d, draft2d, t, req, config)
 
   # The plain race's token and logprob: as jaxsample.sample's kernel path.
@@ -498,7 +565,7 @@ def reject_untruncated(target_logits, d, n, params: SamplingParams, noise_keys,
   token = jnp.where(rejected & ~use_draft & (top == -jnp.inf), d_j, token)
   x_token = reference.sanitize(target2d[req.row_t, token])
   plain_lp = reference.finalize(x_token, params, token, lse, row_max).logprobs
-  residual_lp = log_probs_at(x_token, norms[0], norms[1], t)
+  residual_lp = log_probs_at(x_token, norms[0], norms[1], t, _at(floor_t, j))
   lp = jnp.where(rejected, residual_lp, plain_lp)
   token = jnp.where(known, known_token, token).astype(jnp.int32)
   lp = jnp.where(known, known_lp, lp).astype(jnp.float32)

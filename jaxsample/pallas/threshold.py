@@ -1257,6 +1257,24 @@ def sample_truncated(logits, params: SamplingParams,
       found)))
 
 
+def kept_thresholds(logits, params: SamplingParams,
+                    config: SamplerConfig) -> jax.Array:
+  """``[B]`` fp32: the threshold of each row's kept set ``{y >= threshold}``
+  (``reference.keep_threshold``'s) for the valid rows of canonical ``params``
+  sampled with a filter on; -inf for the other rows (every entry kept).
+
+  The passes of ``sample_truncated`` (and ``sample_large``), whose race rides
+  along on fixed streams: its tokens are not used.  Traced in 32 bits also
+  inside an x64 scope (the FP64 Gumbel path's).
+  """
+  with jax.enable_x64(False):
+    zeros = jnp.zeros((logits.shape[0],), jnp.uint32)
+    trunc = sample_truncated(logits, params, rng.RowStreams(*(zeros,) * 4),
+                             dataclasses.replace(config,
+                                                 use_fp64_gumbel=False))
+    return jnp.where(trunc.complete, trunc.threshold, -jnp.inf)
+
+
 def sample_large(logits, params: SamplingParams, trunc: Truncation,
                  streams: rng.RowStreams, config: SamplerConfig, rows=None, *,
                  order_width: int = 0):

@@ -1,0 +1,241 @@
+"""The fused rejection-sampling kernels (``jaxsample.pallas.spec``) against
+the XLA reference (``jaxsample.spec``) on fresh random inputs: edge cases,
+truncation (kept sets from the threshold kernels), vocab splits, tile skip,
+bf16, FP64 noise, and the Triton lowering of every kernel variant.  On CPU
+the kernels run in interpret mode; tokens and counts must match exactly,
+logprobs within 1e-5 (``test_spec.assert_same``).  A separate file from
+test_spec.py so that pytest-xdist's per-file scheduling splits the two.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import sort_operands
+from jaxsample import SamplerConfig, SamplingParams, spec
+from jaxsample.pallas import gumbel
+from test_spec import B, K, V, assert_same, keys, logits, run
+
+# Triton kernels of ``threshold.kept_thresholds``: stats, bound; compact, pack
+# and select of the candidates and of the top-k and top-p windows; two window
+# placements, two pivot searches and the large rows' floored race.
+TRUNCATION_KERNELS = 16
+
+
+# ---------------------------------------------------------------------------
+# The fused kernels against the reference, on fresh random inputs.
+# ---------------------------------------------------------------------------
+
+
+def both(*args, **kw):
+  """Runs the kernels and the reference; asserts parity; returns the former."""
+  a = run(*args, impl="pallas", **kw)
+  assert_same(a, run(*args, impl="xla", **kw))
+  return a
+
+
+def edge_case_batch(seed, batch, k, vocab, *, with_draft):
+  """Random requests with edge cases in fixed row groups (see the test)."""
+  r = np.random.default_rng(seed)
+  target = logits(seed, batch, k + 1, vocab, scale=2.0)
+  draft = target[:, :k] + 0.7 * logits(seed + 1, batch, k, vocab)
+  target[r.random(target.shape) < 0.1] = -np.inf
+  draft[r.random(draft.shape) < 0.1] = -np.inf
+  drafts = np.where(r.random((batch, k)) < 0.6, np.argmax(draft, -1),
+                    r.integers(0, vocab, (batch, k)))
+  n = r.integers(0, k + 1, batch)
+  temps = r.choice([0.0, 0.6, 1.0, 1.7], batch)
+  pos = r.integers(0, 2**31, batch)
+  # 0-7: all accepted: draft rows equal to target rows peaked at the drafts
+  # (q_t(d) = 1 - O(e^-40) for one-hot drafts).
+  g = slice(0, 8)
+  target[g] = logits(seed + 2, 8, k + 1, vocab)
+  drafts[g] = r.integers(0, vocab, (8, k))
+  for i in range(k):
+    target[g, i][np.arange(8), drafts[g, i]] = 50.0
+  draft[g] = target[g, :k]
+  n[g], temps[g] = k, 1.0
+  # 8-15: the first draft has no target mass.
+  g = slice(8, 16)
+  target[g, 0][np.arange(8), drafts[g, 0]] = -np.inf
+  n[g], temps[g] = k, 0.9
+  # 16-23: zero residual: equal rows, the draft -inf in both (draft logits).
+  g = slice(16, 24)
+  draft[g] = target[g, :k]
+  draft[g, 0][np.arange(8), drafts[g, 0]] = -np.inf
+  target[g, 0][np.arange(8), drafts[g, 0]] = -np.inf
+  n[g], temps[g] = k, 1.3
+  # 24-27: invalid target rows at slot 0 (NaN, +inf, no finite entry, x / T
+  # overflowing), 28-31: invalid draft rows (one-hot fallback).
+  target[24, 0, 3] = np.nan
+  target[25, 0, 5] = np.inf
+  target[26, 0] = -np.inf
+  target[27, 0, [2, 7]] = 3e38
+  draft[28:32, 0, 1] = np.nan
+  n[24:32], temps[24:28], temps[28:32] = k, [1.0, 1.0, 0.8, 0.5], 1.1
+  # 32, 33: slot 0 valid and accepted-prone, an invalid slot 1.
+  target[32:34, 1, 4] = np.nan
+  params = SamplingParams.make(batch, temperature=temps)
+  return (target, drafts, n, params, keys(batch, seed)), dict(
+      draft_logits=draft if with_draft else None, positions=pos)
+
+
+@pytest.mark.parametrize("k,gen,with_draft", [
+    (K, "philox", True), (K, "philox", False), (K, "threefry", True),
+    (1, "philox", False)])
+def test_kernel_edge_cases_match_the_reference(k, gen, with_draft):
+  args, kw = edge_case_batch(30 + k, B, k, V, with_draft=with_draft)
+  target, drafts, n = args[:3]
+  out = both(*args, gen=gen, **kw)
+  np.testing.assert_array_equal(out.num_accepted[:8], k)  # all accepted
+  assert np.all(out.num_accepted[8:16] == 0)  # first rejected
+  assert np.all(out.tokens[8:16, 0] != drafts[8:16, 0])
+  if with_draft:  # zero residual: the plain sample, never the draft
+    assert np.all(out.num_accepted[16:24] == 0)
+    assert np.all(out.tokens[16:24, 0] != drafts[16:24, 0])
+  np.testing.assert_array_equal(out.tokens[24:28, 0], [3, 5, 0, 2])
+  assert np.all(out.logprobs[24:28, 0] == -np.inf)
+  rest = slice(32, None)
+  assert 0 < out.num_accepted[rest].sum() < n[rest].sum()  # not vacuous
+
+
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_kernel_synthetic_mode_matches_the_reference(with_draft):
+  """Synthetic acceptance, including rejections of a one-hot draft that is
+  its row's only finite logit (zero residual: the draft itself)."""
+  args, kw = edge_case_batch(40, B, K, V, with_draft=with_draft)
+  target, drafts = args[:2]
+  target[40:48, 0] = -np.inf
+  target[40:48, 0][np.arange(8), drafts[40:48, 0]] = 1.0
+  args[2][40:48] = K
+  out = both(*args, rates=[0.5, 0.0, 1.0], **kw)
+  assert np.all(out.num_accepted <= 1)
+  rejected = np.flatnonzero(out.num_accepted[40:48] == 0) + 40
+  assert rejected.size and np.all(out.tokens[rejected, 0] ==
+                                  drafts[rejected, 0])
+  assert np.all(out.logprobs[rejected, 0] == 0)
+
+
+@pytest.mark.parametrize("gen,vocab,splits", [("threefry", 1007, 4),
+                                              ("philox", 4100, 3)])
+def test_kernel_vocab_splits_match_the_reference(gen, vocab, splits):
+  """Several splits and loop steps per row in both passes (64-element loads;
+  philox tiles are 2048 wide, so V = 4100 gives its race three splits)."""
+  args, kw = edge_case_batch(50, 34, 2, vocab, with_draft=True)
+  both(*args, gen=gen, block_size=64, num_splits=splits, **kw)
+
+
+def test_kernel_tile_skip_matches_the_reference():
+  """Pass 2 with ``gumbel``'s opt-in tile skip, on peaked rows whose bulk
+  tiles are skipped (V = 4100: three philox tiles per row)."""
+  args, kw = edge_case_batch(55, 34, 2, 4100, with_draft=False)
+  target, drafts = args[:2]
+  r = np.random.default_rng(55)
+  heads = r.integers(0, 4100, (34, 3, 2))
+  for b in range(34):
+    for i in range(3):
+      target[b, i, heads[b, i]] += 40.0  # bulk tiles: y + G_MAX < bound
+  drafts[:] = heads[:, :2, 0]
+  fresh = jax.jit(spec.rejection_sample, static_argnames=("config",))
+  call = lambda impl: jax.tree.map(np.asarray, fresh(
+      jnp.asarray(target), jnp.asarray(drafts, jnp.int32),
+      jnp.asarray(args[2], jnp.int32), args[3], args[4],
+      positions=jnp.asarray(kw["positions"], jnp.int32),
+      config=SamplerConfig(implementation=impl)))
+  with gumbel.options(tile_skip=True):
+    out = call("pallas")
+  assert_same(out, call("xla"))
+  assert 0 < out.num_accepted.sum()
+
+
+def test_kernel_bf16_matches_the_reference():
+  args, kw = edge_case_batch(60, B, K, V, with_draft=True)
+  args = (jnp.asarray(args[0], jnp.bfloat16),) + args[1:]
+  kw["draft_logits"] = jnp.asarray(kw["draft_logits"], jnp.bfloat16)
+  both(*args, **kw)
+
+
+def test_kernel_fp64_noise_matches_the_reference():
+  """Both branches, one program: an untruncated batch, then a truncating one."""
+  with jax.enable_x64(True):
+    args, kw = edge_case_batch(70, B, K, V, with_draft=True)
+    both(*args, use_fp64_gumbel=True, **kw)
+    args, kw = truncating_batch(85, with_draft=True)
+    both(*args, use_fp64_gumbel=True, **kw)
+
+
+def truncating_batch(seed, *, with_draft):
+  """The edge-case batch with per-request filters: top-k, top-p and min-p
+  alone, combined and off (greedy rows among them), and tied rows: few-valued
+  (ties at the threshold) and flat target and draft rows."""
+  args, kw = edge_case_batch(seed, B, K, V, with_draft=with_draft)
+  target, drafts, n, params = args[:4]
+  r = np.random.default_rng(seed)
+  target[34:40] = np.round(target[34:40])
+  target[40:44] = 0.5
+  if with_draft:
+    kw["draft_logits"][34:44] = target[34:44, :K]
+  n[34:44] = K
+  params = SamplingParams.make(
+      B, temperature=params.temperature, top_k=r.choice([0, 1, 3, 12], B),
+      top_p=r.choice([1.0, 0.5, 0.9], B), min_p=r.choice([0.0, 0.0, 0.05], B))
+  return (target, drafts, n, params, args[4]), kw
+
+
+@pytest.mark.parametrize("gen,with_draft,max_candidates", [
+    ("philox", True, 1024), ("threefry", False, 1024), ("philox", True, 16)])
+def test_kernel_truncating_batches_match_the_reference(gen, with_draft,
+                                                       max_candidates):
+  """Kept sets from the threshold kernels (``kept_floors``); with 16
+  candidates, rows keeping more than 8 ids take ``sample_large``'s searches."""
+  args, kw = truncating_batch(80, with_draft=with_draft)
+  out = both(*args, gen=gen, max_candidates=max_candidates, **kw)
+  truncating = np.asarray(args[3].canonical(V).truncates() &
+                          (args[3].temperature > 0))
+  rest = truncating.copy()
+  rest[:34] = False
+  assert 0 < out.num_accepted[rest].sum() < args[2][rest].sum()
+
+
+def test_kernels_lower_to_triton(monkeypatch):
+  """Every kernel variant lowers to Triton IR for an abstract H100 (no GPU
+  needed; the PTX compile and the run are the GPU suite's): traced params
+  lower both branches, without floors (2 kernels) and after the threshold
+  kernels of the target rows and the draft rows (``TRUNCATION_KERNELS``
+  each, as ``sample`` without a mask) with floors (2 more); no sort."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3",
+                                       num_cores=132, platform="cuda")
+  mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+  S = jax.ShapeDtypeStruct
+  batch, k, vocab = 4, 3, 151936
+
+  def lowered(dtype, with_draft, **config):
+    def fn(target, drafts, n, temperature, key, draft):
+      params = SamplingParams(temperature, n, temperature, temperature)
+      return spec.rejection_sample(
+          target, drafts, n, params, key, draft_logits=draft,
+          config=SamplerConfig(implementation="pallas", **config))
+
+    args = (S((batch, k + 1, vocab), dtype), S((batch, k), jnp.int32),
+            S((batch,), jnp.int32), S((batch,), jnp.float32),
+            S((batch, 2), jnp.uint32),
+            S((batch, k, vocab), dtype) if with_draft else None)
+    with jax.sharding.use_abstract_mesh(mesh):
+      text = jax.jit(fn).trace(*args).lower(
+          lowering_platforms=("cuda",)).as_text()
+    assert sort_operands(text) == []
+    return text.count("__gpu$xla.gpu.triton")
+
+  kernels = lambda with_draft: 4 + TRUNCATION_KERNELS * (1 + with_draft)
+  for gen in ("philox", "threefry"):
+    for dtype in (jnp.float32, jnp.bfloat16):
+      for with_draft in (False, True):
+        assert lowered(dtype, with_draft, rng=gen) == kernels(with_draft)
+  with jax.enable_x64(True):
+    assert lowered(jnp.float32, True, use_fp64_gumbel=True) == kernels(True)
+  with gumbel.options(tile_skip=True):
+    assert lowered(jnp.bfloat16, False) == kernels(False)
