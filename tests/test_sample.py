@@ -77,6 +77,24 @@ def test_pallas_matches_xla(gen, shape):
     assert not np.array_equal(out.tokens, np.argmax(np.asarray(x), -1))
 
 
+def test_static_and_traced_params_agree():
+  """The kernel path with params the jit closes over (``rowwise.cond`` takes
+  the Gumbel branch alone; most kernel tests here run that way,
+  ``conftest.closing_over``) equals the path with traced params (a
+  ``lax.cond`` on the device), and a truncating batch with traced params
+  still takes its branch."""
+  x = random_logits(41, B, V)
+  params = SamplingParams.make(B, temperature=random_temps(41, B))
+  key = jax.random.key(41)
+  closed = run_sample(x, params, key, impl="pallas")
+  assert_same_result(closed, run_sample(x, params, key, impl="pallas",
+                                        traced_params=True))
+  truncating = SamplingParams.make(B, temperature=1.0, top_k=[0, 3, 0, 0, 0])
+  assert_same_result(
+      run_sample(x, truncating, key, impl="pallas", traced_params=True),
+      run_sample(x, truncating, key, impl="xla"))
+
+
 @pytest.mark.parametrize("gen", GENERATORS)
 def test_pallas_matches_xla_large_vocab(gen):
   x = random_logits(151936, 2, 151936, scale=3.0)

@@ -24,6 +24,7 @@ independent of its batch).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -32,8 +33,8 @@ import numpy as np
 import pytest
 
 import jaxsample
-from conftest import (IMPLEMENTATIONS, assert_chi2_fits, make_params,
-                      oracle_keep, run_sample)
+from conftest import (IMPLEMENTATIONS, assert_chi2_fits, closing_over,
+                      make_params, oracle_keep, run_sample, without_truncation)
 from jaxsample import SamplerConfig, SamplingParams, rng, spec
 
 B, K, V = 64, 3, 16  # the shared workhorse shape
@@ -50,8 +51,10 @@ def run(target, drafts, num_draft, params, key, *, draft_logits=None,
         rates=None, positions=None, gen="philox", jit=True, impl="xla",
         **config_kw):
   """``rejection_sample`` as numpy; jitted with explicit positions (default
-  0) unless ``jit=False``.  Pallas batches of per-request keys larger than
-  ``PALLAS_SLICE`` run slice by slice (the last slice padded by wrapping)."""
+  0) unless ``jit=False`` (kernel runs of batches without filters close over
+  the params: ``conftest.closing_over``).  Pallas batches of per-request keys
+  larger than ``PALLAS_SLICE`` run slice by slice (the last slice padded by
+  wrapping)."""
   batch = len(num_draft)
   if jit and positions is None:
     positions = np.zeros(batch)
@@ -67,15 +70,21 @@ def run(target, drafts, num_draft, params, key, *, draft_logits=None,
                  positions=take(positions), gen=gen, impl=impl, **config_kw)
       parts.append(jax.tree.map(lambda a: a[:batch - start], part))
     return jax.tree.map(lambda *a: np.concatenate(a), *parts)
-  fn = _jitted if jit else spec.rejection_sample
+  config = SamplerConfig(rng=gen, implementation=impl, **config_kw)
+  fn = functools.partial(_jitted if jit else spec.rejection_sample,
+                         config=config)
+  if jit and impl == "pallas" and without_truncation(params,
+                                                     np.shape(target)[-1]):
+    closed = closing_over(params, lambda p: lambda t, d, n, k, **kw: (
+        spec.rejection_sample(t, d, n, p, k, config=config, **kw)), config)
+    fn = lambda t, d, n, p, k, **kw: closed(t, d, n, k, **kw)
   out = fn(jnp.asarray(target), jnp.asarray(drafts, jnp.int32),
            jnp.asarray(num_draft, jnp.int32), params, key,
            draft_logits=None if draft_logits is None else jnp.asarray(
                draft_logits),
            synthetic_rates=None if rates is None else jnp.float32(rates),
            positions=None if positions is None else jnp.asarray(
-               positions, jnp.int32),
-           config=SamplerConfig(rng=gen, implementation=impl, **config_kw))
+               positions, jnp.int32))
   return jax.tree.map(np.asarray, out)
 
 

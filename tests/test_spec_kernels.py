@@ -231,10 +231,9 @@ def test_kernels_lower_to_triton(monkeypatch):
     return text.count("__gpu$xla.gpu.triton")
 
   kernels = lambda with_draft: 4 + TRUNCATION_KERNELS * (1 + with_draft)
-  for gen in ("philox", "threefry"):
-    for dtype in (jnp.float32, jnp.bfloat16):
-      for with_draft in (False, True):
-        assert lowered(dtype, with_draft, rng=gen) == kernels(with_draft)
+  for gen, dtype in (("philox", jnp.float32), ("threefry", jnp.bfloat16)):
+    for with_draft in (False, True):
+      assert lowered(dtype, with_draft, rng=gen) == kernels(with_draft)
   with jax.enable_x64(True):
     assert lowered(jnp.float32, True, use_fp64_gumbel=True) == kernels(True)
   with gumbel.options(tile_skip=True):
