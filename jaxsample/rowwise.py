@@ -62,7 +62,7 @@ def only_if(needed: jax.Array, fn, *, pack: bool = True):
         for leaf in jax.tree.leaves(fn())], axis=1)
 
   block = cond(jnp.any(needed), packed,
-                       lambda: jnp.zeros((batch, sum(words)), jnp.int32))
+               lambda: jnp.zeros((batch, sum(words)), jnp.int32))
   out, start = [], 0
   for s, size in zip(leaves, words):
     column = block[:, start:start + size]

@@ -11,8 +11,8 @@ row at a slot ``<= n_b`` and draft row at a slot ``< n_b``
 each such row, more for rows whose ties fill the candidate buffer); both
 passes below then read each row through its floor (``common.below_floor``
 elements read as -inf), so their sums, races and log-probabilities are those
-of the processed distributions.  Untruncated batches skip this (``lax.cond``)
-and run kernels without floors.
+of the processed distributions.  Untruncated batches skip this
+(``rowwise.cond``) and run kernels without floors.
 
 Pass 1, ``stats_partials`` (grid ``(rows, vocab splits)``, no noise): for
 every *real* draft slot ``i < n_b`` it reads target row ``i`` (and draft row
