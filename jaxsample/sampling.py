@@ -141,7 +141,7 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   ``jit`` closes over the params (``rowwise.cond``).
 
   The FP64 path finds every kept set's threshold
-  (``threshold.kept_thresholds``) and races the kept set with FP64 noise
+  (``threshold.kept_sets``) and races the kept set with FP64 noise
   (one more pass); with a mask, its truncating rows take the sort-based
   reference, the one sort of the vocabulary left on the kernel path.
   """
@@ -198,7 +198,7 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
 
   def floored_fp64_batch():
     """FP64 noise: the kept sets' thresholds, then one FP64 race per row."""
-    floor = threshold.kept_thresholds(logits, params, config)
+    floor = threshold.kept_sets(logits, params, config).threshold
     floored = floor > -jnp.inf  # a threshold of -inf keeps every finite y
     result, _, _ = gumbel.finish_sampling(logits, params, gumbel.gumbel_partials(
         logits, params.temperature, streams, config, active=floored,

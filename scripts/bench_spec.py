@@ -29,7 +29,8 @@ XLA glue (every other kernel), and counts the kernels per call.
 
 Inputs: ``2 N(0, 1)`` logits (``--dist llm`` adds head tokens, see
 ``jaxsample.bench``; needs a ``bench.rotating_inputs`` with ``dist``), draft
-tokens = argmax of the draft logits (one-hot: random tokens), ``n = k``,
+tokens = argmax of the draft logits (one-hot: random tokens; either way
+computed before timing, as the drafter's output), ``n = k``,
 ``--temperature`` and the filters ``--top-k`` / ``--top-p`` / ``--min-p``
 for every request, per-request keys and random positions.  With
 random logits nearly every request rejects at slot 0 in the standard mode;
@@ -100,21 +101,26 @@ def breakdown(fn, inputs, calls: int) -> dict:
 
 
 def make_inputs(batch, k, vocab, dtype, with_draft, dist, seed):
-  """Rotating ``(target, draft)`` pairs (``draft`` None for one-hot drafts)."""
+  """Rotating ``(target, draft, drafts)`` triples: ``draft`` None for one-hot
+  drafts (``drafts`` random tokens), else ``drafts`` its argmax (computed
+  here, outside the timed function: the drafter's output)."""
   kw = {} if dist == "randn" else {"dist": dist}
   target = bench.rotating_inputs(batch * (k + 1), vocab, dtype, seed=seed, **kw)
   target = [t.reshape(batch, k + 1, vocab) for t in target]
   if not with_draft:
-    return [(t, None) for t in target]
+    r = np.random.default_rng(seed)
+    random_drafts = jnp.asarray(r.integers(0, vocab, (batch, k)), jnp.int32)
+    return [(t, None, random_drafts) for t in target]
   draft = bench.rotating_inputs(batch * k, vocab, dtype, seed=seed + 1, **kw)
   draft = [d.reshape(batch, k, vocab) for d in draft]
+  drafts = [jnp.argmax(d, axis=-1).astype(jnp.int32) for d in draft]
   count = max(len(target), len(draft))
-  return [(target[i % len(target)], draft[i % len(draft)])
-          for i in range(count)]
+  return [(target[i % len(target)], draft[i % len(draft)],
+           drafts[i % len(draft)]) for i in range(count)]
 
 
-def ops(batch, k, vocab, filters, rates, config_kw) -> dict:
-  """The timed ops, each a jitted function of one ``(target, draft)`` pair;
+def ops(batch, k, filters, rates, config_kw) -> dict:
+  """The timed ops, each a jitted function of one ``make_inputs`` triple;
   ``filters``: ``SamplingParams.make``'s keywords, the same for every
   request."""
   r = np.random.default_rng(batch * 100 + k)
@@ -122,15 +128,12 @@ def ops(batch, k, vocab, filters, rates, config_kw) -> dict:
   keys = jax.random.split(jax.random.key(3), batch)
   positions = jnp.asarray(r.integers(0, 2**20, batch), jnp.int32)
   n = jnp.full((batch,), k, jnp.int32)
-  random_drafts = jnp.asarray(r.integers(0, vocab, (batch, k)), jnp.int32)
   def op(impl, rate=None):
     config = js.SamplerConfig(implementation=impl, **config_kw)
 
     @jax.jit
-    def fn(pair):
-      target, draft = pair
-      drafts = (random_drafts if draft is None else
-                jnp.argmax(draft, axis=-1).astype(jnp.int32))
+    def fn(inputs):
+      target, draft, drafts = inputs
       out = js.spec.rejection_sample(
           target, drafts, n, params, keys, draft_logits=draft,
           synthetic_rates=None if rate is None else jnp.full(
@@ -204,7 +207,7 @@ def main(argv=None) -> int:
       config_kw = {key: v for key, v in plan.items() if v is not None}
       filters = dict(temperature=args.temperature, top_k=args.top_k,
                      top_p=args.top_p, min_p=args.min_p)
-      table = ops(batch, k, args.vocab, filters,
+      table = ops(batch, k, filters,
                   [float(v) for v in args.rates.split(",") if v],
                   dict(config_kw, rng=args.rng))
       for name, fn in table.items():
@@ -212,8 +215,8 @@ def main(argv=None) -> int:
           continue
         if name == "xla" and len(plans) > 1 and plan is not plans[0]:
           continue  # the reference ignores the plan
-        for pair in inputs[:2]:  # warm-up beyond time_op's single call
-          jax.block_until_ready(fn(pair))
+        for triple in inputs[:2]:  # warm-up beyond time_op's single call
+          jax.block_until_ready(fn(triple))
         r = bench.time_op(fn, inputs, args.iters, args.repeats)
         row = dict(op=name, plan=config_kw, dtype=dtype, batch=batch, k=k,
                    draft=with_draft, vocab=args.vocab, floor_us=floor_us,

@@ -17,7 +17,8 @@ import jaxsample
 from conftest import oracle_keep, run_sample
 from jaxsample import SamplerConfig, SamplingParams, reference, rng
 from jaxsample.pallas import threshold
-from test_threshold import check_kept_sets_match_oracle
+from test_threshold import (check_kept_sets_match_oracle,
+                            check_logit_floor_splits_like_the_quotient)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 
@@ -75,6 +76,13 @@ def test_truncated_kernels_match_reference(setting, kind, dtype, fp64=False):
 def test_fp64_truncated_rows_match_reference(setting, kind):
   """FP64 noise: the kept sets' thresholds, then an FP64 race of each."""
   test_truncated_kernels_match_reference(setting, kind, jnp.float32, fp64=True)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_logit_floor_splits_like_the_quotient(seed):
+  """XLA's division on the GPU (the kernels' ``y``) is monotone in ``x``: the
+  floored kernels' logit compare keeps exactly ``{y >= floor}``."""
+  check_logit_floor_splits_like_the_quotient(seed)
 
 
 @pytest.mark.parametrize("vocab", [1007, 151936])

@@ -17,7 +17,7 @@ import pytest
 from conftest import oracle_keep, run_sample, sort_operands
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, reference, rng
-from jaxsample.pallas import threshold
+from jaxsample.pallas import common, threshold
 from test_reference import KINDS, M_VALUES, oracle_grid
 
 
@@ -32,11 +32,46 @@ def truncate(x, params, config=SamplerConfig(), key=jax.random.key(0)):
 def test_order_key_is_monotone_and_invertible():
   values = np.float32([-np.inf, -3e38, -1.5, -1e-30, -0.0, 0.0, 1e-30, 2.5,
                        3e38, np.inf])
-  keys = np.asarray(threshold.order_key(jnp.asarray(values)))
+  keys = np.asarray(common.order_key(jnp.asarray(values)))
   assert np.all(np.diff(keys.astype(np.int64)) >= 0)
   assert keys[4] == keys[5]  # -0.0 == +0.0
-  back = np.asarray(threshold.key_value(jnp.asarray(keys)))
+  back = np.asarray(common.key_value(jnp.asarray(keys)))
   np.testing.assert_array_equal(back, values + np.float32(0.0))
+
+
+def check_logit_floor_splits_like_the_quotient(seed):
+  """``x < logit_floor(floor, T)`` iff ``xla_temper(x, T) < floor`` (the
+  kernels' ``y``), for x within 64 ulps of the logit floor and at random,
+  on rows whose floors are tempered logits (as thresholds are), arbitrary
+  values, -inf, +inf and values no finite x reaches."""
+  r = np.random.default_rng(seed)
+  rows = 512
+  t = r.choice([0.05, 0.3, 0.7, 1.0, 1.3, 3.0, 1e-3], rows).astype(np.float32)
+  x_at = (r.standard_normal(rows) * r.choice([1, 30, 1e4], rows)).astype(
+      np.float32)
+  floor = np.array(common.xla_temper(jnp.asarray(x_at), jnp.asarray(t)))
+  floor[::5] = r.standard_normal(rows)[::5] * 20
+  floor[1::37], floor[2::37], floor[3::37] = -np.inf, np.inf, 3.4e38
+  x_floor = jax.jit(common.logit_floor)(jnp.asarray(floor), jnp.asarray(t))
+  x_floor = np.asarray(x_floor)
+  assert np.all(x_floor[1::37] == -np.inf)
+  # Only x = inf reaches floor = inf where T >= 1 (x / T overflows below 1).
+  assert np.all(x_floor[2::37][t[2::37] >= 1] == np.inf)
+  near = np.where(np.isfinite(x_floor), x_floor, np.float32(0))[:, None]
+  # Steps of one ulp are steps of one order key (across zero and signs).
+  keys = np.asarray(common.order_key(jnp.asarray(near))).astype(np.int64)
+  keys = np.clip(keys + np.arange(-64, 65)[None, :], 0x00800000, 0xFF7FFFFF)
+  x = np.asarray(common.key_value(jnp.asarray(keys.astype(np.uint32))))
+  x = np.concatenate([x, r.standard_normal((rows, 64)).astype(np.float32) *
+                      np.abs(near) * 2, np.float32([[-np.inf, np.inf]] * rows)],
+                     axis=1)
+  y = np.asarray(jax.jit(common.xla_temper)(
+      jnp.asarray(x), jnp.asarray(np.broadcast_to(t[:, None], x.shape))))
+  np.testing.assert_array_equal(x < x_floor[:, None], y < floor[:, None])
+
+
+def test_logit_floor_splits_like_the_quotient():
+  check_logit_floor_splits_like_the_quotient(0)
 
 
 @pytest.mark.parametrize("k,p", [(1, 1.0), (50, 1.0), (50, 0.9), (200, 1.0),

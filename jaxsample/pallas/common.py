@@ -278,19 +278,56 @@ def xla_temper(x, t):
   return x / t if jax.default_backend() == "gpu" else x * (1.0 / t)
 
 
-def below_floor(math: KernelMath, x, t, floor):
-  """Where ``x`` lies below a truncated row's kept set ``{y >= floor}``, ``y =
-  x / T`` by ``math.temper`` (the reference's ``y`` bit for bit).  False for a
-  NaN ``x`` and wherever ``floor`` is -inf (no filter: the row as it is)."""
-  return math.temper(x.astype(jnp.float32), t) < floor
+def order_key(y: jax.Array) -> jax.Array:
+  """uint32 keys ordered like the fp32 values (-0.0 and +0.0 share a key)."""
+  bits = lax.bitcast_convert_type(y + 0.0, jnp.uint32)
+  negative = (bits >> jnp.uint32(31)) != 0
+  return jnp.where(negative, ~bits, bits | jnp.uint32(0x80000000))
 
 
-def floored_loader(load, math: KernelMath, t, floor):
-  """``load`` with the elements ``below_floor`` read as -inf."""
+def key_value(key: jax.Array) -> jax.Array:
+  """Inverse of ``order_key``."""
+  positive = (key >> jnp.uint32(31)) != 0
+  bits = jnp.where(positive, key & jnp.uint32(0x7FFFFFFF), ~key)
+  return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+_POS_INF_KEY = 0xFF800000  # order_key(inf); larger keys are NaN patterns
+
+
+def logit_floor(floor, t):
+  """``[B]``: the least fp32 ``x`` with ``xla_temper(x, t) >= floor`` (rows'
+  kept sets ``{y >= floor}``, temperatures ``t``; ``t <= 0`` reads as 1), so
+  that ``x < logit_floor`` iff ``y < floor`` for every non-NaN ``x`` (the
+  division is monotone in ``x``): -inf where ``floor`` is -inf, +inf where
+  only ``x = inf`` reaches it.  XLA, 32 unrolled steps of a bit-by-bit
+  search over ``order_key``s; the kernels then compare logits, not
+  quotients."""
+  floor = floor.astype(jnp.float32)
+  t = jnp.where(t > 0, t, 1.0).astype(jnp.float32)
+  below = jnp.zeros(floor.shape, jnp.uint32)  # the largest key not reaching
+  for bit in range(31, -1, -1):
+    key = below | jnp.uint32(1 << bit)
+    reaches = ((key > jnp.uint32(_POS_INF_KEY)) |
+               (xla_temper(key_value(key), t) >= floor))
+    below = jnp.where(reaches, below, key)
+  return key_value(below + jnp.uint32(1))
+
+
+def below_floor(x, x_floor):
+  """Where ``x`` lies below a truncated row's kept set: ``x < x_floor``, with
+  ``x_floor = logit_floor(floor, T)``, is ``y < floor`` for the reference's
+  ``y = x / T`` (``KernelMath.temper``) bit for bit.  False for a NaN ``x``
+  and wherever ``floor`` is -inf (no filter: the row as it is)."""
+  return x.astype(jnp.float32) < x_floor
+
+
+def floored_loader(load, x_floor):
+  """``load`` with the elements ``below_floor(x, x_floor)`` read as -inf."""
 
   def floored(start, mask):
     x = load(start, mask)
-    return jnp.where(below_floor(math, x, t, floor), -jnp.inf, x)
+    return jnp.where(below_floor(x, x_floor), -jnp.inf, x)
 
   return floored
 

@@ -303,12 +303,12 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
     race = GumbelRace(math, t, race_dtype, wide=fp64)
     noise = common.Noise(generator, stream, offset, wide=fp64)
     if floored:  # the race and sum-exp over {x / T >= floor} only
-      floor = floor_ref[row]
+      x_floor = floor_ref[row]  # common.logit_floor
 
       def step(carry, chunk, x):
         state, kept = carry
         x = x.astype(jnp.float32)
-        inside = ~common.below_floor(math, x, t, floor) & (x > -jnp.inf)
+        inside = ~common.below_floor(x, x_floor) & (x > -jnp.inf)
         state = race.chunk_step(state, chunk, jnp.where(inside, x, -jnp.inf))
         return state, kept + jnp.where(inside, 1, 0)
 
@@ -407,7 +407,7 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
       temperature.astype(jnp.float32), active.astype(jnp.int32), streams.key0,
       streams.key1,
       streams.base_hi, streams.base_lo, offset,
-      *([floor.astype(jnp.float32)] if floored else []), logits)
+      *([common.logit_floor(floor, temperature)] if floored else []), logits)
   kept = rest.pop(0) if floored else None
   if skip:
     raced = rest[0]

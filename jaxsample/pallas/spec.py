@@ -7,12 +7,15 @@ HBM.
 Truncation: in a batch where some sampled request has a filter on, the
 threshold kernels first find the kept set ``{y >= floor}`` of every target
 row at a slot ``<= n_b`` and draft row at a slot ``< n_b``
-(``kept_floors``: ``threshold.kept_thresholds``, two to four passes over
-each such row, more for rows whose ties fill the candidate buffer); both
-passes below then read each row through its floor (``common.below_floor``
-elements read as -inf), so their sums, races and log-probabilities are those
-of the processed distributions.  Untruncated batches skip this
-(``rowwise.cond``) and run kernels without floors.
+(``kept_floors``: ``threshold.kept_sets``, two to four passes over each
+such row, more for rows whose ties fill the candidate buffer); both passes
+below then read each row through its floor: elements below its
+``common.logit_floor`` read as -inf (one compare, no division), so their
+sums, races and log-probabilities are those of the processed
+distributions.  A kept set the candidate buffer held comes
+with its normalizer (``KeptSets.measured``), so pass 1 does not read its
+row.  Untruncated batches skip this (``rowwise.cond``) and run kernels
+without floors.
 
 Pass 1, ``stats_partials`` (grid ``(rows, vocab splits)``, no noise): for
 every *real* draft slot ``i < n_b`` it reads target row ``i`` (and draft row
@@ -101,7 +104,8 @@ class RowStats:
 def _stats_kernel(temp_ref, n_ref, *refs, plan, k, batch, vocab, with_draft,
                   floored):
   refs = list(refs)
-  floor_ref = refs.pop(0) if floored else None
+  floor_ref, measured_ref = (refs.pop(0), refs.pop(0)) if floored else (None,
+                                                                       None)
   target_ref = refs.pop(0)
   draft_ref = refs.pop(0) if with_draft else None
   max_ref, arg_ref, sumexp_ref = refs
@@ -133,7 +137,7 @@ def _stats_kernel(temp_ref, n_ref, *refs, plan, k, batch, vocab, with_draft,
 
   def sampled(load):
     if floored:
-      load = common.floored_loader(load, math, t, floor_ref[r])
+      load = common.floored_loader(load, floor_ref[r])
 
     def branch():
       m, s = common.split_sumexp(plan, math, split_start, vocab, load, t)
@@ -147,7 +151,10 @@ def _stats_kernel(temp_ref, n_ref, *refs, plan, k, batch, vocab, with_draft,
     branches.append(sampled(common.row_chunk_loader(draft_ref, local,
                                                     plan.chunk)))
     kind = jnp.where(is_draft, jnp.where(t == 0, zero, zero + 3), kind)
-  kind = jnp.where(i < n_ref[b], kind, zero)
+  read = i < n_ref[b]
+  if floored:  # a measured kept set brings its own normalizer
+    read &= measured_ref[r] == 0
+  kind = jnp.where(read, kind, zero)
   _switch(kind, branches)
 
 
@@ -169,11 +176,13 @@ def stats_plan(rows: int, vocab: int, dtype, config: SamplerConfig):
 
 
 def stats_partials(target, draft, temperature, n, config: SamplerConfig,
-                   floors=None):
+                   kept: threshold.KeptSets | None = None):
   """Runs pass 1 on ``target`` ``[B, k + 1, V]`` (and ``draft`` ``[B, k,
   V]``): ``(max, argmax, sumexp)``, each ``[rows, S]`` with rows = the ``B k``
-  target slots then the ``B k`` draft slots; ``floors`` ``[rows]`` (or None):
-  each sampled row's sum covers its kept set ``{y >= floor}`` only."""
+  target slots then the ``B k`` draft slots; ``kept`` (``[rows]`` each, or
+  None): each sampled row's sum covers its kept set ``{y >= threshold}``
+  only, and ``measured`` rows are not read (``combine_stats`` takes their
+  normalizers from ``kept``)."""
   batch, k1, vocab = target.shape
   k = k1 - 1
   with_draft = draft is not None
@@ -182,7 +191,7 @@ def stats_partials(target, draft, temperature, n, config: SamplerConfig,
   shape = (rows, plan.num_splits)
   kernel = functools.partial(_stats_kernel, plan=plan, k=k, batch=batch,
                              vocab=vocab, with_draft=with_draft,
-                             floored=floors is not None)
+                             floored=kept is not None)
   call = pl.pallas_call(
       kernel,
       out_shape=[jax.ShapeDtypeStruct(shape, jnp.float32),
@@ -191,16 +200,21 @@ def stats_partials(target, draft, temperature, n, config: SamplerConfig,
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_spec_stats")
   args = [temperature.astype(jnp.float32), n.astype(jnp.int32),
-          *([floors.astype(jnp.float32)] if floors is not None else []),
+          *([common.logit_floor(kept.threshold, jnp.tile(jnp.repeat(
+              temperature, k), rows // (batch * k))),
+             kept.measured.astype(jnp.int32)] if kept is not None else []),
           target.reshape(batch * k1, vocab)]
   if with_draft:
     args.append(draft.reshape(batch * k, vocab))
   return call(*args)
 
 
-def combine_stats(m, arg, sumexp, temperature) -> RowStats:
+def combine_stats(m, arg, sumexp, temperature,
+                  kept: threshold.KeptSets | None = None) -> RowStats:
   """Merges pass-1 partials ``[B, k, S]`` of rows of requests with
-  temperatures ``[B]`` (max and rescaled sum, first split winning ties)."""
+  temperatures ``[B]`` (max and rescaled sum, first split winning ties);
+  rows ``kept.measured`` (``[B, k]`` each) take ``logsumexp = row_max +
+  log_kept`` from the threshold kernels instead (pass 1 skipped them)."""
   t = temperature[:, None]
   greedy = t == 0
   row_max = jnp.max(m, axis=-1)
@@ -211,7 +225,11 @@ def combine_stats(m, arg, sumexp, temperature) -> RowStats:
   total = jnp.sum(sumexp * jnp.exp((m - safe[..., None]) * inv_t[..., None]),
                   axis=-1)
   shift = jnp.where(greedy, row_max, row_max / jnp.where(greedy, 1.0, t))
-  return RowStats(row_max, arg, shift, jnp.log(total), jnp.isfinite(shift))
+  log_sum = jnp.log(total)
+  if kept is not None:
+    shift = jnp.where(kept.measured, kept.row_max, shift)
+    log_sum = jnp.where(kept.measured, kept.log_kept, log_sum)
+  return RowStats(row_max, arg, shift, log_sum, jnp.isfinite(shift))
 
 
 def log_probs_at(x, stats_shift, stats_log_sum, temperature, floor=-jnp.inf):
@@ -256,9 +274,8 @@ def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
                  key1_ref, base_hi_ref, base_lo_ref, shift_t_ref, lsum_t_ref,
                  shift_d_ref, lsum_d_ref, *refs, plan, vocab, generator, fp64,
                  with_draft, floored):
-  refs = list(refs)
-  floor_t_ref, floor_d_ref = refs[:2] if floored else (None, None)
-  target_ref, *outs = refs[2:] if floored else refs
+  floors = 1 + with_draft if floored else 0
+  floor_refs, (target_ref, *outs) = refs[:floors], refs[floors:]
   draft_ref = outs.pop(0) if with_draft else None
   race_ref, index_ref, max_ref, sumexp_ref = outs[:4]
   plain_race_ref, plain_index_ref = outs[4:6] if with_draft else (None, None)
@@ -271,7 +288,7 @@ def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
   first_index = split_start + jnp.arange(plan.chunk, dtype=jnp.int32)
   load_t = common.row_chunk_loader(target_ref, row_t_ref[b], plan.chunk)
   # The races read the kept sets only (the greedy argmax reads the row).
-  race_t = (common.floored_loader(load_t, math, t, floor_t_ref[b]) if floored
+  race_t = (common.floored_loader(load_t, floor_refs[0][b]) if floored
             else load_t)
   stream = rng.RowStreams(key0_ref[b], key1_ref[b], base_hi_ref[b],
                           base_lo_ref[b])
@@ -327,7 +344,7 @@ def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
   if with_draft:
     load_d = common.row_chunk_loader(draft_ref, row_d_ref[b], plan.chunk)
     if floored:
-      load_d = common.floored_loader(load_d, math, t, floor_d_ref[b])
+      load_d = common.floored_loader(load_d, floor_refs[1][b])
     norms = (shift_t_ref[b], lsum_t_ref[b], shift_d_ref[b], lsum_d_ref[b])
 
     def residual():
@@ -365,9 +382,9 @@ class EmitRequest:
   ``RESIDUAL`` (module doc); ``row_t`` / ``row_d``: flat
   target / draft row; ``exclude``: vocab id left out of the race (-1: none);
   ``norms``: ``(shift_t, log_sum_t, shift_d, log_sum_d)`` of those rows
-  (``RESIDUAL`` only); ``streams``: noise streams; ``floors``: ``(floor_t,
-  floor_d)``, the kept sets ``{y >= floor}`` of those rows, or ``()`` (no
-  filter).
+  (``RESIDUAL`` only); ``streams``: noise streams; ``floors``: ``(floor_t,)``
+  or, with draft logits, ``(floor_t, floor_d)``: the kept sets ``{y >=
+  floor}`` of those rows, or ``()`` (no filter).
   """
 
   mode: jax.Array
@@ -409,7 +426,8 @@ def emit_partials(target2d, draft2d, temperature, req: EmitRequest,
   s = req.streams
   args = [temperature.astype(jnp.float32), req.mode, req.row_t, req.row_d,
           req.exclude, s.key0, s.key1, s.base_hi, s.base_lo,
-          *[a.astype(jnp.float32) for a in req.norms + req.floors], target2d]
+          *[a.astype(jnp.float32) for a in req.norms],
+          *[common.logit_floor(f, temperature) for f in req.floors], target2d]
   if with_draft:
     args.append(draft2d)
   outs = list(call(*args))
@@ -444,32 +462,48 @@ def _at(a, j):
   return jnp.take_along_axis(a, j[:, None], axis=1)[:, 0]
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KeptFloors:
+  """``threshold.KeptSets`` of the target rows (``[B, k + 1]`` each) and of
+  the draft rows (``[B, k]``; None without draft logits)."""
+
+  target: threshold.KeptSets
+  draft: threshold.KeptSets | None
+
+
 def kept_floors(target_logits, draft_logits, n, params: SamplingParams,
-                config: SamplerConfig):
-  """``(floor_t, floor_d)``: ``threshold.kept_thresholds`` of the target rows
-  ``[B, k + 1]`` and of the draft rows ``[B, k]`` (None without draft logits)
-  that the kernels may read (target slots ``<= n``, draft slots ``< n``),
-  -inf for the other rows."""
+                config: SamplerConfig) -> KeptFloors:
+  """``threshold.kept_sets`` of the target rows and the draft rows that the
+  kernels may read (target slots ``<= n``, draft slots ``< n``); threshold
+  -inf, not measured, for the other rows."""
   batch, k1, vocab = target_logits.shape
 
-  def floors(logits, live):
+  def kept(logits, live):
     m = live.shape[1]
     rows = jax.tree.map(lambda a: jnp.repeat(a, m), params)
     rows = dataclasses.replace(rows, temperature=jnp.where(
         live.reshape(-1), rows.temperature, 0.0))  # greedy rows: no floor
-    return threshold.kept_thresholds(logits.reshape(batch * m, vocab), rows,
-                                     config).reshape(batch, m)
+    sets = threshold.kept_sets(logits.reshape(batch * m, vocab), rows, config)
+    return jax.tree.map(lambda a: a.reshape(batch, m), sets)
 
   slots = jnp.arange(k1)
-  floor_t = floors(target_logits, slots <= n[:, None])
-  floor_d = (floors(draft_logits, slots[:-1] < n[:, None])
-             if draft_logits is not None and k1 > 1 else None)
-  return floor_t, floor_d
+  return KeptFloors(
+      kept(target_logits, slots <= n[:, None]),
+      kept(draft_logits, slots[:-1] < n[:, None])
+      if draft_logits is not None and k1 > 1 else None)
+
+
+def _untruncated(batch: int, m: int) -> threshold.KeptSets:
+  """Kept sets of ``[batch, m]`` rows without a filter."""
+  none = jnp.full((batch, m), -jnp.inf)
+  return threshold.KeptSets(none, none, none, jnp.zeros((batch, m), bool))
 
 
 def reject(target_logits, d, n, params: SamplingParams, noise_keys,
            accept_keys, positions, draft_logits, synthetic_rates,
-           config: SamplerConfig, floors=None) -> spec_ref.SpecResult:
+           config: SamplerConfig,
+           floors: KeptFloors | None = None) -> spec_ref.SpecResult:
   """``rejection_sample`` by the kernels for canonical params; ``d`` clipped
   drafts, ``n`` clipped counts, raw stream keys ``[B, 2]``
   (``spec.stream_keys``) and uint32 positions.  ``floors``: ``kept_floors``
@@ -483,23 +517,25 @@ def reject(target_logits, d, n, params: SamplingParams, noise_keys,
   draft2d = draft_logits.reshape(batch * k, vocab) if with_draft else None
   rows = jnp.arange(batch, dtype=jnp.int32)
   floored = floors is not None
-  floor_t, floor_d = floors if floored else (None, None)
-  if floor_t is None:
-    floor_t = jnp.full((batch, k1), -jnp.inf)
-  if floor_d is None:
-    floor_d = jnp.full((batch, k), -jnp.inf)
+  kept_t = floors.target if floored else _untruncated(batch, k1)
+  kept_d = (floors.draft if floored and floors.draft is not None else
+            _untruncated(batch, k))
+  floor_t, floor_d = kept_t.threshold, kept_d.threshold
 
   if k:
-    row_floors = None
+    kept_t_slots = jax.tree.map(lambda a: a[:, :k], kept_t)
+    row_kept = None
     if floored:
-      row_floors = jnp.concatenate([floor_t[:, :k].reshape(-1)] + (
-          [floor_d.reshape(-1)] if with_draft else []))
+      row_kept = jax.tree.map(
+          lambda *a: jnp.concatenate([x.reshape(-1) for x in a]),
+          *([kept_t_slots, kept_d] if with_draft else [kept_t_slots]))
     m, arg, sumexp = stats_partials(target_logits, draft_logits
                                     if with_draft else None, t, n, config,
-                                    floors=row_floors)
+                                    kept=row_kept)
     split = lambda a: a.reshape(-1, batch, k, a.shape[-1])
     m, arg, sumexp = split(m), split(arg), split(sumexp)
-    ts = combine_stats(m[0], arg[0], sumexp[0], t)
+    ts = combine_stats(m[0], arg[0], sumexp[0], t,
+                       kept_t_slots if floored else None)
     # The logits at the drafts, gathered from the flat rows (no slice copy).
     slots = jnp.arange(k, dtype=jnp.int32)
     x_t = reference.sanitize(target2d[rows[:, None] * k1 + slots, d])
@@ -509,7 +545,8 @@ def reject(target_logits, d, n, params: SamplingParams, noise_keys,
                                   floor_t[:, :k]))
     lt_d = jnp.where(ts.valid, lt_d, -jnp.inf).astype(jnp.float32)
     if with_draft:
-      ds = combine_stats(m[1], arg[1], sumexp[1], t)
+      ds = combine_stats(m[1], arg[1], sumexp[1], t,
+                         kept_d if floored else None)
       x_d = reference.sanitize(draft2d[rows[:, None] * k + slots, d])
       ld_d = jnp.where(ds.valid, log_probs_at(x_d, ds.shift, ds.log_sum,
                                               t[:, None], floor_d), 0.0)
@@ -543,8 +580,8 @@ def reject(target_logits, d, n, params: SamplingParams, noise_keys,
 
   emit_floors = ()
   if floored:
-    emit_floors = (_at(floor_t, j), _at(floor_d, jnp.minimum(j, k - 1))
-                   if with_draft else _at(floor_t, j))
+    emit_floors = (_at(floor_t, j),) + ((_at(floor_d, jnp.minimum(j, k - 1)),)
+                                        if with_draft else ())
   streams, _ = rng.row_streams(noise_keys, positions + j.astype(jnp.uint32),
                                batch, vocab)
   mode = jnp.where(known, SKIP, jnp.where(

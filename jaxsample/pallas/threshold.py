@@ -356,20 +356,6 @@ def _pow2_ceil(n: int) -> int:
 # ---------------------------------------------------------------------------
 
 
-def order_key(y: jax.Array) -> jax.Array:
-  """uint32 keys ordered like the fp32 values (-0.0 and +0.0 share a key)."""
-  bits = lax.bitcast_convert_type(y + 0.0, jnp.uint32)
-  negative = (bits >> jnp.uint32(31)) != 0
-  return jnp.where(negative, ~bits, bits | jnp.uint32(0x80000000))
-
-
-def key_value(key: jax.Array) -> jax.Array:
-  """Inverse of ``order_key``."""
-  positive = (key >> jnp.uint32(31)) != 0
-  bits = jnp.where(positive, key & jnp.uint32(0x7FFFFFFF), ~key)
-  return lax.bitcast_convert_type(bits, jnp.float32)
-
-
 # Key bits the bound search resolves.  Bounds only need to be conservative,
 # so the search stops early: 20 bits (sign, exponent and 11 mantissa bits)
 # round each bound down by less than 2^-11 of its magnitude.
@@ -404,14 +390,14 @@ def _bound_thresholds(y, survives, e, k, p, mass, above, bits: int):
   reaches ``p * mass``).  ``bits`` block reductions, plus one for
   ``k_found``; with 32 bits the thresholds are exact (element values).
   """
-  key = order_key(y)
+  key = common.order_key(y)
   target = p * mass - above
   mass_reaches = lambda v: jnp.sum(jnp.where(survives & (key >= v), e,
                                              0.0)) >= target
   found = lax.cond(k > 0,
                    lambda: _largest_key(_count_reaches(key, survives, k), bits),
                    lambda: _largest_key(mass_reaches, bits))
-  bound = jnp.where(found > _NEG_INF_KEY, key_value(found), -jnp.inf)
+  bound = jnp.where(found > _NEG_INF_KEY, common.key_value(found), -jnp.inf)
   k_found = jnp.sum(jnp.where(survives, 1, 0)) >= k
   return (jnp.where(k > 0, bound, -jnp.inf), k_found,
           jnp.where(k > 0, -jnp.inf, bound))
@@ -674,7 +660,7 @@ def _window_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
   t1 = t1_ref[row]
   finite = y > -jnp.inf
   survives = finite & (y >= t1)
-  key = order_key(y)
+  key = common.order_key(y)
   if by_count:
     rank = k_ref[row] // _SAMPLE_STRIDE
   else:
@@ -691,7 +677,7 @@ def _window_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
 
   def ranked(n):  # the n-th largest survivor (rounded down), -inf if none
     found = _largest_key(_count_reaches(key, survives, n), _BOUND_KEY_BITS)
-    return jnp.where(found > _NEG_INF_KEY, key_value(found), -jnp.inf)
+    return jnp.where(found > _NEG_INF_KEY, common.key_value(found), -jnp.inf)
 
   upper = jnp.where(rank > half, ranked(rank - half), jnp.inf)
   lower_ref[row] = jnp.maximum(ranked(rank + half), t1)
@@ -873,8 +859,8 @@ class Candidates:
 
 
 def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
-                       streams: rng.RowStreams, config: SamplerConfig, *,
-                       upper=None, capacity: int | None = None,
+                       streams: rng.RowStreams | None, config: SamplerConfig,
+                       *, upper=None, capacity: int | None = None,
                        segments: Segments | None = None) -> Candidates:
   """Runs the compact pass on the ``active`` rows (``[B]`` bool or int32
   flags) and packs each row's candidates into ``C`` slots
@@ -882,7 +868,8 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
   (``>= lower_bound``, ``>= t1``), only the window ``[lower_bound, upper)``;
   with ``segments``, its ``gather`` rows read only their listed segments
   (``RowBounds.listed``); the outside mass of those with min-p off is the
-  row's ``mass`` less the candidates'."""
+  row's ``mass`` less the candidates'.  Without ``streams`` no noise is
+  drawn (``Candidates.race`` is None)."""
   batch, vocab = logits.shape
   capacity = capacity or config.max_candidates
   windowed = upper is not None
@@ -910,38 +897,39 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
       interpret=plan.interpret, name="jaxsample_collect_candidates")(
           temperature, active, lower_bound, t1, row_max, *upper_inputs,
           *gather_inputs, logits)
+  raced = streams is not None
   pack = functools.partial(_pack_kernel, splits=plan.num_splits,
                            capacity=capacity, generator=config.rng,
-                           windowed=windowed, gathering=segments is not None,
+                           raced=raced, windowed=windowed,
+                           gathering=segments is not None,
                            interpret=plan.interpret)
   row_shape = lambda dtype: jax.ShapeDtypeStruct((batch,), dtype)
   slots = lambda dtype: jax.ShapeDtypeStruct((batch, capacity), dtype)
-  y, ids, race, count, outside, inside_mass, above_count, above_mass, _ = (
+  y, ids, *race, count, outside, inside_mass, above_count, above_mass, _ = (
       pl.pallas_call(
           pack,
-          out_shape=[slots(jnp.float32), slots(jnp.int32), slots(jnp.float32),
-                     row_shape(jnp.int32), row_shape(jnp.float32),
-                     row_shape(jnp.float32), row_shape(jnp.int32),
-                     row_shape(jnp.float32),
-                     jax.ShapeDtypeStruct((batch, _pow2_ceil(plan.num_splits)),
-                                          jnp.int32)],
+          out_shape=[slots(jnp.float32), slots(jnp.int32)] +
+          [slots(jnp.float32)] * raced + [
+              row_shape(jnp.int32), row_shape(jnp.float32),
+              row_shape(jnp.float32), row_shape(jnp.int32),
+              row_shape(jnp.float32),
+              jax.ShapeDtypeStruct((batch, _pow2_ceil(plan.num_splits)),
+                                   jnp.int32)],
           grid=(batch,),
           compiler_params=plgpu.CompilerParams(
               num_warps=min(16, max(_PACK_WARPS, capacity // 256)),
               num_stages=1),
           interpret=plan.interpret, name="jaxsample_pack_candidates")(
-              temperature, active, lower_bound, t1, row_max, streams.key0,
-              streams.key1, streams.base_hi, streams.base_lo, x, ids, count,
+              temperature, active, lower_bound, t1, row_max,
+              *(jax.tree.leaves(streams) if raced else ()), x, ids, count,
               outside, *upper_inputs, *above, *pack_gather_inputs))
-  return Candidates(y, ids, race, count, outside, inside_mass, above_count,
-                    above_mass)
+  return Candidates(y, ids, race[0] if raced else None, count, outside,
+                    inside_mass, above_count, above_mass)
 
 
-def _pack_kernel(temp_ref, active_ref, lower_ref, t1_ref, row_max_ref,
-                 key0_ref, key1_ref, base_hi_ref, base_lo_ref, x_ref, id_ref,
-                 count_ref, outside_ref, *refs, splits: int, capacity: int,
-                 generator: str, windowed: bool, gathering: bool,
-                 interpret: bool):
+def _pack_kernel(temp_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
+                 splits: int, capacity: int, generator: str, raced: bool,
+                 windowed: bool, gathering: bool, interpret: bool):
   """One row's candidates (``Candidates``) from the compact pass's split
   buffers: the splits' entries side by side (vocab order; split ``s``'s
   first at slot ``starts[s]``, the sum of the earlier splits' written
@@ -950,13 +938,17 @@ def _pack_kernel(temp_ref, active_ref, lower_ref, t1_ref, row_max_ref,
   filter's extra elements moved to the outside mass (``y < L``) or above the
   window (``y >= U``; ``windowed``: inputs ``U`` and the compact pass's
   above count and mass), and the race values of the rest with the noise of
-  their ids.  ``gathering`` (inputs ``Segments.gather`` and ``mass``): the
-  outside mass of gather rows with min-p off is the row's less the
-  candidates'."""
+  their ids (``raced``: inputs the row streams, output the race).
+  ``gathering`` (inputs ``Segments.gather`` and ``mass``): the outside mass
+  of gather rows with min-p off is the row's less the candidates'."""
+  stream_refs, refs = refs[:4 * raced], refs[4 * raced:]
+  x_ref, id_ref, count_ref, outside_ref, *refs = refs
   window_refs, refs = refs[:3 * windowed], refs[3 * windowed:]
-  gather_refs, (y_out, id_out, race_out, count_out, outside_out, inside_out,
-                above_count_out, above_mass_out, starts_ref) = (
-                    refs[:2 * gathering], refs[2 * gathering:])
+  gather_refs, refs = refs[:2 * gathering], refs[2 * gathering:]
+  y_out, id_out, *refs = refs
+  race_out, refs = (refs[0], refs[1:]) if raced else (None, refs)
+  (count_out, outside_out, inside_out, above_count_out, above_mass_out,
+   starts_ref) = refs
   row = pl.program_id(0)
   upper, above_refs = ((window_refs[0][row], window_refs[1:]) if windowed
                        else (jnp.inf, ()))
@@ -1003,13 +995,12 @@ def _pack_kernel(temp_ref, active_ref, lower_ref, t1_ref, row_max_ref,
   extra = ~inside & ~over & (y >= t1)
   y = jnp.where(inside, y, -jnp.inf)
   ids = jnp.where(inside, ids, 0)
-  stream = rng.RowStreams(key0_ref[row], key1_ref[row], base_hi_ref[row],
-                          base_lo_ref[row])
-  noise = rng.gumbel(rng.uniform(rng.bits_at(generator, stream, ids,
-                                             mulhilo=math.mulhilo)))
   y_out[row, :] = y
   id_out[row, :] = jnp.where(inside, ids, -1)
-  race_out[row, :] = y + noise
+  if raced:
+    stream = rng.RowStreams(*(ref[row] for ref in stream_refs))
+    race_out[row, :] = y + rng.gumbel(rng.uniform(rng.bits_at(
+        generator, stream, ids, mulhilo=math.mulhilo)))
   count_out[row] = count
   inside_mass = jnp.sum(jnp.where(inside, e, 0.0))
   outside = outside + jnp.sum(jnp.where(extra, e, 0.0))
@@ -1116,8 +1107,8 @@ def pivot_threshold(logits, temperature, active, floor, row_max,
   # A bound past row_max (a vacuous top-p bound at p = 0: NaN) is row_max,
   # the answer such rows have.
   lower = jnp.where(lower <= row_max, lower, row_max)
-  lo = jnp.maximum(order_key(lower), jnp.uint32(_SMALLEST_FINITE_KEY))
-  hi = jnp.maximum(order_key(row_max), lo)
+  lo = jnp.maximum(common.order_key(lower), jnp.uint32(_SMALLEST_FINITE_KEY))
+  hi = jnp.maximum(common.order_key(row_max), lo)
   steps = jnp.arange(_PIVOTS, dtype=jnp.uint32)
 
   def one_pass(i, state):
@@ -1133,8 +1124,8 @@ def pivot_threshold(logits, temperature, active, floor, row_max,
     # Every pivot is the key of a finite value or of 0 (keys between those of
     # -FLT_MAX and row_max), so y >= value iff order_key(y) >= pivot.
     reach = jnp.sum(run(temperature, (active & (width > 0)).astype(jnp.int32),
-                        floor, row_max, key_value(pivots), key_value(hi),
-                        logits), axis=1)
+                        floor, row_max, common.key_value(pivots),
+                        common.key_value(hi), logits), axis=1)
     total = reach[:, _PIVOTS]  # reach(floor)
     reach = reach[:, :_PIVOTS]
     goal = jnp.where(i == 0, jnp.where(
@@ -1151,7 +1142,7 @@ def pivot_threshold(logits, temperature, active, floor, row_max,
 
   goal = jnp.zeros((batch,), jnp.float32)
   lo, _, _ = lax.fori_loop(0, _PIVOT_PASSES, one_pass, (lo, hi, goal))
-  return key_value(lo)
+  return common.key_value(lo)
 
 
 # ---------------------------------------------------------------------------
@@ -1257,31 +1248,50 @@ def sample_truncated(logits, params: SamplingParams,
       found)))
 
 
-def kept_thresholds(logits, params: SamplingParams,
-                    config: SamplerConfig) -> jax.Array:
-  """``[B]`` fp32: the threshold of each row's kept set ``{y >= threshold}``
-  (``reference.keep_threshold``'s) for the valid rows of canonical ``params``
-  sampled with a filter on; -inf for the other rows (every entry kept).
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KeptSets:
+  """Per-row kept sets, ``[B]`` each: ``{y >= threshold}`` (-inf: every
+  entry); where ``measured``, also ``row_max = max(y)`` and ``log_kept = log
+  sum_K exp(y - row_max)`` (``Truncation``'s; rows whose kept set the
+  candidate buffer held), so ``logsumexp`` of the processed row is
+  ``row_max + log_kept``; undefined elsewhere."""
 
-  The passes of ``sample_truncated`` (and ``sample_large``), whose race rides
-  along on fixed streams: its tokens are not used.  Traced in 32 bits also
-  inside an x64 scope (the FP64 Gumbel path's).
+  threshold: jax.Array
+  row_max: jax.Array
+  log_kept: jax.Array
+  measured: jax.Array
+
+
+def kept_sets(logits, params: SamplingParams,
+              config: SamplerConfig) -> KeptSets:
+  """The kept set of each valid row of canonical ``params`` sampled with a
+  filter on (``reference.keep_threshold``'s threshold); threshold -inf for
+  the other rows.
+
+  ``sample_truncated``'s passes (its race rides along on fixed streams over
+  the candidates; its tokens are not used), then ``large_thresholds`` for
+  the rows it leaves, without a race.  Traced in 32 bits also inside an x64
+  scope (the FP64 Gumbel path's).
   """
   with jax.enable_x64(False):
     zeros = jnp.zeros((logits.shape[0],), jnp.uint32)
     trunc = sample_truncated(logits, params, rng.RowStreams(*(zeros,) * 4),
                              dataclasses.replace(config,
-                                                 use_fp64_gumbel=False))
-    return jnp.where(trunc.complete, trunc.threshold, -jnp.inf)
+                                                 use_fp64_gumbel=False),
+                             finish_large=False)
+    left = trunc.unfinished(params)
+    large = rowwise.only_if(left, lambda: large_thresholds(
+        logits, params, trunc, config, left))
+    threshold = jnp.where(trunc.complete, trunc.threshold,
+                          jnp.where(left, large, -jnp.inf))
+    return KeptSets(threshold, trunc.row_max, trunc.log_kept, trunc.complete)
 
 
-def sample_large(logits, params: SamplingParams, trunc: Truncation,
-                 streams: rng.RowStreams, config: SamplerConfig, rows=None, *,
-                 order_width: int = 0):
-  """``(token, logprob, complete, threshold, count, log_kept)`` of ``rows``
-  (default ``trunc.large``; valid rows of ``trunc``, sampled with a filter
-  on), every one of them complete (``Truncation``'s fields); with
-  ``order_width``, also ``ordered_ids`` ``[B, min(order_width, V)]``.
+def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
+                     config: SamplerConfig, rows) -> jax.Array:
+  """``[B]``: the exact kept-set threshold of ``rows`` (valid rows of
+  ``trunc``, sampled with a filter on; other entries undefined).
 
   Each threshold comes from a window search: ``threshold_window`` places a
   window ``[lower, upper)`` around it, from the row's sample; the windowed
@@ -1291,22 +1301,14 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
   buffer).  With top-k on, a first search finds ``max(t1, t2)``:
   the ``(k - above)``-th largest survivor in the window.  With top-p, a
   search on the survivors ``y >= max(t1, t2)`` (the distribution top-p
-  renormalizes) finds ``t3``.  min-p alone keeps ``{y >= t1}``.  Then the
-  Gumbel kernel races the kept set ``{y >= threshold}`` (``floor``), which
-  also gives its count and mass: three passes over the row (four with both
-  top-k and top-p).  A threshold no window holds (ties spanning the window,
-  a misleading sample, or a row not ``large`` whose candidates overflowed
-  their buffer) comes from ``pivot_threshold`` instead:
-  ``_PIVOT_PASSES`` more passes per search.  Ordered ids: where more than
-  ``order_width`` ids are kept, a pivot search by count finds the
-  ``order_width``-th largest kept value, then
-  ``reference.top_ids`` lists the ids reaching it (prefix sums over the row,
-  a sort of ``order_width`` pairs).
+  renormalizes) finds ``t3``.  min-p alone keeps ``{y >= t1}``.  A threshold
+  no window holds (ties spanning the window, a misleading sample, or a row
+  not ``large`` whose candidates overflowed their buffer) comes from
+  ``pivot_threshold`` instead: ``_PIVOT_PASSES`` more passes per search.
   """
   interpret = jax.default_backend() != "gpu"
   t = params.temperature
   large, t1, mass = trunc.large != 0, trunc.t1, trunc.mass
-  rows = large if rows is None else rows
   row_max = jnp.where(jnp.isfinite(trunc.row_max), trunc.row_max, 0.0)
   sample = tempered_sample(trunc.sample, t)
   ones = jnp.ones_like(params.top_p)
@@ -1323,8 +1325,7 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
                                     capacity, by_count=by_count,
                                     interpret=interpret)
     window = collect_candidates(logits, t, rows, lower, floor, row_max,
-                                streams, config, upper=upper,
-                                capacity=capacity)
+                                None, config, upper=upper, capacity=capacity)
     total = window.above_mass + window.outside_mass + window.inside_mass
     if by_count:
       search = dataclasses.replace(search, top_k=jnp.maximum(
@@ -1355,7 +1356,29 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
   counted = rows & (params.top_k > 0)
   floor = jnp.where(counted, search(counted, t1, by_count=True), t1)
   topped = rows & (params.top_p < 1)
-  threshold = jnp.where(topped, search(topped, floor, by_count=False), floor)
+  return jnp.where(topped, search(topped, floor, by_count=False), floor)
+
+
+def sample_large(logits, params: SamplingParams, trunc: Truncation,
+                 streams: rng.RowStreams, config: SamplerConfig, rows=None, *,
+                 order_width: int = 0):
+  """``(token, logprob, complete, threshold, count, log_kept)`` of ``rows``
+  (default ``trunc.large``; valid rows of ``trunc``, sampled with a filter
+  on), every one of them complete (``Truncation``'s fields); with
+  ``order_width``, also ``ordered_ids`` ``[B, min(order_width, V)]``.
+
+  ``large_thresholds`` finds each threshold; then the Gumbel kernel races
+  the kept set ``{y >= threshold}`` (``floor``), which also gives its count
+  and mass: three passes over the row (four with both top-k and top-p).
+  Ordered ids: where more than ``order_width`` ids are kept, a pivot search
+  by count finds the ``order_width``-th largest kept value, then
+  ``reference.top_ids`` lists the ids reaching it (prefix sums over the row,
+  a sort of ``order_width`` pairs).
+  """
+  t = params.temperature
+  rows = trunc.large != 0 if rows is None else rows
+  row_max = jnp.where(jnp.isfinite(trunc.row_max), trunc.row_max, 0.0)
+  threshold = large_thresholds(logits, params, trunc, config, rows)
   partials = gumbel.gumbel_partials(logits, t, streams, config,
                                     active=rows, floor=threshold)
   result, _, (shift, log_sum) = gumbel.finish_sampling(logits, params,
