@@ -425,13 +425,13 @@ def test_kernels_lower_to_triton(monkeypatch):
     # truncation kernels), stats, bounds, candidates, their packing, select;
     # the rows they leave: the top-k and the top-p searches (each a window,
     # windowed candidates, their packing, an exact search, and the pivot
-    # search), the floored Gumbel kernel, and the mask's search for its
-    # K_cap-th id (a third search: five more)
-    assert text.count("__gpu$xla.gpu.triton") == 19, dtype
+    # search), the floored Gumbel kernel; the mask's K_cap-th kept value, the
+    # top-k = K_cap threshold (``threshold.kept_sets``: fifteen more)
+    assert text.count("__gpu$xla.gpu.triton") == 18 + 15, dtype
     # No sort of the vocabulary: only the mask's [B, K_cap] pairs.
     assert sort_operands(text) == [f"tensor<{batch}x1024xf32>, "
                                    f"tensor<{batch}x1024xi32>"], dtype
-    # without a mask, no third search
+    # without a mask, no K_cap-th value
     no_mask = lambda *a: fn(*a, return_mask=False)
     with jax.sharding.use_abstract_mesh(mesh):
       text = jax.jit(no_mask).trace(*args).lower(

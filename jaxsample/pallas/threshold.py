@@ -1370,8 +1370,9 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
   ``large_thresholds`` finds each threshold; then the Gumbel kernel races
   the kept set ``{y >= threshold}`` (``floor``), which also gives its count
   and mass: three passes over the row (four with both top-k and top-p).
-  Ordered ids: where more than ``order_width`` ids are kept, a pivot search
-  by count finds the ``order_width``-th largest kept value, then
+  Ordered ids: where more than ``order_width`` ids are kept, ``kept_sets``
+  with top-k = ``order_width`` alone finds the ``order_width``-th largest
+  kept value (the candidate buffer, or a window search by count), then
   ``reference.top_ids`` lists the ids reaching it (prefix sums over the row,
   a sort of ``order_width`` pairs).
   """
@@ -1388,10 +1389,15 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
   if not order_width:
     return found
   width = min(order_width, logits.shape[1])
-  over = rows & (found[4] > width)  # the kept set's width-th largest value
-  last = jnp.where(over, rowwise.only_if(over, lambda: pivot_threshold(
-      logits, t, over, threshold, row_max, dataclasses.replace(
-          params, top_k=jnp.full_like(params.top_k, width)), config,
-      by_count=True)), threshold)
+  # A kept set of more than width ids holds the row's width largest values
+  # (it is upward closed): its width-th largest is the row's top-k = width
+  # threshold.
+  over = rows & (found[4] > width)
+  top_width = SamplingParams(jnp.where(over, t, 0.0),
+                             jnp.full_like(params.top_k, width),
+                             jnp.ones_like(params.top_p),
+                             jnp.zeros_like(params.min_p))
+  last = jnp.where(over, rowwise.only_if(over, lambda: kept_sets(
+      logits, top_width, config).threshold), threshold)
   y = reference.temper(reference.sanitize(logits), t)
   return found + (reference.top_ids(y, last, width),)
