@@ -62,9 +62,9 @@ def check_logit_floor_splits_like_the_quotient(seed):
   keys = np.asarray(common.order_key(jnp.asarray(near))).astype(np.int64)
   keys = np.clip(keys + np.arange(-64, 65)[None, :], 0x00800000, 0xFF7FFFFF)
   x = np.asarray(common.key_value(jnp.asarray(keys.astype(np.uint32))))
+  spread = np.minimum(np.abs(near), np.float32(1e37)) * 2
   x = np.concatenate([x, r.standard_normal((rows, 64)).astype(np.float32) *
-                      np.abs(near) * 2, np.float32([[-np.inf, np.inf]] * rows)],
-                     axis=1)
+                      spread, np.float32([[-np.inf, np.inf]] * rows)], axis=1)
   y = np.asarray(jax.jit(common.xla_temper)(
       jnp.asarray(x), jnp.asarray(np.broadcast_to(t[:, None], x.shape))))
   np.testing.assert_array_equal(x < x_floor[:, None], y < floor[:, None])
