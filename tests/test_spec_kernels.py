@@ -205,7 +205,7 @@ def test_kernels_lower_to_triton(monkeypatch):
   needed; the PTX compile and the run are the GPU suite's): traced params
   lower both branches, without floors (2 kernels) and after the threshold
   kernels of the target rows and the draft rows (``TRUNCATION_KERNELS``
-  each, as ``sample`` without a mask) with floors (2 more); no sort."""
+  each: ``threshold.kept_sets``) with floors (2 more); no sort."""
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3",
                                        num_cores=132, platform="cuda")
