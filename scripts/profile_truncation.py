@@ -3,9 +3,13 @@
     PYTHONPATH=. python3 scripts/profile_truncation.py [B] [dtype] [KNOB=int ...]
 
 Inputs: randn logits scaled x1 and x5 in turn (``FLAT=1``: x1 only).
+``SETTINGS``: the filter settings, e.g. ``top_p=0.95;top_k=50,top_p=0.9``
+(default: top-k 50 + top-p 0.9, top-p 0.9, min-p 0.05); ``MASK_IDS``: the
+``K_cap`` values of the mask profiles (default 1024).
 
 For each setting: the truncated kernels alone, ``jaxsample.sample`` and
-``jaxsample.sample(..., return_mask=True)``; the 14 costliest device ops each.
+``jaxsample.sample(..., return_mask=True)`` per ``K_cap``; the 14 costliest
+device ops each.
 """
 import functools
 import glob
@@ -56,20 +60,28 @@ def profile(label, fn):
     print(f"   {v:8.1f}  {k[:90]}")
 
 
-for name, kw in [("top_k50+top_p0.9", dict(top_k=50, top_p=0.9)),
-                 ("top_p0.9", dict(top_p=0.9)), ("min_p0.05", dict(min_p=0.05))]:
+settings = os.environ.get(
+    "SETTINGS", "top_k=50,top_p=0.9;top_p=0.9;min_p=0.05").split(";")
+mask_ids = [int(n) for n in os.environ.get("MASK_IDS", "1024").split(",")]
+for setting in settings:
+  kw = {k: (int if k == "top_k" else float)(v) for k, v in
+        (item.split("=") for item in setting.split(","))}
+  name = setting.replace(",", "+")
   # Params are arguments (as in a decode loop), not folded constants.
   params = SamplingParams.make(batch, **kw).canonical(vocab)
   streams, _ = rng.row_streams(jax.random.key(0), None, batch, vocab)
   with_params = lambda f: functools.partial(jax.jit(f), params=params)
   profile(f"sample_truncated {name} B={batch} {dtype.name}", with_params(
       lambda x, params: threshold.sample_truncated(
-          x, params, params.truncates(), streams, SamplerConfig()).token))
+          x, params, streams, SamplerConfig()).token))
   profile(f"jaxsample.sample {name} B={batch} {dtype.name}", with_params(
       lambda x, params: jaxsample.sample(
           x, params, jax.random.key(0),
           config=SamplerConfig(implementation="pallas")).tokens))
-  profile(f"jaxsample.sample + mask {name} B={batch} {dtype.name}",
-          with_params(lambda x, params: jaxsample.sample(
-              x, params, jax.random.key(0), return_mask=True,
-              config=SamplerConfig(implementation="pallas"))))
+  for width in mask_ids:
+    profile(f"jaxsample.sample + mask K_cap={width} {name} B={batch} "
+            f"{dtype.name}", with_params(lambda x, params, width=width:
+                jaxsample.sample(x, params, jax.random.key(0),
+                                 return_mask=True, config=SamplerConfig(
+                                     implementation="pallas",
+                                     max_mask_ids=width))))

@@ -250,6 +250,37 @@ def test_large_kept_sets_are_decided_by_the_window_search(setting):
     np.testing.assert_array_equal(a.tokens, want.tokens)
 
 
+def test_window_searched_kept_sets_come_measured():
+  """``kept_sets`` of rows whose thresholds window searches found (top-p,
+  top-k with min-p, both) reports their mass (``measured``), so the
+  speculative sampler's pass 1 skips them; min-p alone keeps ``{y >= t1}``
+  with no mass measured."""
+  batch, vocab = 4, 20000
+  x = (np.random.default_rng(14).standard_normal((batch, vocab)) *
+       np.float32([[1], [2], [1], [1]])).astype(np.float32)
+  ks, ps, ms = [0, 5000, 3000, 0], [0.9, 1, 0.9, 1], [0, 0.001, 0, 0.05]
+  params = SamplingParams.make(batch, temperature=[1, 0.7, 1.3, 1],
+                               top_k=ks, top_p=ps, min_p=ms)
+  sets = jax.tree.map(np.asarray, jax.jit(functools.partial(
+      threshold.kept_sets, config=SamplerConfig(max_candidates=256)))(
+          jnp.asarray(x), params.canonical(vocab)))
+  y = np.asarray(reference.temper(jnp.asarray(x), params.temperature))
+  np.testing.assert_array_equal(sets.measured, [True, True, True, False])
+  for i in range(batch):
+    o = oracle_keep(y[i], ks[i], ps[i], ms[i])
+    kept = y[i] >= sets.threshold[i]
+    assert kept.sum() > 256, i
+    if o.near_boundary:
+      assert o.admits(kept), i
+    else:
+      np.testing.assert_array_equal(kept, o.kept, err_msg=str(i))
+    if sets.measured[i]:
+      mass = np.sum(np.exp(y[i][kept].astype(np.float64) - y[i].max()))
+      assert sets.row_max[i] == y[i].max()
+      np.testing.assert_allclose(sets.log_kept[i], np.log(mass), rtol=1e-5,
+                                 atol=1e-5, err_msg=str(i))
+
+
 def test_a_misleading_sample_takes_the_pivot_search():
   """Every sampled element is far below the rest (top-p, top-k), or every
   element ties (top-k): the window misses, and the pivot search finds the
@@ -426,11 +457,14 @@ def test_kernels_lower_to_triton(monkeypatch):
     # the rows they leave: the top-k and the top-p searches (each a window,
     # windowed candidates, their packing, an exact search, and the pivot
     # search), the floored Gumbel kernel; the mask's K_cap-th kept value, the
-    # top-k = K_cap threshold (``threshold.kept_sets``: fifteen more)
-    assert text.count("__gpu$xla.gpu.triton") == 18 + 15, dtype
-    # No sort of the vocabulary: only the mask's [B, K_cap] pairs.
+    # top-k = K_cap threshold: a window search by count (window, windowed
+    # candidates, their packing, an exact search), and for rows it misses
+    # ``threshold.kept_sets`` (fifteen more)
+    assert text.count("__gpu$xla.gpu.triton") == 18 + 4 + 15, dtype
+    # No sort of the vocabulary: only the mask's [B, K_cap] pairs, listed
+    # from the window's buffer or, for rows it missed, from the whole row.
     assert sort_operands(text) == [f"tensor<{batch}x1024xf32>, "
-                                   f"tensor<{batch}x1024xi32>"], dtype
+                                   f"tensor<{batch}x1024xi32>"] * 2, dtype
     # without a mask, no K_cap-th value
     no_mask = lambda *a: fn(*a, return_mask=False)
     with jax.sharding.use_abstract_mesh(mesh):

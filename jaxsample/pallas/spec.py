@@ -12,9 +12,9 @@ such row, more for rows whose ties fill the candidate buffer); both passes
 below then read each row through its floor: elements below its
 ``common.logit_floor`` read as -inf (one compare, no division), so their
 sums, races and log-probabilities are those of the processed
-distributions.  A kept set the candidate buffer held comes
-with its normalizer (``KeptSets.measured``), so pass 1 does not read its
-row.  Untruncated batches skip this (``rowwise.cond``) and run kernels
+distributions.  A kept set the candidate buffer held, or whose
+threshold a window search found, comes with its normalizer
+(``KeptSets.measured``), so pass 1 does not read its row.  Untruncated batches skip this (``rowwise.cond``) and run kernels
 without floors.
 
 Pass 1, ``stats_partials`` (grid ``(rows, vocab splits)``, no noise): for

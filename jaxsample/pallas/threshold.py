@@ -1253,9 +1253,10 @@ def sample_truncated(logits, params: SamplingParams,
 class KeptSets:
   """Per-row kept sets, ``[B]`` each: ``{y >= threshold}`` (-inf: every
   entry); where ``measured``, also ``row_max = max(y)`` and ``log_kept = log
-  sum_K exp(y - row_max)`` (``Truncation``'s; rows whose kept set the
-  candidate buffer held), so ``logsumexp`` of the processed row is
-  ``row_max + log_kept``; undefined elsewhere."""
+  sum_K exp(y - row_max)`` (rows whose kept set the candidate buffer held,
+  ``Truncation``'s, or whose threshold a window search found), so
+  ``logsumexp`` of the processed row is ``row_max + log_kept``; undefined
+  elsewhere."""
 
   threshold: jax.Array
   row_max: jax.Array
@@ -1283,80 +1284,106 @@ def kept_sets(logits, params: SamplingParams,
     left = trunc.unfinished(params)
     large = rowwise.only_if(left, lambda: large_thresholds(
         logits, params, trunc, config, left))
-    threshold = jnp.where(trunc.complete, trunc.threshold,
-                          jnp.where(left, large, -jnp.inf))
-    return KeptSets(threshold, trunc.row_max, trunc.log_kept, trunc.complete)
+    return KeptSets(
+        jnp.where(trunc.complete, trunc.threshold,
+                  jnp.where(left, large.threshold, -jnp.inf)),
+        trunc.row_max, jnp.where(trunc.complete, trunc.log_kept,
+                                 large.log_kept),
+        trunc.complete | (left & large.measured))
+
+
+def _window_search(logits, params: SamplingParams, trunc: Truncation,
+                   config: SamplerConfig, rows, floor, *, by_count: bool):
+  """``(threshold, held, window)`` of ``rows`` (``large`` rows of ``trunc``):
+  top-k's threshold (``by_count``: the ``k``-th largest survivor ``y >=
+  floor``) or top-p's above the survivors' ``floor``, found in the window
+  (``Candidates``) ``threshold_window`` places from the row's sample;
+  ``held``: the window held the threshold and fit its buffer."""
+  interpret = jax.default_backend() != "gpu"
+  t = params.temperature
+  row_max = jnp.where(jnp.isfinite(trunc.row_max), trunc.row_max, 0.0)
+  capacity = config.max_candidates * (
+      _TOP_K_WINDOW_BUFFERS if by_count else _WINDOW_BUFFERS)
+  search = dataclasses.replace(params, **(
+      dict(top_p=jnp.ones_like(params.top_p)) if by_count else
+      dict(top_k=jnp.zeros_like(params.top_k))))
+  lower, upper = threshold_window(tempered_sample(trunc.sample, t), row_max,
+                                  floor, search, trunc.mass, capacity,
+                                  by_count=by_count, interpret=interpret)
+  window = collect_candidates(logits, t, rows, lower, floor, row_max, None,
+                              config, upper=upper, capacity=capacity)
+  total = window.above_mass + window.outside_mass + window.inside_mass
+  if by_count:
+    search = dataclasses.replace(search, top_k=jnp.maximum(
+        params.top_k - window.above_count, 0))
+    reached = window.above_count < params.top_k
+  else:
+    reached = window.above_mass < params.top_p * total
+  threshold, *_ = select_threshold(
+      window.y, row_max, floor, search, total, bound=True,
+      interpret=interpret, above=window.above_mass, bits=32,
+      num_warps=_WINDOW_WARPS)
+  return threshold, ((window.count <= capacity) & reached &
+                     (threshold >= lower)), window
 
 
 def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
-                     config: SamplerConfig, rows) -> jax.Array:
-  """``[B]``: the exact kept-set threshold of ``rows`` (valid rows of
-  ``trunc``, sampled with a filter on; other entries undefined).
+                     config: SamplerConfig, rows) -> KeptSets:
+  """The exact kept sets of ``rows`` (valid rows of ``trunc``, sampled with a
+  filter on; other entries undefined), measured where a window search found
+  the threshold.
 
-  Each threshold comes from a window search: ``threshold_window`` places a
-  window ``[lower, upper)`` around it, from the row's sample; the windowed
-  compact pass writes the window's elements and sums the count and mass
-  above it and the mass below it; a 32-bit bound-mode search over the window
-  finds the exact threshold (held iff the window held it and fit its
-  buffer).  With top-k on, a first search finds ``max(t1, t2)``:
-  the ``(k - above)``-th largest survivor in the window.  With top-p, a
-  search on the survivors ``y >= max(t1, t2)`` (the distribution top-p
-  renormalizes) finds ``t3``.  min-p alone keeps ``{y >= t1}``.  A threshold
-  no window holds (ties spanning the window, a misleading sample, or a row
-  not ``large`` whose candidates overflowed their buffer) comes from
-  ``pivot_threshold`` instead: ``_PIVOT_PASSES`` more passes per search.
+  Each threshold comes from a window search (``_window_search``):
+  ``threshold_window`` places a window ``[lower, upper)`` around it, from the
+  row's sample; the windowed compact pass writes the window's elements and
+  sums the count and mass above it and the mass below it; a 32-bit
+  bound-mode search over the window finds the exact threshold (held iff the
+  window held it and fit its buffer), and the kept mass is the mass above
+  the window plus that of the window's kept elements.  With top-k on, a
+  first search finds ``max(t1, t2)``: the ``(k - above)``-th largest
+  survivor in the window.  With top-p, a search on the survivors ``y >=
+  max(t1, t2)`` (the distribution top-p renormalizes) finds ``t3``.  min-p
+  alone keeps ``{y >= t1}`` (not measured).  A threshold no window holds
+  (ties spanning the window, a misleading sample, or a row not ``large``
+  whose candidates overflowed their buffer) comes from ``pivot_threshold``
+  instead, ``_PIVOT_PASSES`` more passes per search, and is not measured.
   """
-  interpret = jax.default_backend() != "gpu"
   t = params.temperature
-  large, t1, mass = trunc.large != 0, trunc.t1, trunc.mass
+  large, t1 = trunc.large != 0, trunc.t1
   row_max = jnp.where(jnp.isfinite(trunc.row_max), trunc.row_max, 0.0)
-  sample = tempered_sample(trunc.sample, t)
-  ones = jnp.ones_like(params.top_p)
-
-  def window_search(rows, floor, by_count: bool):
-    """``(threshold, held)`` of ``rows``: top-k's (``by_count``) or top-p's
-    above the survivors' ``floor``."""
-    capacity = config.max_candidates * (
-        _TOP_K_WINDOW_BUFFERS if by_count else _WINDOW_BUFFERS)
-    search = dataclasses.replace(params, **(
-        dict(top_p=ones) if by_count else dict(top_k=jnp.zeros_like(
-            params.top_k))))
-    lower, upper = threshold_window(sample, row_max, floor, search, mass,
-                                    capacity, by_count=by_count,
-                                    interpret=interpret)
-    window = collect_candidates(logits, t, rows, lower, floor, row_max,
-                                None, config, upper=upper, capacity=capacity)
-    total = window.above_mass + window.outside_mass + window.inside_mass
-    if by_count:
-      search = dataclasses.replace(search, top_k=jnp.maximum(
-          params.top_k - window.above_count, 0))
-      reached = window.above_count < params.top_k
-    else:
-      reached = window.above_mass < params.top_p * total
-    threshold, *_ = select_threshold(
-        window.y, row_max, floor, search, total, bound=True,
-        interpret=interpret, above=window.above_mass, bits=32,
-        num_warps=_WINDOW_WARPS)
-    return threshold, ((window.count <= capacity) & reached &
-                       (threshold >= lower))
 
   def search(rows, floor, by_count: bool, lower=trunc.bound):
-    """Exact thresholds of ``rows``: a window search where the row has a
-    sample and its window holds the threshold, else the pivot search
-    (``lower``: a value not above the threshold)."""
+    """``(threshold, kept mass, measured)`` of ``rows``: a window search
+    where the row has a sample and its window holds the threshold (mass
+    measured), else the pivot search (``lower``: a value not above the
+    threshold)."""
     windowed = rows & large
-    threshold, held = rowwise.only_if(
-        windowed, lambda: window_search(windowed, floor, by_count))
-    missed = rows & ~(windowed & held)
+
+    def window_search():
+      threshold, held, window = _window_search(
+          logits, params, trunc, config, windowed, floor, by_count=by_count)
+      kept = window.y >= threshold[:, None]
+      return threshold, held, window.above_mass + jnp.sum(
+          jnp.where(kept, jnp.exp(window.y - row_max[:, None]), 0.0), axis=-1)
+
+    threshold, held, mass = rowwise.only_if(windowed, window_search)
+    measured = windowed & held
+    missed = rows & ~measured
     exact = rowwise.only_if(missed, lambda: pivot_threshold(
         logits, t, missed, floor, row_max, params, config, by_count=by_count,
         lower=lower))
-    return jnp.where(missed, exact, threshold)
+    return jnp.where(missed, exact, threshold), mass, measured
 
   counted = rows & (params.top_k > 0)
-  floor = jnp.where(counted, search(counted, t1, by_count=True), t1)
+  floor, mass, measured = search(counted, t1, by_count=True)
+  floor = jnp.where(counted, floor, t1)
   topped = rows & (params.top_p < 1)
-  return jnp.where(topped, search(topped, floor, by_count=False), floor)
+  threshold, topped_mass, topped_measured = search(topped, floor,
+                                                   by_count=False)
+  threshold = jnp.where(topped, threshold, floor)
+  mass = jnp.where(topped, topped_mass, mass)
+  measured = jnp.where(topped, topped_measured, measured)
+  return KeptSets(threshold, trunc.row_max, jnp.log(mass), measured)
 
 
 def sample_large(logits, params: SamplingParams, trunc: Truncation,
@@ -1365,39 +1392,79 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
   """``(token, logprob, complete, threshold, count, log_kept)`` of ``rows``
   (default ``trunc.large``; valid rows of ``trunc``, sampled with a filter
   on), every one of them complete (``Truncation``'s fields); with
-  ``order_width``, also ``ordered_ids`` ``[B, min(order_width, V)]``.
+  ``order_width``, also ``ordered_ids`` ``[B, min(order_width, V)]``
+  (``large_kept_ids``).
 
   ``large_thresholds`` finds each threshold; then the Gumbel kernel races
   the kept set ``{y >= threshold}`` (``floor``), which also gives its count
   and mass: three passes over the row (four with both top-k and top-p).
-  Ordered ids: where more than ``order_width`` ids are kept, ``kept_sets``
-  with top-k = ``order_width`` alone finds the ``order_width``-th largest
-  kept value (the candidate buffer, or a window search by count), then
-  ``reference.top_ids`` lists the ids reaching it (prefix sums over the row,
-  a sort of ``order_width`` pairs).
   """
   t = params.temperature
   rows = trunc.large != 0 if rows is None else rows
   row_max = jnp.where(jnp.isfinite(trunc.row_max), trunc.row_max, 0.0)
-  threshold = large_thresholds(logits, params, trunc, config, rows)
+  threshold = large_thresholds(logits, params, trunc, config, rows).threshold
   partials = gumbel.gumbel_partials(logits, t, streams, config,
                                     active=rows, floor=threshold)
   result, _, (shift, log_sum) = gumbel.finish_sampling(logits, params,
                                                        partials)
-  found = (result.tokens, result.logprobs, rows, threshold,
-            jnp.sum(partials.kept, axis=-1), (shift - row_max) + log_sum)
+  count = jnp.sum(partials.kept, axis=-1)
+  found = (result.tokens, result.logprobs, rows, threshold, count,
+           (shift - row_max) + log_sum)
   if not order_width:
     return found
-  width = min(order_width, logits.shape[1])
-  # A kept set of more than width ids holds the row's width largest values
-  # (it is upward closed): its width-th largest is the row's top-k = width
-  # threshold.
-  over = rows & (found[4] > width)
-  top_width = SamplingParams(jnp.where(over, t, 0.0),
-                             jnp.full_like(params.top_k, width),
-                             jnp.ones_like(params.top_p),
-                             jnp.zeros_like(params.min_p))
-  last = jnp.where(over, rowwise.only_if(over, lambda: kept_sets(
-      logits, top_width, config).threshold), threshold)
-  y = reference.temper(reference.sanitize(logits), t)
-  return found + (reference.top_ids(y, last, width),)
+  return found + (large_kept_ids(logits, params, trunc, config, rows,
+                                 threshold, count,
+                                 min(order_width, logits.shape[1])),)
+
+
+def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
+                   config: SamplerConfig, rows, threshold, count,
+                   width: int) -> jax.Array:
+  """``[B, width]``: the first ``width`` ids of each of ``rows``' kept set
+  ``{y >= threshold}`` (``count`` ids) by descending ``y``, smallest id
+  first on ties (``reference.top_ids``' order; undefined past ``count``).
+
+  A kept set of more than ``width`` ids holds the row's ``width`` largest
+  values (it is upward closed), so its ``width``-th largest, ``last``, is the
+  ``width``-th largest min-p survivor: a window search by count finds it
+  (``_window_search``).  While ``width`` is within half a window of the top
+  (``_window_half`` sample ranks), that window has no upper end: its buffer
+  holds every ``y >= lower``, in vocab order, so the ids come from
+  ``reference.top_ids`` on the ``[B, 16 C]`` buffer, not the ``[B, V]`` row
+  (kept sets of at most ``width`` ids lie in it too).  Rows without a sample
+  or whose window missed take ``kept_sets`` (top-k = ``width``) for ``last``
+  and ``reference.top_ids`` on the whole row.
+  """
+  t = params.temperature
+  over = rows & (count > width)
+  top_width = SamplingParams(t, jnp.full_like(params.top_k, width),
+                             jnp.ones_like(params.top_p), params.min_p)
+  windowed = rows & (trunc.large != 0)
+  capacity = config.max_candidates * _TOP_K_WINDOW_BUFFERS
+  if width // _SAMPLE_STRIDE <= _window_half(capacity):  # no upper end
+
+    def window_ids():
+      last, held, window = _window_search(logits, top_width, trunc, config,
+                                          windowed, trunc.t1, by_count=True)
+      last = jnp.where(over, last, threshold)
+      ids = jnp.take_along_axis(
+          window.ids, reference.top_ids(window.y, last, width), axis=-1)
+      return ids, held & (window.above_count == 0)
+
+    ids, listed = rowwise.only_if(windowed, window_ids, pack=False)
+    listed &= windowed
+  else:
+    ids, listed = jnp.zeros((logits.shape[0], width), jnp.int32), ~rows
+
+  def row_ids():
+    missed = rows & ~listed & over
+    last = jnp.where(missed, rowwise.only_if(missed, lambda: kept_sets(
+        logits, SamplingParams(jnp.where(missed, t, 0.0), top_width.top_k,
+                               top_width.top_p, jnp.zeros_like(params.min_p)),
+        config).threshold), threshold)
+    y = reference.temper(reference.sanitize(logits), t)
+    return reference.top_ids(y, last, width)
+
+  missed = rows & ~listed
+  return jnp.where(listed[:, None], ids,
+                   rowwise.only_if(missed, row_ids, pack=False))
