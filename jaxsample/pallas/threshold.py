@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -1293,16 +1294,19 @@ def kept_sets(logits, params: SamplingParams,
 
 
 def _window_search(logits, params: SamplingParams, trunc: Truncation,
-                   config: SamplerConfig, rows, floor, *, by_count: bool):
+                   config: SamplerConfig, rows, floor, *, by_count: bool,
+                   capacity: int | None = None):
   """``(threshold, held, window)`` of ``rows`` (``large`` rows of ``trunc``):
   top-k's threshold (``by_count``: the ``k``-th largest survivor ``y >=
   floor``) or top-p's above the survivors' ``floor``, found in the window
-  (``Candidates``) ``threshold_window`` places from the row's sample;
-  ``held``: the window held the threshold and fit its buffer."""
+  (``Candidates``, ``capacity`` slots: default ``_TOP_K_WINDOW_BUFFERS`` or
+  ``_WINDOW_BUFFERS`` candidate buffers) ``threshold_window`` places from
+  the row's sample; ``held``: the window held the threshold and fit its
+  buffer."""
   interpret = jax.default_backend() != "gpu"
   t = params.temperature
   row_max = jnp.where(jnp.isfinite(trunc.row_max), trunc.row_max, 0.0)
-  capacity = config.max_candidates * (
+  capacity = capacity or config.max_candidates * (
       _TOP_K_WINDOW_BUFFERS if by_count else _WINDOW_BUFFERS)
   search = dataclasses.replace(params, **(
       dict(top_p=jnp.ones_like(params.top_p)) if by_count else
@@ -1417,6 +1421,23 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
                                  min(order_width, logits.shape[1])),)
 
 
+def _listing_capacity(width: int, config: SamplerConfig) -> int:
+  """Slots of the window that lists a row's ``width`` largest values: the
+  fewest (a power of 2, at most the top-k window's) whose window, ``H =
+  _window_half * _SAMPLE_STRIDE`` elements each way, has no upper end at
+  rank ``width`` (``H >= width``) and whose lower end, about ``width + H``
+  elements down, lies below rank ``width`` by 5 standard deviations of the
+  sample's count there (``sqrt(_SAMPLE_STRIDE * (width + H))``); the
+  expected fill is then at most 0.7."""
+  capacity = 16
+  while True:
+    reach = _window_half(capacity) * _SAMPLE_STRIDE
+    if reach >= width and reach**2 >= 25 * _SAMPLE_STRIDE * (width + reach):
+      break
+    capacity *= 2
+  return min(capacity, config.max_candidates * _TOP_K_WINDOW_BUFFERS)
+
+
 def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
                    config: SamplerConfig, rows, threshold, count,
                    width: int) -> jax.Array:
@@ -1427,25 +1448,26 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
   A kept set of more than ``width`` ids holds the row's ``width`` largest
   values (it is upward closed), so its ``width``-th largest, ``last``, is the
   ``width``-th largest min-p survivor: a window search by count finds it
-  (``_window_search``).  While ``width`` is within half a window of the top
-  (``_window_half`` sample ranks), that window has no upper end: its buffer
-  holds every ``y >= lower``, in vocab order, so the ids come from
-  ``reference.top_ids`` on the ``[B, 16 C]`` buffer, not the ``[B, V]`` row
-  (kept sets of at most ``width`` ids lie in it too).  Rows without a sample
-  or whose window missed take ``kept_sets`` (top-k = ``width``) for ``last``
-  and ``reference.top_ids`` on the whole row.
+  (``_window_search``, ``_listing_capacity`` slots).  While ``width`` is
+  within half a window of the top (``_window_half`` sample ranks), that
+  window has no upper end: its buffer holds every ``y >= lower``, in vocab
+  order, so the ids come from ``reference.top_ids`` on that buffer, not the
+  ``[B, V]`` row (kept sets of at most ``width`` ids lie in it too).  Rows
+  without a sample or whose window missed take ``kept_sets`` (top-k =
+  ``width``) for ``last`` and ``reference.top_ids`` on the whole row.
   """
   t = params.temperature
   over = rows & (count > width)
   top_width = SamplingParams(t, jnp.full_like(params.top_k, width),
                              jnp.ones_like(params.top_p), params.min_p)
   windowed = rows & (trunc.large != 0)
-  capacity = config.max_candidates * _TOP_K_WINDOW_BUFFERS
+  capacity = _listing_capacity(width, config)
   if width // _SAMPLE_STRIDE <= _window_half(capacity):  # no upper end
 
     def window_ids():
       last, held, window = _window_search(logits, top_width, trunc, config,
-                                          windowed, trunc.t1, by_count=True)
+                                          windowed, trunc.t1, by_count=True,
+                                          capacity=capacity)
       last = jnp.where(over, last, threshold)
       ids = jnp.take_along_axis(
           window.ids, reference.top_ids(window.y, last, width), axis=-1)
