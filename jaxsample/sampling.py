@@ -140,10 +140,10 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   command buffers), a fill and a select; none of it where the caller's
   ``jit`` closes over the params (``rowwise.cond``).
 
-  The FP64 path finds every kept set's threshold
-  (``threshold.kept_sets``) and races the kept set with FP64 noise
-  (one more pass); with a mask, its truncating rows take the sort-based
-  reference, the one sort of the vocabulary left on the kernel path.
+  The FP64 path finds every kept set's threshold (``threshold.kept_sets``;
+  with a mask, also the kept ids by probability) and races the kept set with
+  FP64 noise (one more pass, which also counts the set and sums its mass).
+  No path sorts the vocabulary.
   """
   # pylint: disable=g-import-not-at-top
   from jaxsample.pallas import gumbel, threshold
@@ -172,16 +172,11 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
         lse=trunc.lse, row_max=trunc.row_max, ordered_ids=ordered_ids,
         max_ids=config.max_mask_ids)
 
-  def left_rows(done, trunc=None):
+  def left_rows(done, trunc):
     """Every row but the ``done`` ones (their outputs are undefined)."""
-    plain = ~truncating
-    if trunc is not None:  # invalid rows: the argmax, as without a filter
-      plain |= ~jnp.isfinite(trunc.row_max)
+    # invalid rows: the argmax, as without a filter
+    plain = ~truncating | ~jnp.isfinite(trunc.row_max)
     rows = rowwise.only_if(plain & ~done, lambda: gumbel_rows(plain))
-    if trunc is None:  # the FP64 path
-      left = ~done & ~plain
-      return rowwise.where_rows(left, rowwise.only_if(left, lambda: _sample_xla(
-          logits, params, streams, config, return_mask)), rows)
     unfinished = trunc.unfinished(params)
     token, logprob, _, _, count, log_kept, *ordered = rowwise.only_if(
         unfinished, lambda: threshold.sample_large(
@@ -192,23 +187,34 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
         unfinished, token, count, log_kept, ordered[0], trunc)
                                            if return_mask else None), rows)
 
-  if config.use_fp64_gumbel and return_mask:
-    result, result_mask = left_rows(jnp.zeros_like(truncating))
-    return result, result_mask
-
   def floored_fp64_batch():
-    """FP64 noise: the kept sets' thresholds, then one FP64 race per row."""
-    floor = threshold.kept_sets(logits, params, config).threshold
+    """FP64 noise: the kept sets (with their ids by probability, for the
+    mask), then one FP64 race per row, which also counts the kept set and
+    sums its mass."""
+    if return_mask:
+      sets, ordered_ids, trunc = threshold.kept_sets(
+          logits, params, config, order_width=config.max_mask_ids)
+    else:
+      sets = threshold.kept_sets(logits, params, config)
+    floor = sets.threshold
     floored = floor > -jnp.inf  # a threshold of -inf keeps every finite y
-    result, _, _ = gumbel.finish_sampling(logits, params, gumbel.gumbel_partials(
-        logits, params.temperature, streams, config, active=floored,
-        floor=floor))
-    return rowwise.where_rows(floored, result, rowwise.only_if(
-        ~floored, lambda: gumbel_rows(~floored)[0]))
+    partials = gumbel.gumbel_partials(logits, params.temperature, streams,
+                                      config, active=floored, floor=floor)
+    result, _, (shift, log_sum) = gumbel.finish_sampling(logits, params,
+                                                         partials)
+    rows = (result, None)
+    if return_mask:
+      row_max = jnp.where(floored, trunc.row_max, 0.0)
+      rows = (result, truncation_mask(
+          floored, result.tokens, jnp.sum(partials.kept, axis=-1),
+          (shift - row_max) + log_sum, ordered_ids, trunc))
+    return rowwise.where_rows(floored, rows, rowwise.only_if(
+        ~floored, lambda: gumbel_rows(~floored)))
 
   if config.use_fp64_gumbel:
-    return rowwise.cond(any_truncating, floored_fp64_batch,
-                        lambda: gumbel_rows()[0])
+    result, result_mask = rowwise.cond(any_truncating, floored_fp64_batch,
+                                       gumbel_rows)
+    return (result, result_mask) if return_mask else result
 
   def truncated_batch():
     trunc = threshold.sample_truncated(

@@ -150,14 +150,24 @@ def test_large_kept_sets_take_the_window_search(setting):
                                  rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("setting", ["top_k50_top_p0.9", "mixed"])
-def test_masks_match_reference(setting):
+@pytest.mark.parametrize("fp64", [False, True],
+                         ids=["fp32noise", "fp64noise"])
+@pytest.mark.parametrize("setting,kind,cap", [
+    ("top_k50_top_p0.9", "zipf", 256), ("mixed", "zipf", 256),
+    ("top_p0.9", "flat", 1024), ("top_p0.9", "flat", 4096)])
+def test_masks_match_reference(setting, kind, cap, fp64):
+  """Masks from the kernels equal the reference's; flat rows with top-p 0.9
+  keep large sets, listed from the K_cap window (``large_kept_ids``)."""
   batch = 8
-  x = logits("zipf", batch, jnp.float32, seed=9)
+  x = logits(kind, batch, jnp.float32, seed=9)
   params = SamplingParams.make(batch, **SETTINGS[setting])
-  config = SamplerConfig(implementation="pallas", max_mask_ids=256)
-  _, m = jax.jit(lambda x: jaxsample.sample(x, params, jax.random.key(1),
-                                            config=config, return_mask=True))(x)
+  config = SamplerConfig(implementation="pallas", max_mask_ids=cap,
+                         use_fp64_gumbel=fp64)
+  with jax.enable_x64(fp64):
+    _, m = jax.jit(lambda x: jaxsample.sample(
+        x, params, jax.random.key(1), config=config, return_mask=True))(x)
+  if setting == "top_p0.9":
+    assert m.overflow.all()
   want = jaxsample.extract_sampling_mask(x, params, config=config)
   for f in ("ids", "count", "truncated", "overflow"):
     np.testing.assert_array_equal(getattr(m, f), getattr(want, f), err_msg=f)

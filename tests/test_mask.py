@@ -253,32 +253,44 @@ def test_overflow_random_rows_match_oracle():
     np.testing.assert_allclose(m.logz[b], logz, rtol=1e-5, atol=2e-6)
 
 
-def test_kernel_lists_large_kept_sets_like_the_reference():
-  """Kept sets too large for the candidate buffer (16: ``sample_large``) and
-  for K_cap = 12 (above 16 / 2: the window search by count finds the 12th
-  largest kept value, and its buffer lists the ids), and a row whose sample
-  (every 32nd logit, all low) hides a flat kept set of 975 ties, so its
-  candidates overflow with no window (``top_ids`` over the whole row): ids,
-  counts and logz equal the reference's."""
+@pytest.mark.parametrize("fp64", [False, True])
+def test_kernel_lists_large_kept_sets_like_the_reference(fp64):
+  """Kept sets too large for the candidate buffer (16: ``sample_large``, or
+  ``kept_sets`` on the FP64 path) and for K_cap = 12 (above 16 / 2: the
+  window search by count finds the 12th largest kept value, and its buffer
+  lists the ids), a row whose sample (every 32nd logit, all low) hides a
+  flat kept set of 975 ties, so its candidates overflow with no window
+  (``top_ids`` over the whole row), a small kept set (the candidate buffer
+  lists it) and a row with no filter: tokens, logprobs, ids, counts and
+  logz equal the reference's."""
   vocab = 1007
   r = np.random.default_rng(11)
-  x = (r.standard_normal((5, vocab)) * 1.5).astype(np.float32)
+  x = (r.standard_normal((7, vocab)) * 1.5).astype(np.float32)
   x[1, r.choice(vocab, 30, replace=False)] = 2.5  # ties across the cap
   x[4] = 0.0
   x[4, ::32] = -10.0
-  params = SamplingParams.make(5, temperature=[1, 0.7, 1.3, 1, 1],
-                               top_k=[0, 0, 0, 300, 0],
-                               top_p=[0.95, 0.9, 0.5, 1, 0.5],
-                               min_p=[0, 0, 0.01, 0, 0])
+  params = SamplingParams.make(7, temperature=[1, 0.7, 1.3, 1, 1, 1, 1],
+                               top_k=[0, 0, 0, 300, 0, 5, 0],
+                               top_p=[0.95, 0.9, 0.5, 1, 0.5, 1, 1],
+                               min_p=[0, 0, 0.01, 0, 0, 0, 0])
   key = jax.random.key(3)
-  got = sample_with_mask(x, params, key, impl="pallas", max_candidates=16,
-                         max_mask_ids=12)[1]
-  want = sample_with_mask(x, params, key, impl="xla", max_mask_ids=12)[1]
-  assert got.overflow.all()
-  assert got.count[4] == vocab - 32
+  with jax.enable_x64(fp64):
+    got, got_mask = sample_with_mask(x, params, key, impl="pallas",
+                                     max_candidates=16, max_mask_ids=12,
+                                     use_fp64_gumbel=fp64)
+    want, want_mask = sample_with_mask(x, params, key, impl="xla",
+                                       max_mask_ids=12, use_fp64_gumbel=fp64)
+  np.testing.assert_array_equal(got_mask.overflow, [True] * 5 + [False] * 2)
+  np.testing.assert_array_equal(got_mask.truncated, [True] * 6 + [False])
+  assert got_mask.count[4] == vocab - 32
   for f in ("ids", "count", "truncated", "overflow"):
-    np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
-  np.testing.assert_allclose(got.logz, want.logz, rtol=1e-5, atol=2e-6)
+    np.testing.assert_array_equal(getattr(got_mask, f),
+                                  getattr(want_mask, f), err_msg=f)
+  np.testing.assert_allclose(got_mask.logz, want_mask.logz, rtol=1e-5,
+                             atol=2e-6)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=1e-5,
+                             atol=1e-5)
 
 
 # ---------------------------------------------------------------------------

@@ -1265,32 +1265,45 @@ class KeptSets:
   measured: jax.Array
 
 
-def kept_sets(logits, params: SamplingParams,
-              config: SamplerConfig) -> KeptSets:
+def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
+              order_width: int = 0):
   """The kept set of each valid row of canonical ``params`` sampled with a
   filter on (``reference.keep_threshold``'s threshold); threshold -inf for
-  the other rows.
+  the other rows.  With ``order_width``: ``(sets, ordered_ids, trunc)``,
+  also the first ``min(order_width, V)`` ids of each kept set by descending
+  ``y`` (``Truncation.ordered_ids``' order; undefined past the set's size)
+  and the ``Truncation`` (the rows' ``lse`` and ``finite``).
 
   ``sample_truncated``'s passes (its race rides along on fixed streams over
-  the candidates; its tokens are not used), then ``large_thresholds`` for
-  the rows it leaves, without a race.  Traced in 32 bits also inside an x64
-  scope (the FP64 Gumbel path's).
+  the candidates; its tokens are not used), then ``large_thresholds`` (and
+  ``large_kept_ids``) for the rows it leaves, without a race.  Traced in 32
+  bits also inside an x64 scope (the FP64 Gumbel path's).
   """
   with jax.enable_x64(False):
     zeros = jnp.zeros((logits.shape[0],), jnp.uint32)
     trunc = sample_truncated(logits, params, rng.RowStreams(*(zeros,) * 4),
                              dataclasses.replace(config,
                                                  use_fp64_gumbel=False),
-                             finish_large=False)
+                             order_width=order_width, finish_large=False)
     left = trunc.unfinished(params)
     large = rowwise.only_if(left, lambda: large_thresholds(
         logits, params, trunc, config, left))
-    return KeptSets(
-        jnp.where(trunc.complete, trunc.threshold,
-                  jnp.where(left, large.threshold, -jnp.inf)),
-        trunc.row_max, jnp.where(trunc.complete, trunc.log_kept,
-                                 large.log_kept),
-        trunc.complete | (left & large.measured))
+    threshold = jnp.where(trunc.complete, trunc.threshold,
+                          jnp.where(left, large.threshold, -jnp.inf))
+    sets = KeptSets(threshold, trunc.row_max,
+                    jnp.where(trunc.complete, trunc.log_kept, large.log_kept),
+                    trunc.complete | (left & large.measured))
+    if not order_width:
+      return sets
+    width = min(order_width, logits.shape[1])
+    large_ids = rowwise.only_if(left, lambda: large_kept_ids(
+        logits, params, trunc, config, left, threshold, width), pack=False)
+    pad = lambda ids, n: jnp.pad(ids, ((0, 0), (0, n - ids.shape[1])),
+                                 constant_values=-1)
+    width = max(width, trunc.ordered_ids.shape[1])
+    ordered = jnp.where(left[:, None], pad(large_ids, width),
+                        pad(trunc.ordered_ids, width))
+    return sets, ordered, trunc
 
 
 def _window_search(logits, params: SamplingParams, trunc: Truncation,
@@ -1417,8 +1430,7 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
   if not order_width:
     return found
   return found + (large_kept_ids(logits, params, trunc, config, rows,
-                                 threshold, count,
-                                 min(order_width, logits.shape[1])),)
+                                 threshold, min(order_width, logits.shape[1])),)
 
 
 def _listing_capacity(width: int, config: SamplerConfig) -> int:
@@ -1439,16 +1451,18 @@ def _listing_capacity(width: int, config: SamplerConfig) -> int:
 
 
 def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
-                   config: SamplerConfig, rows, threshold, count,
+                   config: SamplerConfig, rows, threshold,
                    width: int) -> jax.Array:
   """``[B, width]``: the first ``width`` ids of each of ``rows``' kept set
-  ``{y >= threshold}`` (``count`` ids) by descending ``y``, smallest id
-  first on ties (``reference.top_ids``' order; undefined past ``count``).
+  ``{y >= threshold}`` by descending ``y``, smallest id first on ties
+  (``reference.top_ids``' order; undefined past the set's size).
 
   A kept set of more than ``width`` ids holds the row's ``width`` largest
-  values (it is upward closed), so its ``width``-th largest, ``last``, is the
-  ``width``-th largest min-p survivor: a window search by count finds it
-  (``_window_search``, ``_listing_capacity`` slots).  While ``width`` is
+  values (it is upward closed), so its ``width``-th largest is the
+  ``width``-th largest min-p survivor ``v``; a smaller kept set is ``{y >=
+  v}`` or lies inside it.  Either way the ids listed from ``last = max(v,
+  threshold)`` start with the kept set's.  A window search by count finds
+  ``v`` (``_window_search``, ``_listing_capacity`` slots).  While ``width`` is
   within half a window of the top (``_window_half`` sample ranks), that
   window has no upper end: its buffer holds every ``y >= lower``, in vocab
   order, so the ids come from ``reference.top_ids`` on that buffer, not the
@@ -1457,7 +1471,6 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
   ``width``) for ``last`` and ``reference.top_ids`` on the whole row.
   """
   t = params.temperature
-  over = rows & (count > width)
   top_width = SamplingParams(t, jnp.full_like(params.top_k, width),
                              jnp.ones_like(params.top_p), params.min_p)
   windowed = rows & (trunc.large != 0)
@@ -1468,25 +1481,22 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
       last, held, window = _window_search(logits, top_width, trunc, config,
                                           windowed, trunc.t1, by_count=True,
                                           capacity=capacity)
-      last = jnp.where(over, last, threshold)
-      ids = jnp.take_along_axis(
-          window.ids, reference.top_ids(window.y, last, width), axis=-1)
+      ids = jnp.take_along_axis(window.ids, reference.top_ids(
+          window.y, jnp.maximum(last, threshold), width), axis=-1)
       return ids, held & (window.above_count == 0)
 
     ids, listed = rowwise.only_if(windowed, window_ids, pack=False)
     listed &= windowed
   else:
     ids, listed = jnp.zeros((logits.shape[0], width), jnp.int32), ~rows
+  missed = rows & ~listed
 
   def row_ids():
-    missed = rows & ~listed & over
-    last = jnp.where(missed, rowwise.only_if(missed, lambda: kept_sets(
-        logits, SamplingParams(jnp.where(missed, t, 0.0), top_width.top_k,
-                               top_width.top_p, jnp.zeros_like(params.min_p)),
-        config).threshold), threshold)
+    last = kept_sets(logits, SamplingParams(
+        jnp.where(missed, t, 0.0), top_width.top_k, top_width.top_p,
+        jnp.zeros_like(params.min_p)), config).threshold
     y = reference.temper(reference.sanitize(logits), t)
-    return reference.top_ids(y, last, width)
+    return reference.top_ids(y, jnp.maximum(last, threshold), width)
 
-  missed = rows & ~listed
   return jnp.where(listed[:, None], ids,
                    rowwise.only_if(missed, row_ids, pack=False))
