@@ -21,7 +21,7 @@ import pytest
 import jaxsample
 from conftest import (IMPLEMENTATIONS, STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB,
                       assert_chi2_fits, chi2_critical, chi2_statistic,
-                      oracle_keep)
+                      closing_over, oracle_keep, without_truncation)
 from jaxsample import SamplerConfig, SamplingMask, SamplingParams
 from test_reference import KINDS, M_VALUES, P_VALUES, k_values, make_row
 
@@ -42,7 +42,13 @@ def extract(logits, params, **config_kw):
 
 
 def sample_with_mask(logits, params, key, *, impl, positions=None, **config_kw):
+  """``sample(..., return_mask=True)``, jitted; kernel runs of batches without
+  filters close over the params (``conftest.closing_over``)."""
   config = SamplerConfig(implementation=impl, **config_kw)
+  if impl == "pallas" and without_truncation(params, np.shape(logits)[1]):
+    fn = closing_over(params, lambda p: lambda x, k, pos: jaxsample.sample(
+        x, p, k, positions=pos, return_mask=True, config=config), config)
+    return to_np(fn(jnp.asarray(logits), key, positions))
   return to_np(_sample(jnp.asarray(logits), params, key, positions=positions,
                        config=config))
 

@@ -21,12 +21,19 @@ from jaxsample.pallas import common, threshold
 from test_reference import KINDS, M_VALUES, oracle_grid
 
 
+@functools.cache
+def _truncated_sampler(config):
+  """One jitted ``sample_truncated`` per config: params and streams are
+  arguments, so calls of one shape compile once."""
+  return jax.jit(functools.partial(threshold.sample_truncated, config=config))
+
+
 def truncate(x, params, config=SamplerConfig(), key=jax.random.key(0)):
   batch, vocab = x.shape
   canon = params.canonical(vocab)
   streams, _ = rng.row_streams(key, None, batch, vocab)
-  fn = jax.jit(functools.partial(threshold.sample_truncated, config=config))
-  return jax.tree.map(np.asarray, fn(jnp.asarray(x), canon, streams))
+  return jax.tree.map(np.asarray, _truncated_sampler(config)(
+      jnp.asarray(x), canon, streams))
 
 
 def test_order_key_is_monotone_and_invertible():
@@ -364,8 +371,7 @@ def test_pivot_threshold_matches_oracle(vocab):
 
 
 @pytest.mark.parametrize("gen,max_candidates,fp64", [
-    ("philox", 16, False), ("philox", 4096, False), ("threefry", 16, False),
-    ("threefry", 4096, False), ("philox", 16, True)])
+    ("philox", 16, False), ("threefry", 4096, False), ("philox", 16, True)])
 def test_sample_matches_reference_with_fallback_rows(gen, max_candidates,
                                                      fp64):
   """Kernel rows, fallback rows (overflow), plain, greedy and invalid rows in

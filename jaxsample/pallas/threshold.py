@@ -117,11 +117,15 @@ _PASS_TILE = 4  # chunks per loop step (loads run one step ahead)
 
 
 def _pass_plan(batch, vocab, dtype, config: SamplerConfig) -> common.KernelPlan:
+  """The plan of the passes over the row.  Interpret mode (CPU) walks one
+  chunk per step: the tile only schedules the loads (the results do not
+  depend on it beyond fp32 summation order), and interpreting it would
+  quadruple the compiled loop body."""
   # A chunk holds whole groups of the sample's stride.
   plan = common.make_plan(batch, vocab, dtype, dataclasses.replace(
       config, block_size=max(config.block_size or _PASS_BLOCK, _SAMPLE_STRIDE),
       num_warps=config.num_warps or _PASS_WARPS), generator=None)
-  if _PASS_TILE == 1:
+  if _PASS_TILE == 1 or plan.interpret:
     return plan
   tiles = -(-vocab // (plan.chunk * _PASS_TILE))
   splits = min(plan.num_splits, tiles)
