@@ -267,18 +267,19 @@ def test_kernel_lists_large_kept_sets_like_the_reference(fp64):
   lists the ids), a row whose sample (every 32nd logit, all low) hides a
   flat kept set of 975 ties, so its candidates overflow with no window
   (``top_ids`` over the whole row), a small kept set (the candidate buffer
-  lists it) and a row with no filter: tokens, logprobs, ids, counts and
-  logz equal the reference's."""
+  lists it), a row with no filter, and a large row (top-k 10 > 16 / 2)
+  whose kept set fits K_cap (the window lists it from its own threshold):
+  tokens, logprobs, ids, counts and logz equal the reference's."""
   vocab = 1007
   r = np.random.default_rng(11)
-  x = (r.standard_normal((7, vocab)) * 1.5).astype(np.float32)
+  x = (r.standard_normal((8, vocab)) * 1.5).astype(np.float32)
   x[1, r.choice(vocab, 30, replace=False)] = 2.5  # ties across the cap
   x[4] = 0.0
   x[4, ::32] = -10.0
-  params = SamplingParams.make(7, temperature=[1, 0.7, 1.3, 1, 1, 1, 1],
-                               top_k=[0, 0, 0, 300, 0, 5, 0],
-                               top_p=[0.95, 0.9, 0.5, 1, 0.5, 1, 1],
-                               min_p=[0, 0, 0.01, 0, 0, 0, 0])
+  params = SamplingParams.make(8, temperature=[1, 0.7, 1.3, 1, 1, 1, 1, 0.8],
+                               top_k=[0, 0, 0, 300, 0, 5, 0, 10],
+                               top_p=[0.95, 0.9, 0.5, 1, 0.5, 1, 1, 1],
+                               min_p=[0, 0, 0.01, 0, 0, 0, 0, 0])
   key = jax.random.key(3)
   with jax.enable_x64(fp64):
     got, got_mask = sample_with_mask(x, params, key, impl="pallas",
@@ -286,8 +287,10 @@ def test_kernel_lists_large_kept_sets_like_the_reference(fp64):
                                      use_fp64_gumbel=fp64)
     want, want_mask = sample_with_mask(x, params, key, impl="xla",
                                        max_mask_ids=12, use_fp64_gumbel=fp64)
-  np.testing.assert_array_equal(got_mask.overflow, [True] * 5 + [False] * 2)
-  np.testing.assert_array_equal(got_mask.truncated, [True] * 6 + [False])
+  np.testing.assert_array_equal(got_mask.overflow, [True] * 5 + [False] * 3)
+  np.testing.assert_array_equal(got_mask.truncated,
+                                [True] * 6 + [False, True])
+  np.testing.assert_array_equal(got_mask.count[5:], [5, vocab, 10])
   assert got_mask.count[4] == vocab - 32
   for f in ("ids", "count", "truncated", "overflow"):
     np.testing.assert_array_equal(getattr(got_mask, f),
