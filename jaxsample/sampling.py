@@ -198,16 +198,12 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
       sets = threshold.kept_sets(logits, params, config)
     floor = sets.threshold
     floored = floor > -jnp.inf  # a threshold of -inf keeps every finite y
-    partials = gumbel.gumbel_partials(logits, params.temperature, streams,
-                                      config, active=floored, floor=floor)
-    result, _, (shift, log_sum) = gumbel.finish_sampling(logits, params,
-                                                         partials)
+    result, count, log_kept = threshold.floored_race(
+        logits, params, streams, config, floored, floor, sets.row_max)
     rows = (result, None)
     if return_mask:
-      row_max = jnp.where(floored, trunc.row_max, 0.0)
-      rows = (result, truncation_mask(
-          floored, result.tokens, jnp.sum(partials.kept, axis=-1),
-          (shift - row_max) + log_sum, ordered_ids, trunc))
+      rows = (result, truncation_mask(floored, result.tokens, count, log_kept,
+                                      ordered_ids, trunc))
     return rowwise.where_rows(floored, rows, rowwise.only_if(
         ~floored, lambda: gumbel_rows(~floored)))
 

@@ -1424,21 +1424,30 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
   the kept set ``{y >= threshold}`` (``floor``), which also gives its count
   and mass: three passes over the row (four with both top-k and top-p).
   """
-  t = params.temperature
   rows = trunc.large != 0 if rows is None else rows
-  row_max = jnp.where(jnp.isfinite(trunc.row_max), trunc.row_max, 0.0)
   threshold = large_thresholds(logits, params, trunc, config, rows).threshold
-  partials = gumbel.gumbel_partials(logits, t, streams, config,
-                                    active=rows, floor=threshold)
-  result, _, (shift, log_sum) = gumbel.finish_sampling(logits, params,
-                                                       partials)
-  count = jnp.sum(partials.kept, axis=-1)
-  found = (result.tokens, result.logprobs, rows, threshold, count,
-           (shift - row_max) + log_sum)
+  result, count, log_kept = floored_race(logits, params, streams, config,
+                                         rows, threshold, trunc.row_max)
+  found = (result.tokens, result.logprobs, rows, threshold, count, log_kept)
   if not order_width:
     return found
   return found + (large_kept_ids(logits, params, trunc, config, rows,
                                  threshold, min(order_width, logits.shape[1])),)
+
+
+def floored_race(logits, params: SamplingParams, streams: rng.RowStreams,
+                 config: SamplerConfig, rows, floor, row_max):
+  """Gumbel-max over each of ``rows``' kept set ``{y >= floor}`` (the Gumbel
+  kernel with a floor; FP64 noise where ``config`` asks): ``(SampleResult,
+  kept count, log sum_K exp(y - row_max))`` (``row_max`` of the row; other
+  rows' entries undefined)."""
+  partials = gumbel.gumbel_partials(logits, params.temperature, streams,
+                                    config, active=rows, floor=floor)
+  result, _, (shift, log_sum) = gumbel.finish_sampling(logits, params,
+                                                       partials)
+  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  return (result, jnp.sum(partials.kept, axis=-1),
+          (shift - row_max) + log_sum)
 
 
 def _listing_capacity(width: int, config: SamplerConfig) -> int:
