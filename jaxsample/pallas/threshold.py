@@ -428,14 +428,15 @@ def _bound(y, row_max, t1, k, p, mass, above, bits: int):
 _RANK_STEP = 16
 
 
-def _rank(y_ref, row, scan, y, t1, row_max, with_ties: bool):
+def _rank(y_ref, row, scan, y, t1, row_max, with_ties: bool, step: int):
   """Per entry ``i`` of ``y`` (a prefix of row ``row`` of ``y_ref``), over the
   min-p survivors ``j`` among the first ``scan`` slots: ``(above_i = #{y_j >
   y_i}, mass_i = sum_{y_j >= y_i} exp(y_j - row_max), ties_i = #{y_j = y_i, j
   < i})`` (``ties`` only ``with_ties``); ``scan x len(y)`` comparisons, in
-  steps of ``_RANK_STEP`` scalars."""
+  loop steps of ``step`` scalars (the sums run in slot order whatever the
+  step)."""
   size = y.shape[0]
-  step = min(_RANK_STEP, size)
+  step = min(step, size)
   lanes = jnp.arange(size, dtype=jnp.int32)
 
   def load(j):
@@ -461,20 +462,28 @@ def _rank(y_ref, row, scan, y, t1, row_max, with_ties: bool):
   return above, mass, ties
 
 
-def _rank_sizes(n: int) -> list[int]:
-  """Block sizes of the final select's variants: 64, 128, ... up to ``n``."""
-  return [min(n, 64 << i) for i in range(max(n // 64, 1).bit_length())]
+def _rank_plan(n: int, interpret: bool) -> tuple[list[int], int]:
+  """The final select's variants (block sizes 64, 128, ... up to ``n``) and
+  ranking step (``_RANK_STEP``).  Interpret mode (CPU) compiles the block of
+  ``n`` alone, one scalar per step: a longer prefix of -inf padding and a
+  shorter step give the same results, and every variant and unrolled step
+  would otherwise be compiled (the GPU tests run the variants)."""
+  if interpret:
+    return [n], 1
+  return [min(n, 64 << i) for i in range(max(n // 64, 1).bit_length())], (
+      _RANK_STEP)
 
 
 def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref, *refs,
-                   bound: bool, has_above: bool, width: int, bits: int):
+                   bound: bool, has_above: bool, width: int, bits: int,
+                   interpret: bool):
   """One row's thresholds (``select_threshold``).
 
   Bound mode (all ``N`` entries filled; input ``above`` if ``has_above``):
   ``_bound``.
   Final mode (inputs ``scan``, ``ids``, ``race``; a candidate buffer with
   ``scan`` filled slots, none if ``scan > N``): on the smallest
-  prefix in ``_rank_sizes`` holding them, ``_rank``, then ``t2 = min{y_i :
+  prefix in ``_rank_plan``'s sizes holding them, ``_rank``, then ``t2 = min{y_i :
   above_i < k}`` (the ``k``-th largest survivor) and ``t3 = max{y_i >= t2 :
   mass_i >= p * total}`` (the sorted cumulative sum first reaches ``p *
   total`` inside ``y_i``'s group of equal values); ``above_i + ties_i`` is
@@ -489,6 +498,7 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref, *refs,
   t1 = t1_ref[row]
   k = k_ref[row]
   p = p_ref[row]
+  sizes, step = _rank_plan(y_ref.shape[1], interpret)
   if not bound:
     scan_ref, ids_ref, race_ref = refs[:3]
     scan = scan_ref[row]
@@ -504,7 +514,7 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref, *refs,
                                   refs[0][row] if has_above else 0.0, bits)
     else:
       above, mass, ties = _rank(y_ref, row, scan, y, t1, row_max,
-                                with_ties=bool(width))
+                                with_ties=bool(width), step=step)
       k_found = jnp.sum(jnp.where(survives, 1, 0)) >= k
       t2 = jnp.min(jnp.where(survives & (above < k), y, jnp.inf))
       t2 = jnp.where((k > 0) & k_found, t2, -jnp.inf)
@@ -542,7 +552,7 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref, *refs,
     select(y_ref.shape[1])
     return
   smaller = -1
-  for size in _rank_sizes(y_ref.shape[1]):
+  for size in sizes:
     pl.when((scan > smaller) & (scan <= size))(functools.partial(select, size))
     smaller = size
 
@@ -608,7 +618,7 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
   batch = y.shape[0]
   kernel = functools.partial(_select_kernel, bound=bound,
                              has_above=above is not None, width=order_width,
-                             bits=bits)
+                             bits=bits, interpret=interpret)
   out_shape = [jax.ShapeDtypeStruct((batch,), jnp.float32),
                jax.ShapeDtypeStruct((batch,), jnp.int32),
                jax.ShapeDtypeStruct((batch,), jnp.float32),
