@@ -1494,8 +1494,8 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
   window has no upper end: its buffer holds every ``y >= lower``, in vocab
   order, so the ids come from ``reference.top_ids`` on that buffer, not the
   ``[B, V]`` row (kept sets of at most ``width`` ids lie in it too).  Rows
-  without a sample or whose window missed take ``kept_sets`` (top-k =
-  ``width``) for ``last`` and ``reference.top_ids`` on the whole row.
+  without a sample or whose window missed take ``v`` from
+  ``pivot_threshold`` (by count) and ``reference.top_ids`` on the whole row.
   """
   t = params.temperature
   top_width = SamplingParams(t, jnp.full_like(params.top_k, width),
@@ -1519,9 +1519,9 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
   missed = rows & ~listed
 
   def row_ids():
-    last = kept_sets(logits, SamplingParams(
-        jnp.where(missed, t, 0.0), top_width.top_k, top_width.top_p,
-        jnp.zeros_like(params.min_p)), config).threshold
+    row_max = jnp.where(jnp.isfinite(trunc.row_max), trunc.row_max, 0.0)
+    last = pivot_threshold(logits, t, missed, trunc.t1, row_max, top_width,
+                           config, by_count=True)
     y = reference.temper(reference.sanitize(logits), t)
     return reference.top_ids(y, jnp.maximum(last, threshold), width)
 
