@@ -23,6 +23,10 @@ Ops per (dtype, B, k, draft logits or one-hot drafts):
   the mix of ``R = 0``;
 * ``xla``: the XLA reference (``implementation="xla"``), standard mode.
 
+Each op returns the whole ``SpecResult`` (tokens, counts and logprobs), and
+the synthetic rates are an argument of the jitted function: constant rates,
+or dropped logprobs, would let XLA skip work the standard mode does.
+
 For the Pallas ops an extra traced run splits the device time per call into
 pass 1 (``jaxsample_spec_stats``), pass 2 (``jaxsample_spec_emit``) and the
 XLA glue (every other kernel), and counts the kernels per call.
@@ -130,18 +134,18 @@ def ops(batch, k, filters, rates, config_kw) -> dict:
   n = jnp.full((batch,), k, jnp.int32)
   def op(impl, rate=None):
     config = js.SamplerConfig(implementation=impl, **config_kw)
+    # The rates are an argument, as a harness sweeping them passes them:
+    # constants would let XLA fold the acceptance test.
+    rates = None if rate is None else jnp.full((k,), rate, jnp.float32)
 
     @jax.jit
-    def fn(inputs):
+    def run(inputs, rates):
       target, draft, drafts = inputs
-      out = js.spec.rejection_sample(
+      return js.spec.rejection_sample(
           target, drafts, n, params, keys, draft_logits=draft,
-          synthetic_rates=None if rate is None else jnp.full(
-              (k,), rate, jnp.float32), positions=positions,
-          config=config)
-      return out.tokens, out.num_accepted
+          synthetic_rates=rates, positions=positions, config=config)
 
-    return fn
+    return lambda inputs: run(inputs, rates)
 
   table = {"pallas": op("pallas")}
   table.update({f"pallas syn={r:g}": op("pallas", r) for r in rates})
