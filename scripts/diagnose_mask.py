@@ -2,8 +2,9 @@
 
     PYTHONPATH=. python3 scripts/diagnose_mask.py [B ...] [top_k=K] [top_p=P]
 
-Per batch size: the device ops of one ``jaxsample.sample`` call with and
-without ``return_mask`` (default top-k 50 + top-p 0.9; fp32, randn, or
+Per batch size: the device ops of one ``jaxsample.sample`` call without
+and with ``return_mask``, for each ``K_cap`` of ``MASK_IDS`` (default the
+config's; e.g. ``MASK_IDS=64,1024``) (default top-k 50 + top-p 0.9; fp32, randn, or
 every entry equal with ``DIST=flat``), in
 launch order (``TOP``: only the costliest, by total time per op name),
 each with the HLO op the profiler attributes it to; the optimized HLO of both
@@ -30,6 +31,8 @@ setting.update({a.split("=")[0]: float(a.split("=")[1]) for a in sys.argv[1:]
 setting["top_k"] = int(setting["top_k"])
 top = int(os.environ.get("TOP", "0"))
 flat = os.environ.get("DIST", "randn") == "flat"
+caps = [int(c) for c in os.environ.get("MASK_IDS", "").split(",") if c] or [
+    jaxsample.SamplerConfig().max_mask_ids]
 
 
 def events(fn, x):
@@ -62,16 +65,17 @@ for batch in batches:
     x = jnp.full_like(x, 0.5)
   params = SamplingParams.make(batch, **setting)
   key = jax.random.key(0)
-  for with_mask in (False, True):
+  for cap in [0] + caps:  # 0: no mask
+    config = jaxsample.SamplerConfig(max_mask_ids=cap or caps[0])
     # Params are arguments, as in a decode loop.
-    jitted = jax.jit(lambda x, params, m=with_mask: jaxsample.sample(
-        x, params, key, return_mask=m))
+    jitted = jax.jit(lambda x, params, m=bool(cap), c=config: jaxsample.sample(
+        x, params, key, return_mask=m, config=c))
     fn = lambda x: jitted(x, params)
-    with open(f"{out}/hlo-b{batch}-mask{int(with_mask)}.txt", "w") as f:
+    with open(f"{out}/hlo-b{batch}-mask{cap}.txt", "w") as f:
       f.write(jitted.lower(x, params).compile().as_text())
     rows = events(fn, x)
     total = sum(r[3] for r in rows if r[1].startswith("Stream"))
-    print(f"== B={batch} {setting} return_mask={with_mask}: {total:.1f} us "
+    print(f"== B={batch} {setting} K_cap={cap or 'no mask'}: {total:.1f} us "
           "on streams")
     if top:
       per = {}
