@@ -36,10 +36,12 @@ def only_if(needed: jax.Array, fn, *, pack: bool = True):
   """``fn()`` if any of ``needed``, else zeros of its shapes (``cond``).
 
   ``fn`` returns a pytree of ``[B]`` and ``[B, W]`` arrays of 32- or 64-bit
-  or bool dtypes.  With ``pack``, the branches exchange one int32 ``[B, F]``
-  array (the leaves side by side, bitcast), so the zeros branch is one fill
-  rather than one per leaf (each a launch on a GPU); pass ``pack=False`` for
-  large outputs of a branch that usually runs.
+  or bool dtypes.  With ``pack``, the branches exchange the ``[B]`` leaves as
+  one int32 ``[B, F]`` array (side by side, bitcast) and each ``[B, W]`` leaf
+  as it is, so the zeros branch is one fill per wide leaf and one for the
+  rest rather than one per leaf (each a launch on a GPU), and XLA's fusions
+  of the ``[B]`` leaves read a narrow array; pass ``pack=False`` for large
+  outputs of a branch that usually runs.
   """
   # One trace of fn (eval_shape and then the cond's own trace would trace it
   # twice, and nested calls 2^depth times): the cond branch replays its jaxpr.
@@ -51,25 +53,34 @@ def only_if(needed: jax.Array, fn, *, pack: bool = True):
     return cond(jnp.any(needed), fn, zeros)
   leaves, tree = jax.tree.flatten(shapes)
   batch = leaves[0].shape[0]
-  # int32 words per row of each leaf (bool: one word per element).
-  words = [math.prod(s.shape[1:]) * max(s.dtype.itemsize // 4, 1)
-           for s in leaves]
+  wide = [s.ndim > 1 for s in leaves]
+  # int32 words per row of each [B] leaf (bool: one word per element).
+  words = [max(s.dtype.itemsize // 4, 1) for s in leaves]
 
   def packed():
-    return jnp.concatenate([
+    values = jax.tree.leaves(fn())
+    block = jnp.concatenate([jnp.zeros((batch, 0), jnp.int32)] + [
         (leaf.astype(jnp.int32) if leaf.dtype == jnp.bool_ else
          jax.lax.bitcast_convert_type(leaf, jnp.int32)).reshape(batch, -1)
-        for leaf in jax.tree.leaves(fn())], axis=1)
+        for leaf, w in zip(values, wide) if not w], axis=1)
+    return block, [v for v, w in zip(values, wide) if w]
 
-  block = cond(jnp.any(needed), packed,
-               lambda: jnp.zeros((batch, sum(words)), jnp.int32))
-  out, start = [], 0
-  for s, size in zip(leaves, words):
+  def empty():
+    narrow = sum(n for n, w in zip(words, wide) if not w)
+    return jnp.zeros((batch, narrow), jnp.int32), [
+        jnp.zeros(s.shape, s.dtype) for s, w in zip(leaves, wide) if w]
+
+  block, wide_values = cond(jnp.any(needed), packed, empty)
+  out, start, wide_values = [], 0, iter(wide_values)
+  for s, size, w in zip(leaves, words, wide):
+    if w:
+      out.append(next(wide_values))
+      continue
     column = block[:, start:start + size]
     start += size
     if s.dtype == jnp.bool_:
-      out.append(column.reshape(s.shape) != 0)
+      out.append(column[:, 0] != 0)
     else:
-      column = column.reshape(s.shape + ((2,) if s.dtype.itemsize == 8 else ()))
-      out.append(jax.lax.bitcast_convert_type(column, s.dtype))
+      out.append(jax.lax.bitcast_convert_type(
+          column.reshape(s.shape + ((2,) if size == 2 else ())), s.dtype))
   return jax.tree.unflatten(tree, out)
