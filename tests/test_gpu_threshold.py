@@ -154,10 +154,12 @@ def test_large_kept_sets_take_the_window_search(setting):
                          ids=["fp32noise", "fp64noise"])
 @pytest.mark.parametrize("setting,kind,cap", [
     ("top_k50_top_p0.9", "zipf", 256), ("mixed", "zipf", 256),
-    ("top_p0.9", "flat", 1024), ("top_p0.9", "flat", 4096)])
+    ("top_p0.9", "flat", 64), ("top_p0.9", "flat", 1024),
+    ("top_p0.9", "flat", 4096)])
 def test_masks_match_reference(setting, kind, cap, fp64):
   """Masks from the kernels equal the reference's; flat rows with top-p 0.9
-  keep large sets, listed from the K_cap window (``large_kept_ids``)."""
+  keep large sets, listed from the candidate buffer of top-k = K_cap (64) or
+  from the K_cap window (``large_kept_ids``)."""
   batch = 8
   x = logits(kind, batch, jnp.float32, seed=9)
   params = SamplingParams.make(batch, **SETTINGS[setting])

@@ -259,17 +259,19 @@ def test_overflow_random_rows_match_oracle():
     np.testing.assert_allclose(m.logz[b], logz, rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("cap", [12, 8])
 @pytest.mark.parametrize("fp64", [False, True])
-def test_kernel_lists_large_kept_sets_like_the_reference(fp64):
+def test_kernel_lists_large_kept_sets_like_the_reference(fp64, cap):
   """Kept sets too large for the candidate buffer (16: ``sample_large``, or
-  ``kept_sets`` on the FP64 path) and for K_cap = 12 (above 16 / 2: the
-  window search by count finds the 12th largest kept value, and its buffer
-  lists the ids), a row whose sample (every 32nd logit, all low) hides a
-  flat kept set of 975 ties, so its candidates overflow with no window
-  (``top_ids`` over the whole row), a small kept set (the candidate buffer
-  lists it), a row with no filter, and a large row (top-k 10 > 16 / 2)
-  whose kept set fits K_cap (the window lists it from its own threshold):
-  tokens, logprobs, ids, counts and logz equal the reference's."""
+  ``kept_sets`` on the FP64 path) and for K_cap: at 8 (<= 16 / 2) the
+  candidate buffer of top-k = 8 lists the ids, at 12 the window search by
+  count finds the 12th largest kept value, and its buffer lists them; a row
+  whose sample (every 32nd logit, all low) hides a flat kept set of 975
+  ties, so its candidates overflow with no window (``top_ids`` over the
+  whole row), a small kept set (the candidate buffer lists it), a row with
+  no filter, and a large row (top-k 10 > 16 / 2) whose kept set fits K_cap
+  12 (the window lists it from its own threshold): tokens, logprobs, ids,
+  counts and logz equal the reference's."""
   vocab = 1007
   r = np.random.default_rng(11)
   x = (r.standard_normal((8, vocab)) * 1.5).astype(np.float32)
@@ -283,11 +285,12 @@ def test_kernel_lists_large_kept_sets_like_the_reference(fp64):
   key = jax.random.key(3)
   with jax.enable_x64(fp64):
     got, got_mask = sample_with_mask(x, params, key, impl="pallas",
-                                     max_candidates=16, max_mask_ids=12,
+                                     max_candidates=16, max_mask_ids=cap,
                                      use_fp64_gumbel=fp64)
     want, want_mask = sample_with_mask(x, params, key, impl="xla",
-                                       max_mask_ids=12, use_fp64_gumbel=fp64)
-  np.testing.assert_array_equal(got_mask.overflow, [True] * 5 + [False] * 3)
+                                       max_mask_ids=cap, use_fp64_gumbel=fp64)
+  np.testing.assert_array_equal(got_mask.overflow,
+                                [True] * 5 + [False] * 2 + [cap < 10])
   np.testing.assert_array_equal(got_mask.truncated,
                                 [True] * 6 + [False, True])
   np.testing.assert_array_equal(got_mask.count[5:], [5, vocab, 10])

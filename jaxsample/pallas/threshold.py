@@ -205,15 +205,32 @@ def _params(params: SamplingParams) -> tuple:
   return (params.temperature, params.top_k, params.top_p, params.min_p)
 
 
-def _stats_pass(logits, params: SamplingParams, plan, segment, capacity: int):
-  """The stats pass's per-split ``(max, sum-exp, finite count)`` ``[B, S]``,
-  raw segment maxima ``[B, N]`` and sample ``[B, M]``."""
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RowStats:
+  """The stats pass's results on the rows it read: per-split ``top`` (max
+  of ``x``), ``sumexp`` and ``finite`` count ``[B, S]``, raw segment maxima
+  ``segment_max`` ``[B, N]`` and ``sample`` ``[B, M]`` (``RowBounds``).
+  Independent of the filters: ``row_bounds`` reuses them for other filters
+  at the same temperatures on those rows."""
+
+  top: jax.Array
+  sumexp: jax.Array
+  finite: jax.Array
+  segment_max: jax.Array
+  sample: jax.Array
+
+
+def _stats_pass(logits, params: SamplingParams, plan, segment,
+                capacity: int) -> RowStats:
+  """The stats pass (``RowStats``) over the rows sampled with a filter on;
+  it writes the sample of those ``_row_flags`` marks ``sampled``."""
   batch, vocab = logits.shape
   shape = (batch, plan.num_splits)
   padded = plan.num_splits * plan.split_len
   kernel = functools.partial(_stats_kernel, plan=plan, vocab=vocab,
                              segment=segment, capacity=capacity)
-  return pl.pallas_call(
+  return RowStats(*pl.pallas_call(
       kernel,
       out_shape=[jax.ShapeDtypeStruct(shape, jnp.float32),
                  jax.ShapeDtypeStruct(shape, jnp.float32),
@@ -223,7 +240,7 @@ def _stats_pass(logits, params: SamplingParams, plan, segment, capacity: int):
                                       jnp.float32)],
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_row_stats")(
-          *_params(params), logits)
+          *_params(params), logits))
 
 
 def _bound_kernel(temp_ref, k_ref, p_ref, m_ref, log_min_p_ref, top_ref,
@@ -300,6 +317,7 @@ class RowBounds:
   estimates more than ``C / 2`` elements reaching ``L``) or ``narrow``
   (their candidates go to the buffer);
   ``gather`` narrow rows read only their listed segments (``Segments``).
+  ``stats``: the stats pass's ``RowStats``.
   """
 
   row_max: jax.Array
@@ -314,14 +332,20 @@ class RowBounds:
   narrow: jax.Array
   gather: jax.Array
   large: jax.Array
-  sample: jax.Array
+  stats: RowStats
+
+  @property
+  def sample(self) -> jax.Array:
+    return self.stats.sample
 
 
-def row_bounds(logits, params: SamplingParams,
-               config: SamplerConfig) -> RowBounds:
+def row_bounds(logits, params: SamplingParams, config: SamplerConfig, *,
+               stats: RowStats | None = None) -> RowBounds:
   """Runs the stats pass and the bound select on the rows of canonical
   ``params`` that are sampled with a filter on; rows without top-k or with
-  ``k > C / 2`` may be routed ``large`` (they write their sample).
+  ``k > C / 2`` may be routed ``large`` (they write their sample).  With
+  ``stats`` (a stats pass over a superset of those rows at the same
+  temperatures), the bound select alone.
 
   The bound select combines each row's per-split stats, searches its
   segment maxima (``_bound``) and routes it: one program per row,
@@ -330,11 +354,11 @@ def row_bounds(logits, params: SamplingParams,
   batch, vocab = logits.shape
   plan = _pass_plan(batch, vocab, logits.dtype, config)
   segment = _segment_size(vocab, plan.chunk)
-  top, sumexp, finite, segment_max, sample = _stats_pass(
-      logits, params, plan, segment, config.max_candidates)
+  if stats is None:
+    stats = _stats_pass(logits, params, plan, segment, config.max_candidates)
   log_min_p = jnp.where(params.min_p > 0, jnp.log(params.min_p), -jnp.inf)
   kernel = functools.partial(_bound_kernel, splits=plan.num_splits,
-                             segments=segment_max.shape[1],
+                             segments=stats.segment_max.shape[1],
                              capacity=config.max_candidates,
                              interpret=plan.interpret)
   f32, i32 = (jax.ShapeDtypeStruct((batch,), d) for d in (jnp.float32,
@@ -349,11 +373,11 @@ def row_bounds(logits, params: SamplingParams,
        compiler_params=plgpu.CompilerParams(num_warps=_SELECT_WARPS,
                                             num_stages=1),
        interpret=plan.interpret, name="jaxsample_row_bounds")(
-           *_params(params), log_min_p, top, sumexp, finite, segment_max,
-           sample)
+           *_params(params), log_min_p, stats.top, stats.sumexp, stats.finite,
+           stats.segment_max, stats.sample)
   return RowBounds(row_max, safe_max, mass, row_max + jnp.log(mass), finite,
                    t1, bound, listed, listed_count, narrow, gather, large,
-                   sample)
+                   stats)
 
 
 def _pow2_ceil(n: int) -> int:
@@ -1186,7 +1210,7 @@ class Truncation:
   candidates came from its listed segments (``Segments``); ``large`` (int32
   flags, ``RowBounds.large``): the row's kept set is left to
   ``sample_large``;
-  ``t1``, ``bound``, ``mass`` and ``sample``: ``RowBounds``'.
+  ``t1``, ``bound``, ``mass``, ``stats`` and ``sample``: ``RowBounds``'.
   """
 
   token: jax.Array
@@ -1205,7 +1229,11 @@ class Truncation:
   t1: jax.Array
   bound: jax.Array
   mass: jax.Array
-  sample: jax.Array
+  stats: RowStats
+
+  @property
+  def sample(self) -> jax.Array:
+    return self.stats.sample
 
   def unfinished(self, params: SamplingParams) -> jax.Array:
     """``[B]``: the valid rows, sampled with a filter on, left incomplete
@@ -1217,12 +1245,12 @@ class Truncation:
 
 def sample_truncated(logits, params: SamplingParams,
                      streams: rng.RowStreams, config: SamplerConfig, *,
-                     order_width: int = 0,
-                     finish_large: bool = True) -> Truncation:
+                     order_width: int = 0, finish_large: bool = True,
+                     stats: RowStats | None = None) -> Truncation:
   """Truncated Gumbel-max (fp32 noise) of the rows of canonical ``params``
   that are sampled with a filter on (other rows: not ``complete``); with
   ``order_width``, also the kept ids in probability order (``min(order_width,
-  C)`` wide).
+  C)`` wide).  ``stats``: ``row_bounds``' (no stats pass).
 
   Rows with ``k > C / 2``, and rows without top-k whose candidates ``{y >=
   L}`` would overflow the buffer (estimated from ``RowBounds.sample``), are
@@ -1231,7 +1259,7 @@ def sample_truncated(logits, params: SamplingParams,
   ``order_width``) or by the caller (the rows stay incomplete).
   """
   interpret = jax.default_backend() != "gpu"
-  stats = row_bounds(logits, params, config)
+  stats = row_bounds(logits, params, config, stats=stats)
   safe_max, t1, bound, mass = stats.safe_max, stats.t1, stats.bound, stats.mass
   capacity = config.max_candidates
   candidates = collect_candidates(
@@ -1254,7 +1282,7 @@ def sample_truncated(logits, params: SamplingParams,
                      threshold, count, log_kept, candidates,
                      ordered[0] if ordered else None, stats.finite,
                      stats.gather != 0, stats.large, t1, bound, mass,
-                     stats.sample)
+                     stats.stats)
   if not finish_large or order_width:
     return trunc
   left = trunc.unfinished(params)
@@ -1488,18 +1516,39 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
   values (it is upward closed), so its ``width``-th largest is the
   ``width``-th largest min-p survivor ``v``; a smaller kept set is ``{y >=
   v}`` or lies inside it.  Either way the ids listed from ``last = max(v,
-  threshold)`` start with the kept set's.  A window search by count finds
-  ``v`` (``_window_search``, ``_listing_capacity`` slots).  While ``width`` is
-  within half a window of the top (``_window_half`` sample ranks), that
-  window has no upper end: its buffer holds every ``y >= lower``, in vocab
-  order, so the ids come from ``reference.top_ids`` on that buffer, not the
-  ``[B, V]`` row (kept sets of at most ``width`` ids lie in it too).  Rows
-  without a sample or whose window missed take ``v`` from
-  ``pivot_threshold`` (by count) and ``reference.top_ids`` on the whole row.
+  threshold)`` start with the kept set's.
+
+  With ``width <= C / 2``, the truncated sampler's passes for top-k =
+  ``width`` (min-p kept) on the row's stats (``trunc.stats``: no stats
+  pass) list the kept set of ``v``, ``{y >= max(t1, v)}``, by descending
+  ``y`` from the candidate buffer (``sample_truncated``'s ``ordered_ids``);
+  those ids start with the kept set's.  Rows it leaves (candidates
+  overflowing the buffer), and every row for larger ``width``: a window
+  search by count finds ``v`` (``_window_search``, ``_listing_capacity``
+  slots).  While ``width`` is within half a window of the top
+  (``_window_half`` sample ranks), that window has no upper end: its buffer
+  holds every ``y >= lower``, in vocab order, so the ids come from
+  ``reference.top_ids`` on that buffer, not the ``[B, V]`` row (kept sets of
+  at most ``width`` ids lie in it too).  Rows without a sample or whose
+  window missed take ``v`` from ``pivot_threshold`` (by count) and
+  ``reference.top_ids`` on the whole row.
   """
   t = params.temperature
   top_width = SamplingParams(t, jnp.full_like(params.top_k, width),
                              jnp.ones_like(params.top_p), params.min_p)
+  narrow_ids = jnp.zeros((logits.shape[0], width), jnp.int32)
+  if width <= config.max_candidates // 2:
+    zeros = jnp.zeros((logits.shape[0],), jnp.uint32)
+    listing = sample_truncated(
+        logits, dataclasses.replace(top_width,
+                                    temperature=jnp.where(rows, t, 0.0)),
+        rng.RowStreams(*(zeros,) * 4), config, order_width=width,
+        finish_large=False, stats=trunc.stats)
+    narrow_ids = listing.ordered_ids
+    listed_narrow = rows & listing.complete
+    rows = rows & ~listed_narrow
+  else:
+    listed_narrow = jnp.zeros_like(rows)
   windowed = rows & (trunc.large != 0)
   capacity = _listing_capacity(width, config)
   if width // _SAMPLE_STRIDE <= _window_half(capacity):  # no upper end
@@ -1525,5 +1574,5 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
     y = reference.temper(reference.sanitize(logits), t)
     return reference.top_ids(y, jnp.maximum(last, threshold), width)
 
-  return jnp.where(listed[:, None], ids,
-                   rowwise.only_if(missed, row_ids, pack=False))
+  return jnp.where(listed_narrow[:, None], narrow_ids, jnp.where(
+      listed[:, None], ids, rowwise.only_if(missed, row_ids, pack=False)))
