@@ -3,8 +3,6 @@ results row by row, and running a branch only when some row needs it."""
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.extend
 import jax.numpy as jnp

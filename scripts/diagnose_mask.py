@@ -4,8 +4,8 @@
 
 Per batch size: the device ops of one ``jaxsample.sample`` call without
 and with ``return_mask``, for each ``K_cap`` of ``MASK_IDS`` (default the
-config's; e.g. ``MASK_IDS=64,1024``) (default top-k 50 + top-p 0.9; fp32, randn, or
-every entry equal with ``DIST=flat``), in
+config's; e.g. ``MASK_IDS=64,1024``), top-k 50 + top-p 0.9 by default (fp32,
+randn, or every entry equal with ``DIST=flat``), in
 launch order (``TOP``: only the costliest, by total time per op name),
 each with the HLO op the profiler attributes it to; the optimized HLO of both
 programs goes to ``$OUT`` (or ./diagnose-out).

@@ -506,8 +506,8 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref, *refs,
   Bound mode (all ``N`` entries filled; input ``above`` if ``has_above``):
   ``_bound``.
   Final mode (inputs ``scan``, ``ids``, ``race``; a candidate buffer with
-  ``scan`` filled slots, none if ``scan > N``): on the smallest
-  prefix in ``_rank_plan``'s sizes holding them, ``_rank``, then ``t2 = min{y_i :
+  ``scan`` filled slots, none if ``scan > N``): on the smallest prefix of
+  ``_rank_plan``'s sizes holding them, ``_rank``, then ``t2 = min{y_i :
   above_i < k}`` (the ``k``-th largest survivor) and ``t3 = max{y_i >= t2 :
   mass_i >= p * total}`` (the sorted cumulative sum first reaches ``p *
   total`` inside ``y_i``'s group of equal values); ``above_i + ties_i`` is
