@@ -15,18 +15,21 @@ def where_rows(where: jax.Array, a, b):
       a, b)
 
 
-def cond(pred: jax.Array, true_fn, false_fn):
+def cond(pred: jax.Array, true_fn, false_fn, *, unknown=None):
   """``lax.cond(pred, true_fn, false_fn)``, or the one branch ``pred`` picks
   when it is known while tracing (computed under
   ``jax.ensure_compile_time_eval`` from parameters the caller's ``jit``
   closes over, or in an eager call): only that branch is traced and
-  compiled, and no predicate goes to the host."""
+  compiled, and no predicate goes to the host.  ``unknown``: a function
+  giving the same result for either ``pred``, called instead of the
+  ``lax.cond`` when ``pred`` is not known (on a GPU, XLA copies a cond's
+  predicate to the host and waits for it on every call)."""
   try:
     taken = bool(pred)
   except jax.errors.ConcretizationTypeError:
     taken = None
   if taken is None:
-    return jax.lax.cond(pred, true_fn, false_fn)
+    return unknown() if unknown else jax.lax.cond(pred, true_fn, false_fn)
   return true_fn() if taken else false_fn()
 
 

@@ -130,15 +130,18 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   """The kernel path (``sample``'s result, with the mask if asked).
 
   A batch without truncating rows runs the Gumbel kernel alone.  Otherwise
-  the truncation kernels (``jaxsample.pallas.threshold``) sample the
-  truncating rows, and one branch, taken only when some row is left
-  (``lax.cond``), samples the rest: rows with no filter (greedy rows
-  included) and invalid rows by the Gumbel kernel, rows with large kept sets
-  or overflowed candidate buffers by ``threshold.sample_large`` (with their
-  masks).  In a batch where the truncation kernels finish every row, the
-  rest costs a predicate, its copy to the host (a ``lax.cond`` runs outside
-  command buffers), a fill and a select; none of it where the caller's
-  ``jit`` closes over the params (``rowwise.cond``).
+  each row takes its route, and every route's kernels skip the rows of the
+  others: the truncation kernels (``jaxsample.pallas.threshold``) sample the
+  truncating rows; the Gumbel kernel rows with no filter (greedy rows
+  included) and invalid rows; and one branch, taken only when some row needs
+  it (``lax.cond``), rows with large kept sets or overflowed candidate
+  buffers (``threshold.sample_large``, with their masks).  Where the
+  caller's ``jit`` closes over the params, a batch without truncating rows
+  compiles the Gumbel route alone (``rowwise.cond``); traced params run
+  every route rather than a ``lax.cond`` on the batch.  A ``lax.cond``
+  sends its predicate to the host on every call (XLA runs it outside
+  command buffers), and the GPU waits: ``scripts/measure_host_gaps.py``.
+  So a step costs one such round trip.
 
   The FP64 path finds every kept set's threshold (``threshold.kept_sets``;
   with a mask, also the kept ids by probability) and races the kept set with
@@ -154,15 +157,15 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     any_truncating = jnp.any(truncating)
 
   def gumbel_rows(active=None):
-    result, row_max, lse = gumbel.sample_untruncated(
-        logits, params, streams, config, active=active)
+    result, row_max, lse, *finite = gumbel.sample_untruncated(
+        logits, params, streams, config, active=active,
+        count_finite=return_mask)
     if not return_mask:
       return result, None
-    finite = jnp.sum(logits > -jnp.inf, axis=-1, dtype=jnp.int32)
     return result, mask.assemble(
-        valid=result.valid, greedy=~sampled, token=result.tokens, count=finite,
-        finite=finite, logz=jnp.zeros_like(lse), lse=lse, row_max=row_max,
-        ordered_ids=jnp.zeros((batch, 1), jnp.int32),
+        valid=result.valid, greedy=~sampled, token=result.tokens,
+        count=finite[0], finite=finite[0], logz=jnp.zeros_like(lse), lse=lse,
+        row_max=row_max, ordered_ids=jnp.zeros((batch, 1), jnp.int32),
         max_ids=config.max_mask_ids)
 
   def truncation_mask(valid, token, count, log_kept, ordered_ids, trunc):
@@ -171,21 +174,6 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
         finite=trunc.finite, logz=(trunc.row_max + log_kept) - trunc.lse,
         lse=trunc.lse, row_max=trunc.row_max, ordered_ids=ordered_ids,
         max_ids=config.max_mask_ids)
-
-  def left_rows(done, trunc):
-    """Every row but the ``done`` ones (their outputs are undefined)."""
-    # invalid rows: the argmax, as without a filter
-    plain = ~truncating | ~jnp.isfinite(trunc.row_max)
-    rows = rowwise.only_if(plain & ~done, lambda: gumbel_rows(plain))
-    unfinished = trunc.unfinished(params)
-    token, logprob, _, _, count, log_kept, *ordered = rowwise.only_if(
-        unfinished, lambda: threshold.sample_large(
-            logits, params, trunc, streams, config, unfinished,
-            order_width=config.max_mask_ids if return_mask else 0))
-    result = SampleResult(token, logprob, unfinished)
-    return rowwise.where_rows(unfinished, (result, truncation_mask(
-        unfinished, token, count, log_kept, ordered[0], trunc)
-                                           if return_mask else None), rows)
 
   def floored_fp64_batch():
     """FP64 noise: the kept sets (with their ids by probability, for the
@@ -212,7 +200,8 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
                                        gumbel_rows)
     return (result, result_mask) if return_mask else result
 
-  def truncated_batch():
+  def any_batch():
+    """Every row, by its route (rows skip the kernels of other routes)."""
     trunc = threshold.sample_truncated(
         logits, params, streams, config,
         order_width=config.max_mask_ids if return_mask else 0,
@@ -223,9 +212,23 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
       rows = (rows[0], truncation_mask(done, trunc.token, trunc.count,
                                        trunc.log_kept, trunc.ordered_ids,
                                        trunc))
-    return rowwise.where_rows(done, rows, rowwise.only_if(
-        ~done, lambda: left_rows(done, trunc)))
+    # invalid rows: the argmax, as without a filter
+    plain = ~truncating | ~jnp.isfinite(trunc.row_max)
+    unfinished = trunc.unfinished(params)
+    token, logprob, _, _, count, log_kept, *ordered = rowwise.only_if(
+        unfinished, lambda: threshold.sample_large(
+            logits, params, trunc, streams, config, unfinished,
+            order_width=config.max_mask_ids if return_mask else 0))
+    large = (SampleResult(token, logprob, unfinished),
+             truncation_mask(unfinished, token, count, log_kept, ordered[0],
+                             trunc) if return_mask else None)
+    return rowwise.where_rows(done, rows, rowwise.where_rows(
+        unfinished, large, gumbel_rows(plain)))
 
-  result, result_mask = rowwise.cond(any_truncating, truncated_batch,
-                                     gumbel_rows)
+  # Params known while tracing (closed over by the caller's jit) compile
+  # one route; otherwise every route's kernels run, skipping the rows of
+  # other routes, rather than a lax.cond on the batch, whose predicate
+  # would go to the host on every call.
+  result, result_mask = rowwise.cond(any_truncating, any_batch, gumbel_rows,
+                                     unknown=any_batch)
   return (result, result_mask) if return_mask else result

@@ -1,10 +1,10 @@
 """Public API ``jaxsample.sample`` on both backends (``implementation="xla"`` and
 ``"pallas"``; on CPU the Pallas kernel runs in interpret mode).
 
-NOTE on kernel coverage: ``implementation="pallas"`` routes a whole batch to
-the XLA reference (``lax.cond``) as soon as any row has a top-k / top-p /
-min-p filter on.  Kernel-vs-reference parity tests therefore use untruncated
-params (top_k=0, top_p=1, min_p=0) so that the Pallas kernel actually runs.
+The Gumbel kernel's parity tests here use untruncated params (top_k=0,
+top_p=1, min_p=0); truncated batches are tested here through the public
+API and kernel by kernel in ``test_threshold.py`` and
+``test_truncated_sampling.py``.
 
 Most tests reuse the shape (5, 4096) so that jit compilations are shared.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -93,6 +94,45 @@ def test_static_and_traced_params_agree():
   assert_same_result(
       run_sample(x, truncating, key, impl="pallas", traced_params=True),
       run_sample(x, truncating, key, impl="xla"))
+
+
+def _outside_conds(jaxpr, found=None) -> dict:
+  """The ``lax.cond``s (``"cond"``: how many) and the kernels (by name) of a
+  jaxpr that run on every call: outside any cond's branches (on a GPU each
+  cond sends its predicate to the host)."""
+  found = {"cond": 0} if found is None else found
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == "cond":
+      found["cond"] += 1
+    elif name == "pallas_call":
+      found[eqn.params["name"]] = True
+    else:
+      for value in eqn.params.values():
+        for sub in value if isinstance(value, (tuple, list)) else (value,):
+          sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's jaxpr
+          if hasattr(sub, "eqns"):
+            _outside_conds(sub, found)
+  return found
+
+
+@pytest.mark.parametrize("return_mask", [False, True])
+def test_traced_params_send_one_predicate_to_the_host(return_mask):
+  """With traced params the kernel path runs every route's kernels outside
+  any ``lax.cond`` (rows skip the routes they do not take): one cond is
+  left (rows for ``sample_large``), with or without a mask; each costs a
+  host round trip per call on a GPU."""
+  x = random_logits(43, B, V)
+  params = SamplingParams.make(B, temperature=1.0, top_k=[0, 3, 0, 0, 0])
+  config = SamplerConfig(implementation="pallas")
+  jaxpr = jax.make_jaxpr(lambda x, params: jaxsample.sample(
+      x, params, jax.random.key(0), config=config,
+      return_mask=return_mask))(x, params)
+  found = _outside_conds(jaxpr.jaxpr)
+  assert found["cond"] == 1
+  for kernel in ("jaxsample_row_stats", "jaxsample_collect_candidates",
+                 "jaxsample_select_threshold", "jaxsample_gumbel_max"):
+    assert found.get(kernel), kernel
 
 
 @pytest.mark.parametrize("gen", GENERATORS)

@@ -349,18 +349,26 @@ _LOG2E = 1.4426950408889634
 
 
 def split_argmax(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
-                 load):
+                 load, *, count_finite: bool = False):
   """``(max, argmax)`` of one split's logits, NaN read as +inf (smallest id
-  on ties; an all -inf split reports its first id)."""
+  on ties; an all -inf split reports its first id); with ``count_finite``,
+  also the split's number of entries ``> -inf`` (NaN not counted)."""
 
   def step(carry, chunk, x):
+    best, index, finite = carry
     x = x.astype(jnp.float32)
-    return argmax_update(*carry, jnp.where(x != x, jnp.inf, x), chunk.index)
+    if count_finite:
+      finite = finite + jnp.where(x > -jnp.inf, 1, 0)
+    return *argmax_update(best, index, jnp.where(x != x, jnp.inf, x),
+                          chunk.index), finite
 
   lanes = jnp.arange(plan.chunk, dtype=jnp.int32)
-  init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32), split_start + lanes)
-  best, index = chunk_loop(plan, math, split_start, vocab, load, step, init)
-  return argmax_finish(best, index)
+  init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32), split_start + lanes,
+          jnp.zeros((plan.chunk,) if count_finite else (), jnp.int32))
+  best, index, finite = chunk_loop(plan, math, split_start, vocab, load, step,
+                                   init)
+  counted = (jnp.sum(finite, dtype=jnp.int32),) if count_finite else ()
+  return argmax_finish(best, index) + counted
 
 
 def split_sumexp(plan: KernelPlan, math: KernelMath, split_start, vocab: int,

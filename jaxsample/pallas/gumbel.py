@@ -63,7 +63,8 @@ class GumbelPartials:
     raced_tiles: RNG tiles of the split that drew random bits (the others
       were skipped whole); 0 on greedy rows.  Diagnostics only.
     kept: with a ``floor``, the split's number of elements ``y >= floor``
-      (the others are left out of ``race`` and ``sumexp``); else None.
+      (the others are left out of ``race`` and ``sumexp``); with
+      ``count_finite``, of entries ``> -inf``; else None.
   """
 
   race: jax.Array
@@ -265,7 +266,7 @@ def options(*, tile_skip: bool = False):
 
 
 def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
-            fp64: bool, skip: bool, floored: bool):
+            fp64: bool, skip: bool, floored: bool, count_finite: bool):
   """One (row, split) program."""
   refs = list(refs)
   (temp_ref, active_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
@@ -276,7 +277,7 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
   race_ref, index_ref, max_ref, sumexp_ref = refs[:4]
   del refs[:4]
   raced_ref = refs.pop(0) if skip else None
-  kept_ref = refs.pop(0) if floored else None
+  kept_ref = refs.pop(0) if floored or count_finite else None
   race_lo_ref = refs
   row, split = pl.program_id(0), pl.program_id(1)
   math = common.KernelMath(plan.interpret)
@@ -290,12 +291,13 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
   load = common.row_chunk_loader(x_ref, row, plan.chunk)
 
   def greedy():
-    top, index = common.split_argmax(plan, math, split_start, vocab, load)
+    top, index, *finite = common.split_argmax(
+        plan, math, split_start, vocab, load, count_finite=count_finite)
     # Greedy rows need no sum-exp; it is a computed 1 because Triton's cond
     # lowering cannot yield a literal.
     one = (index - index + 1).astype(jnp.float32)
-    return (top.astype(race_dtype), index, top, one) + (index - index,) * (
-        skip + floored)
+    return (top.astype(race_dtype), index, top, one, *finite) + (
+        index - index,) * (skip + floored)
 
   def sampled():
     stream = rng.RowStreams(key0_ref[row], key1_ref[row], base_hi_ref[row],
@@ -317,6 +319,17 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
           (race.init(first_index), jnp.zeros((plan.chunk,), jnp.int32)),
           noise=noise)
       return (*race.finish(state), jnp.sum(kept, dtype=jnp.int32))
+    if count_finite:
+      def step(carry, chunk, x):
+        state, finite = carry
+        return (race.chunk_step(state, chunk, x),
+                finite + jnp.where(x.astype(jnp.float32) > -jnp.inf, 1, 0))
+
+      state, finite = common.chunk_loop(
+          plan, math, split_start, vocab, load, step,
+          (race.init(first_index), jnp.zeros((plan.chunk,), jnp.int32)),
+          noise=noise)
+      return (*race.finish(state), jnp.sum(finite, dtype=jnp.int32))
     if not skip:
       state = common.chunk_loop(plan, math, split_start, vocab, load,
                                 race.chunk_step, race.init(first_index),
@@ -345,7 +358,7 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
     sumexp_ref[row, split] = s
     if skip:
       raced_ref[row, split] = counts[0]
-    if floored:
+    if kept_ref is not None:
       kept_ref[row, split] = counts[0]
 
 
@@ -369,7 +382,8 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
                     streams: rng.RowStreams, config: SamplerConfig, *,
                     vocab_offset: jax.Array | int = 0,
                     active: jax.Array | None = None,
-                    floor: jax.Array | None = None) -> GumbelPartials:
+                    floor: jax.Array | None = None,
+                    count_finite: bool = False) -> GumbelPartials:
   """Runs the kernel: per-split partials for ``logits`` ``[B, V_local]``.
 
   ``temperature`` is canonical (0 = greedy); ``vocab_offset`` is the global id
@@ -379,6 +393,8 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
   ``[B]`` (sampled rows): race and sum only the elements with ``y >= floor``
   (the reference's ``y = x / T``), i.e. Gumbel-max on the kept set ``{y >=
   floor}`` of a truncated row, and count them (``kept``).
+  ``count_finite`` (no ``floor``): ``kept`` counts the entries ``> -inf``
+  (for the sampling masks of rows without a filter).
   """
   batch, vocab = logits.shape
   fp64 = config.use_fp64_gumbel
@@ -386,17 +402,20 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
                           generator=config.rng)
   shape = (batch, plan.num_splits)
   floored = floor is not None
-  skip = bool(TILE_SKIP) and not floored
+  if floored and count_finite:
+    raise ValueError("count_finite counts rows without a floor")
+  counted = floored or count_finite
+  skip = bool(TILE_SKIP) and not counted
   out_shape = [
       jax.ShapeDtypeStruct(shape, jnp.uint32 if fp64 else jnp.float32),
       jax.ShapeDtypeStruct(shape, jnp.int32),
       jax.ShapeDtypeStruct(shape, jnp.float32),
       jax.ShapeDtypeStruct(shape, jnp.float32),
-  ] + [jax.ShapeDtypeStruct(shape, jnp.int32)] * (skip + floored) + [
+  ] + [jax.ShapeDtypeStruct(shape, jnp.int32)] * (skip + counted) + [
       jax.ShapeDtypeStruct(shape, jnp.uint32)] * fp64
   kernel = functools.partial(_kernel, plan=plan, vocab=vocab,
                              generator=config.rng, fp64=fp64, skip=skip,
-                             floored=floored)
+                             floored=floored, count_finite=count_finite)
   call = pl.pallas_call(kernel, out_shape=out_shape,
                         grid=(batch, plan.num_splits),
                         compiler_params=plan.compiler_params(),
@@ -408,7 +427,7 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
       streams.key1,
       streams.base_hi, streams.base_lo, offset,
       *([common.logit_floor(floor, temperature)] if floored else []), logits)
-  kept = rest.pop(0) if floored else None
+  kept = rest.pop(0) if counted else None
   if skip:
     raced = rest[0]
   else:  # every tile of a sampled row races
@@ -425,19 +444,22 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
 def sample_untruncated(logits: jax.Array, params: SamplingParams,
                        streams: rng.RowStreams,
                        config: SamplerConfig, *,
-                       active: jax.Array | None = None):
+                       active: jax.Array | None = None,
+                       count_finite: bool = False):
   """Kernel sampling of every row as if no filter were on (of the ``active``
   rows only, when given: the results of other rows are undefined).
 
-  Returns ``(SampleResult, row_max, lse)`` per row.  Sampled rows: ``lse =
-  logsumexp(y)`` (``y = x / T``) and ``row_max`` the row's best race value
-  ``max(y + g)`` (not ``max(y)``; finite iff the row is valid).  Greedy rows:
-  ``row_max = lse = max(x)``.
+  Returns ``(SampleResult, row_max, lse)`` per row, and with
+  ``count_finite`` the row's number of entries ``> -inf``.  Sampled rows:
+  ``lse = logsumexp(y)`` (``y = x / T``) and ``row_max`` the row's best race
+  value ``max(y + g)`` (not ``max(y)``; finite iff the row is valid).  Greedy
+  rows: ``row_max = lse = max(x)``.
   """
   partials = gumbel_partials(logits, params.temperature, streams, config,
-                             active=active)
+                             active=active, count_finite=count_finite)
   result, row_max, (shift, log_sum) = finish_sampling(logits, params, partials)
-  return result, row_max, shift + log_sum
+  return (result, row_max, shift + log_sum) + (
+      (jnp.sum(partials.kept, axis=-1),) if count_finite else ())
 
 
 def finish_sampling(logits, params: SamplingParams, partials: GumbelPartials):
