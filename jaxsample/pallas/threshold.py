@@ -266,36 +266,47 @@ def _bound_kernel(temp_ref, k_ref, p_ref, m_ref, log_min_p_ref, top_ref,
   mass = jnp.sum(jnp.where(top > -jnp.inf,
                            sumexp * jnp.exp((top - ref) * (1.0 / t)), 0.0))
   t1 = safe_max + log_min_p_ref[row]
-  k = k_ref[row]
-  lanes = jnp.arange(_pow2_ceil(segments), dtype=jnp.int32)
-  y = math.temper(plgpu.load(segment_ref.at[row, lanes],
-                             mask=active & (lanes < segments),
-                             other=-jnp.inf), t)
-  bound, _ = _bound(y, safe_max, t1, k, p_ref[row],
-                    mass * (1 + _BOUND_MARGIN), 0.0, _BOUND_KEY_BITS)
-  listed = _list_reaching(y, bound, row, listed_out.shape[1], listed_out)
-  valid = active & jnp.isfinite(row_max)
-  # The sample's estimate is too noisy to trust a top-k row (k > C / 2) with
-  # the buffer.
-  large = valid & sampled & ((k > 0) | (_estimate_reaching(
-      bound, row, sample_ref.shape[1], interpret, t, sampled,
-      sample_ref) > capacity // 2))
-  narrow = valid & ~large
   row_max_out[row] = row_max
   safe_max_out[row] = safe_max
   mass_out[row] = mass
   finite_out[row] = jnp.sum(plgpu.load(finite_ref.at[row, split], mask=use,
                                        other=0))
   t1_out[row] = t1
-  bound_out[row] = bound
-  listed_count_out[row] = listed
-  narrow_out[row] = jnp.where(narrow, 1, 0)
-  # Rows whose outside mass is 0 (top-k on: unused; bound == t1: no survivor
-  # lies below it) or the row's mass less the candidates' (no min-p).
-  gather_out[row] = jnp.where(
-      narrow & (listed <= _LIST_CAP) & (
-          (k > 0) | (bound == t1) | (t1 == -jnp.inf)), 1, 0)
-  large_out[row] = jnp.where(large, 1, 0)
+
+  @pl.when(~active)
+  def _():  # rows the truncation kernels skip: no search, no route
+    bound_out[row] = t1
+    listed_count_out[row] = 0
+    narrow_out[row] = 0
+    gather_out[row] = 0
+    large_out[row] = 0
+
+  @pl.when(active)
+  def _():
+    k = k_ref[row]
+    lanes = jnp.arange(_pow2_ceil(segments), dtype=jnp.int32)
+    y = math.temper(plgpu.load(segment_ref.at[row, lanes],
+                               mask=lanes < segments, other=-jnp.inf), t)
+    bound, _ = _bound(y, safe_max, t1, k, p_ref[row],
+                      mass * (1 + _BOUND_MARGIN), 0.0, _BOUND_KEY_BITS)
+    listed = _list_reaching(y, bound, row, listed_out.shape[1], listed_out)
+    valid = jnp.isfinite(row_max)
+    # The sample's estimate is too noisy to trust a top-k row (k > C / 2)
+    # with the buffer.
+    large = valid & sampled & ((k > 0) | (_estimate_reaching(
+        bound, row, sample_ref.shape[1], interpret, t, sampled,
+        sample_ref) > capacity // 2))
+    narrow = valid & ~large
+    bound_out[row] = bound
+    listed_count_out[row] = listed
+    narrow_out[row] = jnp.where(narrow, 1, 0)
+    # Rows whose outside mass is 0 (top-k on: unused; bound == t1: no
+    # survivor lies below it) or the row's mass less the candidates' (no
+    # min-p).
+    gather_out[row] = jnp.where(
+        narrow & (listed <= _LIST_CAP) & (
+            (k > 0) | (bound == t1) | (t1 == -jnp.inf)), 1, 0)
+    large_out[row] = jnp.where(large, 1, 0)
 
 
 @jax.tree_util.register_dataclass
