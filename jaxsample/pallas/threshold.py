@@ -510,8 +510,8 @@ def _rank_plan(n: int, interpret: bool) -> tuple[list[int], int]:
 
 
 def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref, *refs,
-                   bound: bool, has_above: bool, width: int, bits: int,
-                   interpret: bool):
+                   bound: bool, has_above: bool, has_active: bool, width: int,
+                   bits: int, interpret: bool):
   """One row's thresholds (``select_threshold``).
 
   Bound mode (all ``N`` entries filled; input ``above`` if ``has_above``):
@@ -524,7 +524,9 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref, *refs,
   total`` inside ``y_i``'s group of equal values); ``above_i + ties_i`` is
   ``i``'s position in the stable descending order; the token is the kept
   entry with the largest race value (the first slot on ties).
+  ``has_active`` (first input): rows flagged 0 are skipped.
   """
+  active_refs, refs = refs[:has_active], refs[has_active:]
   inputs = int(has_above) if bound else 3
   (threshold_ref, count_ref, kept_mass_ref, certified_ref,
    *extra_refs) = refs[inputs:]
@@ -583,12 +585,18 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref, *refs,
       plgpu.store(order.at[row, slots], jnp.full(slots.shape, -1, jnp.int32),
                   mask=(slots >= count) & (slots < width))
 
+  run = active_refs[0][row] != 0 if has_active else None
   if bound:
-    select(y_ref.shape[1])
+    if run is None:
+      select(y_ref.shape[1])
+    else:
+      pl.when(run)(functools.partial(select, y_ref.shape[1]))
     return
   smaller = -1
   for size in sizes:
-    pl.when((scan > smaller) & (scan <= size))(functools.partial(select, size))
+    chosen = (scan > smaller) & (scan <= size)
+    pl.when(chosen if run is None else chosen & run)(
+        functools.partial(select, size))
     smaller = size
 
 
@@ -624,7 +632,7 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
                      bound: bool, interpret: bool, ids=None, race=None,
                      scan=None, order_width: int = 0, above=None,
                      bits: int = _BOUND_KEY_BITS,
-                     num_warps: int = _SELECT_WARPS):
+                     num_warps: int = _SELECT_WARPS, active=None):
   """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded), no sort.
 
   Bound mode searches order keys bit by bit (``_bound_thresholds``: one
@@ -649,10 +657,13 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
   the kept entry with the largest ``race`` (first slot on ties), and its
   ``y``; with ``order_width``, also ``ids``' kept entries by descending
   ``y`` (smallest slot first on ties), ``[B, order_width]``, -1 padded.
+  ``active`` ``[B]``: the rows to select (default all); the outputs of
+  the others are undefined.
   """
   batch = y.shape[0]
   kernel = functools.partial(_select_kernel, bound=bound,
-                             has_above=above is not None, width=order_width,
+                             has_above=above is not None,
+                             has_active=active is not None, width=order_width,
                              bits=bits, interpret=interpret)
   out_shape = [jax.ShapeDtypeStruct((batch,), jnp.float32),
                jax.ShapeDtypeStruct((batch,), jnp.int32),
@@ -668,6 +679,7 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="jaxsample_select_threshold")(
           y, row_max, t1, params.top_k, params.top_p, mass,
+          *([] if active is None else [active.astype(jnp.int32)]),
           *(([] if above is None else [above]) if bound else
             [scan.astype(jnp.int32), ids, race]))
 
@@ -705,45 +717,53 @@ def tempered_sample(sample, temperature):
 
 
 def _window_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
-                   lower_ref, upper_ref, *, half: int, by_count: bool):
-  """One row's window ``[lower, upper)``: sample ranks ``r +- half`` around
-  the estimated threshold (rank ``r``; ``by_count``: the ``k``-th largest
-  survivor, else the top-p threshold), clamped to ``>= t1``."""
+                   active_ref, lower_ref, upper_ref, *, half: int,
+                   by_count: bool):
+  """One ``active`` row's window ``[lower, upper)``: sample ranks ``r +-
+  half`` around the estimated threshold (rank ``r``; ``by_count``: the
+  ``k``-th largest survivor, else the top-p threshold), clamped to ``>=
+  t1``."""
   row = pl.program_id(0)
-  y = y_ref[row, :]
-  t1 = t1_ref[row]
-  finite = y > -jnp.inf
-  survives = finite & (y >= t1)
-  key = common.order_key(y)
-  if by_count:
-    rank = k_ref[row] // _SAMPLE_STRIDE
-  else:
-    p = p_ref[row]
-    e = jnp.where(finite, jnp.exp(y - row_max_ref[row]), 0.0) * _SAMPLE_STRIDE
-    # The mass below the threshold is (1 - p) of the survivors' mass, made
-    # of many small terms: the sample estimates it well.
-    below_t1 = jnp.sum(jnp.where(finite & ~survives, e, 0.0))
-    target = (1 - p) * mass_ref[row] + p * below_t1
-    threshold_key = _largest_key(
-        lambda v: jnp.sum(jnp.where(key < v, e, 0.0)) <= target,
-        _BOUND_KEY_BITS)
-    rank = jnp.sum(jnp.where(survives & (key >= threshold_key), 1, 0))
 
-  def ranked(n):  # the n-th largest survivor (rounded down), -inf if none
-    found = _largest_key(_count_reaches(key, survives, n), _BOUND_KEY_BITS)
-    return jnp.where(found > _NEG_INF_KEY, common.key_value(found), -jnp.inf)
+  @pl.when(active_ref[row] != 0)
+  def _():
+    y = y_ref[row, :]
+    t1 = t1_ref[row]
+    finite = y > -jnp.inf
+    survives = finite & (y >= t1)
+    key = common.order_key(y)
+    if by_count:
+      rank = k_ref[row] // _SAMPLE_STRIDE
+    else:
+      p = p_ref[row]
+      e = jnp.where(finite, jnp.exp(y - row_max_ref[row]),
+                    0.0) * _SAMPLE_STRIDE
+      # The mass below the threshold is (1 - p) of the survivors' mass, made
+      # of many small terms: the sample estimates it well.
+      below_t1 = jnp.sum(jnp.where(finite & ~survives, e, 0.0))
+      target = (1 - p) * mass_ref[row] + p * below_t1
+      threshold_key = _largest_key(
+          lambda v: jnp.sum(jnp.where(key < v, e, 0.0)) <= target,
+          _BOUND_KEY_BITS)
+      rank = jnp.sum(jnp.where(survives & (key >= threshold_key), 1, 0))
 
-  upper = jnp.where(rank > half, ranked(rank - half), jnp.inf)
-  lower_ref[row] = jnp.maximum(ranked(rank + half), t1)
-  # With fewer survivors in the sample than ``rank - half``, every finite
-  # survivor is above the window (counted, not written).
-  upper_ref[row] = jnp.maximum(jnp.maximum(upper, t1),
-                               jnp.finfo(jnp.float32).min)
+    def ranked(n):  # the n-th largest survivor (rounded down), -inf if none
+      found = _largest_key(_count_reaches(key, survives, n), _BOUND_KEY_BITS)
+      return jnp.where(found > _NEG_INF_KEY, common.key_value(found), -jnp.inf)
+
+    upper = jnp.where(rank > half, ranked(rank - half), jnp.inf)
+    lower_ref[row] = jnp.maximum(ranked(rank + half), t1)
+    # With fewer survivors in the sample than ``rank - half``, every finite
+    # survivor is above the window (counted, not written).
+    upper_ref[row] = jnp.maximum(jnp.maximum(upper, t1),
+                                 jnp.finfo(jnp.float32).min)
 
 
 def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
-                     capacity: int, *, by_count: bool, interpret: bool):
-  """``(lower, upper)`` ``[B]``: a window that likely holds the threshold
+                     capacity: int, active, *, by_count: bool,
+                     interpret: bool):
+  """``(lower, upper)`` ``[B]`` of the ``active`` rows (others undefined):
+  a window that likely holds the threshold
   (``by_count``: the ``k``-th largest min-p survivor; else top-p's, on the
   min-p survivors ``y >= t1``) and fewer than ``capacity`` elements (the
   caller checks both), from the rows' ``sample`` (``tempered_sample``).
@@ -758,7 +778,8 @@ def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
       compiler_params=plgpu.CompilerParams(num_warps=_WINDOW_WARPS,
                                            num_stages=1),
       interpret=interpret, name="jaxsample_threshold_window")(
-          sample, row_max, t1, params.top_k, params.top_p, mass)
+          sample, row_max, t1, params.top_k, params.top_p, mass,
+          active.astype(jnp.int32))
 
 
 # ---------------------------------------------------------------------------
@@ -1382,7 +1403,7 @@ def _window_search(logits, params: SamplingParams, trunc: Truncation,
       dict(top_p=jnp.ones_like(params.top_p)) if by_count else
       dict(top_k=jnp.zeros_like(params.top_k))))
   lower, upper = threshold_window(tempered_sample(trunc.sample, t), row_max,
-                                  floor, search, trunc.mass, capacity,
+                                  floor, search, trunc.mass, capacity, rows,
                                   by_count=by_count, interpret=interpret)
   window = collect_candidates(logits, t, rows, lower, floor, row_max, None,
                               config, upper=upper, capacity=capacity)
@@ -1396,7 +1417,7 @@ def _window_search(logits, params: SamplingParams, trunc: Truncation,
   threshold, *_ = select_threshold(
       window.y, row_max, floor, search, total, bound=True,
       interpret=interpret, above=window.above_mass, bits=32,
-      num_warps=_WINDOW_WARPS)
+      num_warps=_WINDOW_WARPS, active=rows)
   return threshold, ((window.count <= capacity) & reached &
                      (threshold >= lower)), window
 
@@ -1432,15 +1453,12 @@ def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
     measured), else the pivot search (``lower``: a value not above the
     threshold)."""
     windowed = rows & large
-
-    def window_search():
-      threshold, held, window = _window_search(
-          logits, params, trunc, config, windowed, floor, by_count=by_count)
-      kept = window.y >= threshold[:, None]
-      return threshold, held, window.above_mass + jnp.sum(
-          jnp.where(kept, jnp.exp(window.y - row_max[:, None]), 0.0), axis=-1)
-
-    threshold, held, mass = rowwise.only_if(windowed, window_search)
+    # No lax.cond (a host round trip): rows not windowed skip the kernels.
+    threshold, held, window = _window_search(
+        logits, params, trunc, config, windowed, floor, by_count=by_count)
+    kept = window.y >= threshold[:, None]
+    mass = window.above_mass + jnp.sum(
+        jnp.where(kept, jnp.exp(window.y - row_max[:, None]), 0.0), axis=-1)
     measured = windowed & held
     missed = rows & ~measured
     exact = rowwise.only_if(missed, lambda: pivot_threshold(
