@@ -227,6 +227,25 @@ def run_partials(x, params, key, config, skip=True):
     return jax.tree.map(np.asarray, fn(x))
 
 
+def test_kernel_counts_finite_entries():
+  """``count_finite``: each row's entries ``> -inf`` (NaN and -inf not
+  counted), on sampled and greedy rows, summed over vocab splits."""
+  from jaxsample.pallas import gumbel
+  x = np.array(random_logits(47, 4, 6001))
+  x[0, ::5] = -np.inf
+  x[1, 3], x[1, 10:20] = np.nan, -np.inf
+  x[2] = -np.inf
+  x[3, 500:] = -np.inf  # a greedy row
+  temperature = jnp.asarray([1.0, 0.7, 1.0, 0.0])
+  streams, _ = jaxsample.rng.row_streams(jax.random.key(47), None, *x.shape)
+  config = SamplerConfig(implementation="pallas", num_splits=3)
+  partials = jax.jit(lambda x: gumbel.gumbel_partials(
+      x, temperature, streams, config, count_finite=True))(jnp.asarray(x))
+  assert partials.kept.shape == (4, 3)  # three splits
+  np.testing.assert_array_equal(np.sum(partials.kept, axis=-1),
+                                (x > -np.inf).sum(-1))
+
+
 def run_sample_skip(x, params, key, *, fp64=False, **config_kw):
   """``sample`` through the kernel with the tile skip on (opt-in)."""
   from jaxsample.pallas import gumbel
