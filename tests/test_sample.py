@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
