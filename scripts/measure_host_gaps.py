@@ -13,13 +13,16 @@ fresh key per step (no profiler running while the wall clock runs):
 * ``loop``: wall time per step of a jitted ``lax.fori_loop`` of ``--steps``
   steps (XLA's while loop also sends its predicate to the host);
 * ``kernels``: the summed device time of one step's kernels and copies
-  (``jaxsample.bench.time_op``).
+  (``jaxsample.bench.time_op``; its wall clock off GPU).
 
 Ops: ``jnp.argmax`` and ``jax.random.categorical`` (no cond: the floor of the
 dispatch and loop costs), then ``jaxsample.sample`` per setting with the
 params as a jit argument (the serving case: the conds run) and, for
 ``none``, closed over (``rowwise.cond`` resolves the branch while tracing).
-Medians over ``--repeats``.
+With ``--spec-k K``, also ``jaxsample.spec.rejection_sample`` per setting
+(``K`` one-hot drafts of random tokens per request, target logits ``[B, K +
+1, V]``), params as an argument and closed over.  Medians over
+``--repeats``.
 """
 
 from __future__ import annotations
@@ -72,6 +75,27 @@ def step_fns(batch, setting, mask_cap):
   return {name: (fn, params) for name, fn in fns.items()}
 
 
+def spec_fns(batch, setting, k):
+  """``{name: (step(x, key, params), params)}`` of speculative verification:
+  ``x`` is ``[B, k + 1, V]``."""
+  params = js.SamplingParams.make(batch, temperature=1.0, **SETTINGS[setting])
+  config = js.SamplerConfig(implementation="pallas")
+
+  def verify(x, key, params):
+    drafts = jax.random.randint(jax.random.fold_in(key, 1), (batch, k), 0,
+                                x.shape[-1])
+    out = js.spec.rejection_sample(x, drafts, jnp.full((batch,), k), params,
+                                   key, config=config)
+    return (jnp.sum(out.tokens) + jnp.sum(out.num_accepted) +
+            jnp.sum(jnp.where(out.tokens >= 0, out.logprobs, 0.0)))
+
+  return {
+      f"spec k={k} {setting}, params as argument": (verify, params),
+      f"spec k={k} {setting}, params closed over": (
+          lambda x, key, _: verify(x, key, params), params),
+  }
+
+
 def time_calls(fn, x, key, params, calls, repeats):
   step = jax.jit(fn)
   keys = jax.random.split(key, calls)
@@ -110,6 +134,8 @@ def main():
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--mask-cap", type=int, default=1024)
   parser.add_argument("--vocab", type=int, default=151936)
+  parser.add_argument("--spec-k", type=int, default=0)
+  parser.add_argument("--skip-sample", action="store_true")
   args = parser.parse_args()
   print(f"# {jax.devices()[0].device_kind}; V = {args.vocab}, fp32, T = 1; "
         f"medians of {args.repeats}; us per step")
@@ -118,17 +144,26 @@ def main():
   key = jax.random.key(0)
   for batch in map(int, args.batch.split(",")):
     x = jax.random.normal(jax.random.key(batch), (batch, args.vocab))
-    for setting in ["baselines"] + args.settings.split(","):
-      for name, (fn, params) in step_fns(batch, setting,
-                                         args.mask_cap).items():
-        calls = time_calls(fn, x, key, params, args.calls, args.repeats)
-        loop = time_loop(fn, x, key, params, args.steps, args.repeats)
-        step = jax.jit(fn)
-        kernels = bench.time_op(lambda x: step(x, key, params), [x],
-                                iters=16, repeats=3)["device_us"]
-        print(f"| {batch} | {name} | {calls:.1f} | {loop:.1f} | "
-              f"{kernels:.1f} |", flush=True)
-
+    settings = [] if args.skip_sample else ["baselines"] + args.settings.split(
+        ",")
+    ops = [(x, name, fn_params) for setting in settings
+           for name, fn_params in step_fns(batch, setting,
+                                           args.mask_cap).items()]
+    if args.spec_k:
+      target = jax.random.normal(jax.random.key(batch),
+                                 (batch, args.spec_k + 1, args.vocab))
+      ops += [(target, name, fn_params) for setting in
+              args.settings.split(",")
+              for name, fn_params in spec_fns(batch, setting,
+                                              args.spec_k).items()]
+    for inputs, name, (fn, params) in ops:
+      calls = time_calls(fn, inputs, key, params, args.calls, args.repeats)
+      loop = time_loop(fn, inputs, key, params, args.steps, args.repeats)
+      step = jax.jit(fn)
+      kernels = bench.time_op(lambda x: step(x, key, params), [inputs],
+                              iters=16, repeats=3)["us"]
+      print(f"| {batch} | {name} | {calls:.1f} | {loop:.1f} | "
+            f"{kernels:.1f} |", flush=True)
 
 if __name__ == "__main__":
   main()
