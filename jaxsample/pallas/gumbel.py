@@ -304,32 +304,23 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
                             base_lo_ref[row])
     race = GumbelRace(math, t, race_dtype, wide=fp64)
     noise = common.Noise(generator, stream, offset, wide=fp64)
-    if floored:  # the race and sum-exp over {x / T >= floor} only
-      x_floor = floor_ref[row]  # common.logit_floor
+    if floored or count_finite:  # and count the raced entries (kept)
+      x_floor = floor_ref[row] if floored else None  # common.logit_floor
 
       def step(carry, chunk, x):
         state, kept = carry
         x = x.astype(jnp.float32)
-        inside = ~common.below_floor(x, x_floor) & (x > -jnp.inf)
-        state = race.chunk_step(state, chunk, jnp.where(inside, x, -jnp.inf))
-        return state, kept + jnp.where(inside, 1, 0)
+        inside = x > -jnp.inf
+        if floored:  # the race and sum-exp over {x / T >= floor} only
+          inside = inside & ~common.below_floor(x, x_floor)
+          x = jnp.where(inside, x, -jnp.inf)
+        return race.chunk_step(state, chunk, x), kept + jnp.where(inside, 1, 0)
 
       state, kept = common.chunk_loop(
           plan, math, split_start, vocab, load, step,
           (race.init(first_index), jnp.zeros((plan.chunk,), jnp.int32)),
           noise=noise)
       return (*race.finish(state), jnp.sum(kept, dtype=jnp.int32))
-    if count_finite:
-      def step(carry, chunk, x):
-        state, finite = carry
-        return (race.chunk_step(state, chunk, x),
-                finite + jnp.where(x.astype(jnp.float32) > -jnp.inf, 1, 0))
-
-      state, finite = common.chunk_loop(
-          plan, math, split_start, vocab, load, step,
-          (race.init(first_index), jnp.zeros((plan.chunk,), jnp.int32)),
-          noise=noise)
-      return (*race.finish(state), jnp.sum(finite, dtype=jnp.int32))
     if not skip:
       state = common.chunk_loop(plan, math, split_start, vocab, load,
                                 race.chunk_step, race.init(first_index),
