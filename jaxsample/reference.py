@@ -109,25 +109,20 @@ def top_ids(y: jax.Array, last: jax.Array, width: int) -> jax.Array:
   larger ``last`` lists the entries reaching it first, then undefined ids).
 
   Equivalent to a stable key-value sort of ``(-y, ids)`` cut to ``width``,
-  without sorting ``[B, V]`` pairs: the entries at or above the ``width``-th
-  largest value are compacted in vocab order (one prefix sum; a second one
-  ranks that value's ties where more of them than ``width`` reach it), and
-  only those ``[B, width]`` pairs are sorted.
+  without sorting ``[B, V]`` pairs: the entries above the ``width``-th
+  largest value, then its ties, are compacted in vocab order (two prefix
+  sums, no ``lax.cond``: ties past the ``width`` slots drop), and only those
+  ``[B, width]`` pairs are sorted.
   """
   batch = y.shape[0]
   y = y + 0.0  # -0.0 and +0.0 are one value
   last = last[:, None]
   reach = y >= last
-  slot = jnp.cumsum(reach, axis=-1, dtype=jnp.int32) - 1
-
-  def ranked_ties():  # Entries above ``last`` first, then its first ties.
-    above = y > last
-    room = width - jnp.sum(above, axis=-1, keepdims=True, dtype=jnp.int32)
-    tie_rank = jnp.cumsum(reach & ~above, axis=-1, dtype=jnp.int32) - 1
-    return jnp.where(above, jnp.cumsum(above, axis=-1, dtype=jnp.int32) - 1,
-                     width - room + tie_rank)
-
-  slot = jax.lax.cond(jnp.any(slot[:, -1] >= width), ranked_ties, lambda: slot)
+  above = y > last
+  count = lambda m: jnp.cumsum(m, axis=-1, dtype=jnp.int32) - 1
+  slot = jnp.where(above, count(above),
+                   jnp.sum(above, axis=-1, keepdims=True, dtype=jnp.int32) +
+                   count(reach & ~above))
   rows = jax.lax.broadcasted_iota(jnp.int32, y.shape, 0)
   ids = jax.lax.broadcasted_iota(jnp.int32, y.shape, 1)
   top = jnp.zeros((batch, width), jnp.int32).at[rows, jnp.where(

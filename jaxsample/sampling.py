@@ -132,16 +132,17 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   A batch without truncating rows runs the Gumbel kernel alone.  Otherwise
   each row takes its route, and every route's kernels skip the rows of the
   others: the truncation kernels (``jaxsample.pallas.threshold``) sample the
-  truncating rows; the Gumbel kernel rows with no filter (greedy rows
-  included) and invalid rows; and one branch, taken only when some row needs
-  it (``lax.cond``), rows with large kept sets or overflowed candidate
-  buffers (``threshold.sample_large``, with their masks).  Where the
+  truncating rows; ``threshold.sample_large`` rows with large kept sets or
+  overflowed candidate buffers (with their masks); the Gumbel kernel rows
+  with no filter (greedy rows included) and invalid rows.  Where the
   caller's ``jit`` closes over the params, a batch without truncating rows
   compiles the Gumbel route alone (``rowwise.cond``); traced params run
-  every route rather than a ``lax.cond`` on the batch.  A ``lax.cond``
-  sends its predicate to the host on every call (XLA runs it outside
-  command buffers), and the GPU waits: ``scripts/measure_host_gaps.py``.
-  So a step costs one such round trip.
+  every route.  No ``lax.cond`` decides a route: a cond sends its predicate
+  to the host on every call (XLA runs it outside command buffers) and the
+  host waits for the GPU (``scripts/measure_host_gaps.py``), so the caller
+  could not enqueue the next step ahead.  A mask keeps one cond: the ids of
+  large kept sets (``threshold.large_kept_ids``, whose XLA listing would
+  cost more on every call than the round trip).
 
   The FP64 path finds every kept set's threshold (``threshold.kept_sets``;
   with a mask, also the kept ids by probability) and races the kept set with
@@ -192,12 +193,11 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     if return_mask:
       rows = (result, truncation_mask(floored, result.tokens, count, log_kept,
                                       ordered_ids, trunc))
-    return rowwise.where_rows(floored, rows, rowwise.only_if(
-        ~floored, lambda: gumbel_rows(~floored)))
+    return rowwise.where_rows(floored, rows, gumbel_rows(~floored))
 
   if config.use_fp64_gumbel:
     result, result_mask = rowwise.cond(any_truncating, floored_fp64_batch,
-                                       gumbel_rows)
+                                       gumbel_rows, unknown=floored_fp64_batch)
     return (result, result_mask) if return_mask else result
 
   def any_batch():
@@ -215,20 +215,21 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     # invalid rows: the argmax, as without a filter
     plain = ~truncating | ~jnp.isfinite(trunc.row_max)
     unfinished = trunc.unfinished(params)
-    token, logprob, _, _, count, log_kept, *ordered = rowwise.only_if(
-        unfinished, lambda: threshold.sample_large(
-            logits, params, trunc, streams, config, unfinished,
-            order_width=config.max_mask_ids if return_mask else 0))
-    large = (SampleResult(token, logprob, unfinished),
-             truncation_mask(unfinished, token, count, log_kept, ordered[0],
-                             trunc) if return_mask else None)
+    token, logprob, _, floor, count, log_kept = threshold.sample_large(
+        logits, params, trunc, streams, config, unfinished)
+    large = (SampleResult(token, logprob, unfinished), None)
+    if return_mask:  # behind a cond: listing costs more than a round trip
+      ordered = rowwise.only_if(unfinished, lambda: threshold.large_kept_ids(
+          logits, params, trunc, config, unfinished, floor,
+          min(config.max_mask_ids, logits.shape[1])), pack=False)
+      large = (large[0], truncation_mask(unfinished, token, count, log_kept,
+                                         ordered, trunc))
     return rowwise.where_rows(done, rows, rowwise.where_rows(
         unfinished, large, gumbel_rows(plain)))
 
   # Params known while tracing (closed over by the caller's jit) compile
   # one route; otherwise every route's kernels run, skipping the rows of
-  # other routes, rather than a lax.cond on the batch, whose predicate
-  # would go to the host on every call.
+  # other routes (no host round trip).
   result, result_mask = rowwise.cond(any_truncating, any_batch, gumbel_rows,
                                      unknown=any_batch)
   return (result, result_mask) if return_mask else result

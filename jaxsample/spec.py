@@ -319,9 +319,10 @@ def rejection_sample(target_logits: jax.Array,
     config: static ``SamplerConfig``; ``rng`` picks the generator and
       ``use_fp64_gumbel`` the fp64 Gumbel race.  ``implementation``: "xla"
       runs this reference, "pallas" the fused kernels (interpret mode off
-      GPU), after the threshold kernels' kept sets in a batch where some
-      sampled request truncates (``lax.cond``), "auto" the kernels on GPU
-      and the reference elsewhere.
+      GPU), after the threshold kernels' kept sets where some sampled
+      request may truncate (params traced, or closed over with a filter
+      on; no host round trip either way), "auto" the kernels on GPU and
+      the reference elsewhere.
       ``block_size`` / ``num_splits`` / ``num_warps`` / ``num_stages`` shape
       both kernel passes (``jaxsample.pallas.spec``).
 
@@ -361,7 +362,9 @@ def rejection_sample(target_logits: jax.Array,
         target_logits, d, n, params, noise_keys, accept_keys,
         positions.astype(jnp.uint32), draft_logits, synthetic_rates, config,
         floors)
-    return rowwise.cond(
-        truncating, lambda: fused(kernels.kept_floors(
-            target_logits, draft_logits, n, params, config)),
-        lambda: fused(None))
+    with_floors = lambda: fused(kernels.kept_floors(
+        target_logits, draft_logits, n, params, config))
+    # Traced params: the threshold kernels run and skip rows without a
+    # filter, rather than a lax.cond (a host round trip on every call).
+    return rowwise.cond(truncating, with_floors, lambda: fused(None),
+                        unknown=with_floors)

@@ -8,8 +8,8 @@ Inputs: randn logits scaled x1 and x5 in turn (``FLAT=1``: x1 only).
 ``K_cap`` values of the mask profiles (default 1024).
 
 For each setting: the truncated kernels alone, ``jaxsample.sample`` and
-``jaxsample.sample(..., return_mask=True)`` per ``K_cap``; the 14 costliest
-device ops each.
+``jaxsample.sample(..., return_mask=True)`` per ``K_cap``; the ``TOP``
+(default 14) costliest device ops each.
 """
 import functools
 import glob
@@ -31,7 +31,7 @@ for setting in sys.argv[3:]:  # module knobs, e.g. _SELECT_WARPS=2
   setattr(threshold, name, int(value))
   print(f"# threshold.{name} = {value}")
 vocab = 151936
-TOP = 14
+TOP = int(os.environ.get("TOP", "14"))  # device ops listed per profile
 xs = [(jax.random.normal(jax.random.key(i), (batch, vocab)) * s).astype(dtype)
       for i, s in enumerate([1, 1, 1, 1] if os.environ.get("FLAT") else
                             [1, 1, 5, 5])]

@@ -20,7 +20,7 @@ import pytest
 
 import jaxsample
 from conftest import (GENERATORS, IMPLEMENTATIONS, assert_chi2_fits, make_params,
-                      oracle_keep, run_sample)
+                      oracle_keep, outside_conds, run_sample)
 from jaxsample import SamplerConfig, SamplingParams
 
 B, V = 5, 4096  # the shared workhorse shape
@@ -95,42 +95,26 @@ def test_static_and_traced_params_agree():
       run_sample(x, truncating, key, impl="xla"))
 
 
-def _outside_conds(jaxpr, found=None) -> dict:
-  """The ``lax.cond``s (``"cond"``: how many) and the kernels (by name) of a
-  jaxpr that run on every call: outside any cond's branches (on a GPU each
-  cond sends its predicate to the host)."""
-  found = {"cond": 0} if found is None else found
-  for eqn in jaxpr.eqns:
-    name = eqn.primitive.name
-    if name == "cond":
-      found["cond"] += 1
-    elif name == "pallas_call":
-      found[eqn.params["name"]] = True
-    else:
-      for value in eqn.params.values():
-        for sub in value if isinstance(value, (tuple, list)) else (value,):
-          sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's jaxpr
-          if hasattr(sub, "eqns"):
-            _outside_conds(sub, found)
-  return found
-
-
-@pytest.mark.parametrize("return_mask", [False, True])
-def test_traced_params_send_one_predicate_to_the_host(return_mask):
+@pytest.mark.parametrize("return_mask,fp64", [(False, False), (True, False),
+                                              (False, True)])
+def test_traced_params_send_no_predicate_to_the_host(return_mask, fp64):
   """With traced params the kernel path runs every route's kernels outside
-  any ``lax.cond`` (rows skip the routes they do not take): one cond is
-  left (rows for ``sample_large``), with or without a mask; each costs a
-  host round trip per call on a GPU."""
+  any ``lax.cond`` (rows skip the routes they do not take, the large-set
+  route and its pivot search included): no cond, whose predicate would go
+  to the host on every call on a GPU.  A mask keeps one, for the ids of
+  large kept sets (``threshold.large_kept_ids``)."""
   x = random_logits(43, B, V)
   params = SamplingParams.make(B, temperature=1.0, top_k=[0, 3, 0, 0, 0])
-  config = SamplerConfig(implementation="pallas")
-  jaxpr = jax.make_jaxpr(lambda x, params: jaxsample.sample(
-      x, params, jax.random.key(0), config=config,
-      return_mask=return_mask))(x, params)
-  found = _outside_conds(jaxpr.jaxpr)
-  assert found["cond"] == 1
+  config = SamplerConfig(implementation="pallas", use_fp64_gumbel=fp64)
+  with jax.enable_x64(fp64):
+    jaxpr = jax.make_jaxpr(lambda x, params: jaxsample.sample(
+        x, params, jax.random.key(0), config=config,
+        return_mask=return_mask))(x, params)
+  found = outside_conds(jaxpr.jaxpr)
+  assert found["cond"] == int(return_mask)
   for kernel in ("jaxsample_row_stats", "jaxsample_collect_candidates",
-                 "jaxsample_select_threshold", "jaxsample_gumbel_max"):
+                 "jaxsample_select_threshold", "jaxsample_threshold_window",
+                 "jaxsample_pivot_threshold", "jaxsample_gumbel_max"):
     assert found.get(kernel), kernel
 
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import sort_operands
+from conftest import outside_conds, sort_operands
 from jaxsample import SamplerConfig, SamplingParams, spec
 from jaxsample.pallas import gumbel
 from test_spec import B, K, V, assert_same, keys, logits, run
@@ -203,9 +203,9 @@ def test_kernel_truncating_batches_match_the_reference(gen, with_draft,
 def test_kernels_lower_to_triton(monkeypatch):
   """Every kernel variant lowers to Triton IR for an abstract H100 (no GPU
   needed; the PTX compile and the run are the GPU suite's): traced params
-  lower both branches, without floors (2 kernels) and after the threshold
-  kernels of the target rows and the draft rows (``TRUNCATION_KERNELS``
-  each: ``threshold.kept_sets``) with floors (2 more); no sort."""
+  run the threshold kernels of the target rows and the draft rows
+  (``TRUNCATION_KERNELS`` each: ``threshold.kept_sets``), then the two
+  kernels with floors; no sort."""
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3",
                                        num_cores=132, platform="cuda")
@@ -230,7 +230,7 @@ def test_kernels_lower_to_triton(monkeypatch):
     assert sort_operands(text) == []
     return text.count("__gpu$xla.gpu.triton")
 
-  kernels = lambda with_draft: 4 + TRUNCATION_KERNELS * (1 + with_draft)
+  kernels = lambda with_draft: 2 + TRUNCATION_KERNELS * (1 + with_draft)
   for gen, dtype in (("philox", jnp.float32), ("threefry", jnp.bfloat16)):
     for with_draft in (False, True):
       assert lowered(dtype, with_draft, rng=gen) == kernels(with_draft)
@@ -238,3 +238,25 @@ def test_kernels_lower_to_triton(monkeypatch):
     assert lowered(jnp.float32, True, use_fp64_gumbel=True) == kernels(True)
   with gumbel.options(tile_skip=True):
     assert lowered(jnp.bfloat16, False) == kernels(False)
+
+
+@pytest.mark.parametrize("with_draft", [False, True])
+def test_traced_params_send_no_predicate_to_the_host(with_draft):
+  """With traced params (a serving loop's), verification runs the threshold
+  kernels and the fused kernels outside any ``lax.cond``: no predicate goes
+  to the host (on a GPU each cond's does, on every call)."""
+  target = logits(7, B, K + 1, V)
+  draft = logits(8, B, K, V) if with_draft else None
+  drafts = np.zeros((B, K), np.int32)
+  n = np.full((B,), K, np.int32)
+  params = SamplingParams.make(B, temperature=1.0, top_p=0.9)
+  config = SamplerConfig(implementation="pallas")
+  jaxpr = jax.make_jaxpr(lambda target, draft, params: spec.rejection_sample(
+      target, drafts, n, params, jax.random.key(0), draft_logits=draft,
+      config=config))(target, draft, params)
+  found = outside_conds(jaxpr.jaxpr)
+  assert found["cond"] == 0
+  for kernel in ("jaxsample_row_stats", "jaxsample_threshold_window",
+                 "jaxsample_pivot_threshold", "jaxsample_spec_stats",
+                 "jaxsample_spec_emit"):
+    assert found.get(kernel), kernel

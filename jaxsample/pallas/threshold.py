@@ -707,18 +707,9 @@ def _window_half(capacity: int) -> int:
   return max(1, capacity * 11 // (16 * 2 * _SAMPLE_STRIDE))
 
 
-def tempered_sample(sample, temperature):
-  """``RowBounds.sample`` tempered (``temperature > 0``) and -inf padded to a
-  power of 2."""
-  sample = reference.temper(reference.sanitize(sample), temperature)
-  width = _pow2_ceil(sample.shape[1])
-  return jnp.pad(sample, ((0, 0), (0, width - sample.shape[1])),
-                 constant_values=-jnp.inf)
-
-
-def _window_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
-                   active_ref, lower_ref, upper_ref, *, half: int,
-                   by_count: bool):
+def _window_kernel(temp_ref, sample_ref, row_max_ref, t1_ref, k_ref, p_ref,
+                   mass_ref, active_ref, lower_ref, upper_ref, *, half: int,
+                   by_count: bool, interpret: bool):
   """One ``active`` row's window ``[lower, upper)``: sample ranks ``r +-
   half`` around the estimated threshold (rank ``r``; ``by_count``: the
   ``k``-th largest survivor, else the top-p threshold), clamped to ``>=
@@ -727,7 +718,11 @@ def _window_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref,
 
   @pl.when(active_ref[row] != 0)
   def _():
-    y = y_ref[row, :]
+    width = sample_ref.shape[1]
+    lanes = jnp.arange(_pow2_ceil(width), dtype=jnp.int32)
+    x = plgpu.load(sample_ref.at[row, jnp.where(lanes < width, lanes, 0)],
+                   mask=lanes < width, other=-jnp.inf)
+    y = common.KernelMath(interpret).temper(_sanitize(x), temp_ref[row])
     t1 = t1_ref[row]
     finite = y > -jnp.inf
     survives = finite & (y >= t1)
@@ -766,20 +761,21 @@ def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
   a window that likely holds the threshold
   (``by_count``: the ``k``-th largest min-p survivor; else top-p's, on the
   min-p survivors ``y >= t1``) and fewer than ``capacity`` elements (the
-  caller checks both), from the rows' ``sample`` (``tempered_sample``).
+  caller checks both), from the rows' ``sample`` (``RowBounds.sample``,
+  tempered here by ``params.temperature`` as the kernels temper logits).
   ``mass``: the row's mass relative to ``row_max``.  Two or three searches of
   ``_BOUND_KEY_BITS`` block reductions over the sample."""
   batch = sample.shape[0]
   kernel = functools.partial(_window_kernel, half=_window_half(capacity),
-                             by_count=by_count)
+                             by_count=by_count, interpret=interpret)
   shape = jax.ShapeDtypeStruct((batch,), jnp.float32)
   return pl.pallas_call(
       kernel, out_shape=[shape, shape], grid=(batch,),
       compiler_params=plgpu.CompilerParams(num_warps=_WINDOW_WARPS,
                                            num_stages=1),
       interpret=interpret, name="jaxsample_threshold_window")(
-          sample, row_max, t1, params.top_k, params.top_p, mass,
-          active.astype(jnp.int32))
+          params.temperature, sample, row_max, t1, params.top_k,
+          params.top_p, mass, active.astype(jnp.int32))
 
 
 # ---------------------------------------------------------------------------
@@ -921,7 +917,8 @@ class Candidates:
   ``row_max`` of min-p survivors below the bound, ``inside_mass`` ``[B]`` that
   of the candidates.  Windowed (``upper`` given):
   the candidates are ``{L <= y < U}`` and ``above_count``/``above_mass`` the
-  count and mass of ``{y >= U}`` (else 0)."""
+  count and mass of ``{y >= U}`` (else 0); the buffers of rows not active
+  are then undefined (their counts and masses 0)."""
 
   y: jax.Array
   ids: jax.Array
@@ -1029,64 +1026,81 @@ def _pack_kernel(temp_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
                        else (jnp.inf, ()))
   math = common.KernelMath(interpret)
   active = active_ref[row] != 0
-  lanes = jnp.arange(_pow2_ceil(splits), dtype=jnp.int32)
-  written = plgpu.load(count_ref.at[row, lanes], mask=active & (lanes < splits),
-                       other=0)
-  written = jnp.minimum(written, capacity)
-  starts_ref[row, :] = jnp.cumsum(written) - written
-  if not interpret:  # the stores above are read by other threads
-    plgpu.debug_barrier()
-  slot = lax.broadcasted_iota(jnp.int32, (capacity,), 0)
-  # Each slot's split: the last one starting at or before it (binary search).
-  source = jnp.zeros((capacity,), jnp.int32)
-  step = _pow2_ceil(splits) // 2
-  while step:
-    probe = source + step
-    inside = probe < splits
-    start = plgpu.load(starts_ref.at[row, jnp.where(inside, probe, 0)],
-                       mask=inside, other=capacity)
-    source = jnp.where(inside & (start <= slot), probe, source)
-    step //= 2
-  local = slot - plgpu.load(starts_ref.at[row, source])
-  filled = local < jnp.minimum(
-      jnp.where(active, plgpu.load(count_ref.at[row, source]), 0), capacity)
-  local = jnp.where(filled, local, 0)
-  x = plgpu.load(x_ref.at[row, source, local], mask=filled, other=-jnp.inf)
-  ids = plgpu.load(id_ref.at[row, source, local], mask=filled, other=0)
 
-  def split_sum(ref):  # one load of the row's per-split values
-    value = plgpu.load(ref.at[row, lanes], mask=lanes < splits, other=0)
-    return jnp.where(active, jnp.sum(value), jnp.zeros((), value.dtype))
+  def pack():
+    lanes = jnp.arange(_pow2_ceil(splits), dtype=jnp.int32)
+    written = plgpu.load(count_ref.at[row, lanes],
+                         mask=active & (lanes < splits), other=0)
+    written = jnp.minimum(written, capacity)
+    starts_ref[row, :] = jnp.cumsum(written) - written
+    if not interpret:  # the stores above are read by other threads
+      plgpu.debug_barrier()
+    slot = lax.broadcasted_iota(jnp.int32, (capacity,), 0)
+    # Each slot's split: the last one starting at or before it (binary search).
+    source = jnp.zeros((capacity,), jnp.int32)
+    step = _pow2_ceil(splits) // 2
+    while step:
+      probe = source + step
+      inside = probe < splits
+      start = plgpu.load(starts_ref.at[row, jnp.where(inside, probe, 0)],
+                         mask=inside, other=capacity)
+      source = jnp.where(inside & (start <= slot), probe, source)
+      step //= 2
+    local = slot - plgpu.load(starts_ref.at[row, source])
+    filled = local < jnp.minimum(
+        jnp.where(active, plgpu.load(count_ref.at[row, source]), 0), capacity)
+    local = jnp.where(filled, local, 0)
+    x = plgpu.load(x_ref.at[row, source, local], mask=filled, other=-jnp.inf)
+    ids = plgpu.load(id_ref.at[row, source, local], mask=filled, other=0)
 
-  count, outside = split_sum(count_ref), split_sum(outside_ref)
-  above_count, above_mass = (split_sum(ref) for ref in above_refs) if (
-      windowed) else (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32))
-  t = jnp.where(active, temp_ref[row], 1.0)
-  y = jnp.where(x > -jnp.inf, math.temper(x, t), -jnp.inf)
-  e = jnp.where(y > -jnp.inf, jnp.exp(y - row_max_ref[row]), 0.0)
-  over = y >= upper
-  inside = (y >= lower_ref[row]) & ~over
-  t1 = t1_ref[row]
-  extra = ~inside & ~over & (y >= t1)
-  y = jnp.where(inside, y, -jnp.inf)
-  ids = jnp.where(inside, ids, 0)
-  y_out[row, :] = y
-  id_out[row, :] = jnp.where(inside, ids, -1)
-  if raced:
-    stream = rng.RowStreams(*(ref[row] for ref in stream_refs))
-    race_out[row, :] = y + rng.gumbel(rng.uniform(rng.bits_at(
-        generator, stream, ids, mulhilo=math.mulhilo)))
-  count_out[row] = count
-  inside_mass = jnp.sum(jnp.where(inside, e, 0.0))
-  outside = outside + jnp.sum(jnp.where(extra, e, 0.0))
-  if gathering:
-    gather_ref, mass_ref = gather_refs
-    outside = jnp.where((gather_ref[row] != 0) & (t1 == -jnp.inf),
-                        jnp.maximum(mass_ref[row] - inside_mass, 0.0), outside)
-  outside_out[row] = outside
-  inside_out[row] = inside_mass
-  above_count_out[row] = above_count + jnp.sum(jnp.where(over, 1, 0))
-  above_mass_out[row] = above_mass + jnp.sum(jnp.where(over, e, 0.0))
+    def split_sum(ref):  # one load of the row's per-split values
+      value = plgpu.load(ref.at[row, lanes], mask=lanes < splits, other=0)
+      return jnp.where(active, jnp.sum(value), jnp.zeros((), value.dtype))
+
+    count, outside = split_sum(count_ref), split_sum(outside_ref)
+    above_count, above_mass = (split_sum(ref) for ref in above_refs) if (
+        windowed) else (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32))
+    t = jnp.where(active, temp_ref[row], 1.0)
+    y = jnp.where(x > -jnp.inf, math.temper(x, t), -jnp.inf)
+    e = jnp.where(y > -jnp.inf, jnp.exp(y - row_max_ref[row]), 0.0)
+    over = y >= upper
+    inside = (y >= lower_ref[row]) & ~over
+    t1 = t1_ref[row]
+    extra = ~inside & ~over & (y >= t1)
+    y = jnp.where(inside, y, -jnp.inf)
+    ids = jnp.where(inside, ids, 0)
+    y_out[row, :] = y
+    id_out[row, :] = jnp.where(inside, ids, -1)
+    if raced:
+      stream = rng.RowStreams(*(ref[row] for ref in stream_refs))
+      race_out[row, :] = y + rng.gumbel(rng.uniform(rng.bits_at(
+          generator, stream, ids, mulhilo=math.mulhilo)))
+    count_out[row] = count
+    inside_mass = jnp.sum(jnp.where(inside, e, 0.0))
+    outside = outside + jnp.sum(jnp.where(extra, e, 0.0))
+    if gathering:
+      gather_ref, mass_ref = gather_refs
+      outside = jnp.where((gather_ref[row] != 0) & (t1 == -jnp.inf),
+                          jnp.maximum(mass_ref[row] - inside_mass, 0.0),
+                          outside)
+    outside_out[row] = outside
+    inside_out[row] = inside_mass
+    above_count_out[row] = above_count + jnp.sum(jnp.where(over, 1, 0))
+    above_mass_out[row] = above_mass + jnp.sum(jnp.where(over, e, 0.0))
+
+  if not windowed:  # the truncation pass: inactive rows get empty buffers
+    pack()
+    return
+  # A window's rows not active (every row, in most calls) skip the packing:
+  # their buffers stay undefined, their counts and masses are 0.
+  pl.when(active)(pack)
+
+  @pl.when(~active)
+  def _():
+    count_out[row] = 0
+    above_count_out[row] = 0
+    for out in (outside_out, inside_out, above_mass_out):
+      out[row] = 0.0
 
 
 # ---------------------------------------------------------------------------
@@ -1097,52 +1111,112 @@ _PIVOT_BITS = 4  # key bits each pass resolves
 _PIVOTS = 1 << _PIVOT_BITS  # pivots per pass
 _PIVOT_PASSES = 32 // _PIVOT_BITS  # passes that resolve any uint32 key range
 _SMALLEST_FINITE_KEY = 0x00800000  # order_key(-FLT_MAX)
+_PIVOT_WARPS = 8  # one program walks the whole row
 
 
-def _pivot_kernel(temp_ref, active_ref, floor_ref, row_max_ref, pivot_ref,
-                  hi_ref, x_ref, reach_out, *, plan: common.KernelPlan,
-                  vocab: int, by_count: bool):
-  """One split's count (``by_count``) or mass relative to ``row_max`` of the
-  survivors ``y >= floor`` (finite) that reach each pivot value, and of all
-  survivors (the last entry); fp32 sums (counts stay exact below 2^24).
+def _bit_length(v: jax.Array) -> jax.Array:
+  """Bits of the uint32 ``v`` up to its highest set bit (0 for 0), int32."""
+  n = jnp.int32(0)
+  for shift in (16, 8, 4, 2, 1):  # a binary search for the highest bit
+    high = (v >> jnp.uint32(shift)) != 0
+    v = jnp.where(high, v >> jnp.uint32(shift), v)
+    n = jnp.where(high, n + shift, n)
+  return jnp.where(v != 0, n + 1, n)
+
+
+def _pivot_kernel(temp_ref, active_ref, k_ref, p_ref, floor_ref, lower_ref,
+                  row_max_ref, x_ref, threshold_out, *,
+                  plan: common.KernelPlan, vocab: int, by_count: bool):
+  """One row's ``pivot_threshold``: up to ``_PIVOT_PASSES`` passes over the
+  row by one program, each summing the count (``by_count``) or the mass
+  relative to ``row_max`` of the survivors ``y >= floor`` (finite) reaching
+  each of ``_PIVOTS`` pivots (fp32 sums; counts stay exact below 2^24).
+  Inactive rows write ``lower``.
 
   Survivors above ``hi`` (every pivot's) reach every pivot: one sum; a chunk
   without survivors in ``[pivot 0, hi]`` skips the per-pivot sums."""
-  row, split = pl.program_id(0), pl.program_id(1)
+  row = pl.program_id(0)
+  floor, row_max = floor_ref[row], row_max_ref[row]
+  # A bound past row_max (a vacuous top-p bound at p = 0: NaN) is row_max,
+  # the answer such rows have.
+  lower = jnp.maximum(floor, lower_ref[row])
+  lower = jnp.where(lower <= row_max, lower, row_max)
+
+  @pl.when(active_ref[row] == 0)
+  def _():
+    threshold_out[row] = lower
 
   @pl.when(active_ref[row] != 0)
   def _():
     math = common.KernelMath(plan.interpret)
-    t, floor, hi = temp_ref[row], floor_ref[row], hi_ref[row]
-    row_max = row_max_ref[row]
-    # One lane-wise accumulator per pivot, and fp32 compares and sums: the
-    # float pipes are twice as wide as the integer ones.
-    pivots = [pivot_ref[row, j] for j in range(_PIVOTS)]
+    t = temp_ref[row]
+    k, p = k_ref[row], p_ref[row]
+    lo = jnp.maximum(common.order_key(lower),
+                     jnp.uint32(_SMALLEST_FINITE_KEY))
+    hi = jnp.maximum(common.order_key(row_max), lo)
 
-    def step(carry, chunk, x):
-      del chunk
-      total, above, reach = carry
-      y = math.temper(x.astype(jnp.float32), t)
-      survives = (y >= floor) & (y > -jnp.inf)
-      weight = jnp.where(survives, 1.0 if by_count else math.exp2_approx(
-          (y - row_max) * _LOG2E), 0.0)
-      inside = jnp.where(y <= hi, weight, 0.0)
-      reach = lax.cond(
-          jnp.max(jnp.where((y >= pivots[0]) & (inside > 0), 1, 0)) > 0,
-          lambda: tuple(r + jnp.where(y >= pivot, inside, 0.0)
-                        for r, pivot in zip(reach, pivots)),
-          lambda: reach)
-      return total + weight, above + (weight - inside), reach
+    def one_pass(i, state):
+      lo, hi, goal = state
+      width = hi - lo
+      shift = jnp.maximum(_bit_length(width) - _PIVOT_BITS, 0).astype(
+          jnp.uint32)
+      # Pivots past hi sit at hi: where every pivot meets the goal (p = 0),
+      # the answer is hi itself.  Every pivot is the key of a finite value or
+      # of 0 (keys between those of -FLT_MAX and row_max), so y >= value iff
+      # order_key(y) >= pivot.
+      pivots = [lo + jnp.minimum(jnp.uint32(j) << shift, width)
+                for j in range(_PIVOTS)]
+      values = [common.key_value(pivot) for pivot in pivots]
+      hi_value = common.key_value(hi)
 
-    lanes = jnp.zeros((plan.chunk,), jnp.float32)
-    total, above, reach = common.chunk_loop(
-        plan, math, split * plan.split_len, vocab,
-        common.row_chunk_loader(x_ref, row, plan.chunk), step,
-        (lanes, lanes, (lanes,) * _PIVOTS))
-    above = jnp.sum(above)
-    for j, r in enumerate(reach):
-      reach_out[row, split, j] = jnp.sum(r) + above
-    reach_out[row, split, _PIVOTS] = jnp.sum(total)
+      def step(carry, chunk, x):
+        del chunk
+        total, above, reach = carry
+        y = math.temper(x.astype(jnp.float32), t)
+        survives = (y >= floor) & (y > -jnp.inf)
+        weight = jnp.where(survives, 1.0 if by_count else math.exp2_approx(
+            (y - row_max) * _LOG2E), 0.0)
+        inside = jnp.where(y <= hi_value, weight, 0.0)
+        reach = lax.cond(
+            jnp.max(jnp.where((y >= values[0]) & (inside > 0), 1, 0)) > 0,
+            lambda: tuple(r + jnp.where(y >= value, inside, 0.0)
+                          for r, value in zip(reach, values)),
+            lambda: reach)
+        return total + weight, above + (weight - inside), reach
+
+      def search():
+        lanes = jnp.zeros((plan.chunk,), jnp.float32)
+        # A traced start: Pallas rejects static slices past the row's end.
+        total, above, reach = common.chunk_loop(
+            plan, math, row * 0, vocab, common.row_chunk_loader(
+                x_ref, row, plan.chunk), step, (lanes, lanes,
+                                                (lanes,) * _PIVOTS))
+        above = jnp.sum(above)
+        reach = [jnp.sum(r) + above for r in reach]
+        total = jnp.sum(total)  # reach(floor)
+        if by_count:
+          first_goal = jnp.where(
+              k > 0, jnp.minimum(k.astype(jnp.float32), total), total)
+        else:
+          first_goal = p * total
+        goal_now = jnp.where(i == 0, first_goal, goal)
+        # reach is non-increasing; reach(lo) meets the goal (up to rounding).
+        met = functools.reduce(lambda n, r: jnp.where(r >= goal_now, n + 1, n),
+                               reach, jnp.int32(0))
+        last = jnp.maximum(met - 1, 0)
+        at = lambda j: functools.reduce(
+            lambda picked, jp: jnp.where(j == jp[0], jp[1], picked),
+            enumerate(pivots), pivots[0])
+        new_hi = jnp.where(last == _PIVOTS - 1, hi,
+                           at(jnp.minimum(last + 1, _PIVOTS - 1)) - 1)
+        return at(last), new_hi, goal_now
+
+      # A closed interval (lo == hi) is the answer: the passes left skip.
+      return lax.cond(width > 0, search, lambda: (lo, hi, goal))
+
+    lo, _, _ = lax.fori_loop(0, _PIVOT_PASSES, one_pass,
+                             (lo, hi, jnp.zeros((), jnp.float32)))
+    threshold_out[row] = common.key_value(lo)
 
 
 def pivot_threshold(logits, temperature, active, floor, row_max,
@@ -1150,7 +1224,8 @@ def pivot_threshold(logits, temperature, active, floor, row_max,
                     by_count: bool, lower=None):
   """Exact threshold ``[B]`` of the ``active`` rows (valid, sampled) in at
   most ``_PIVOT_PASSES`` passes over the row, whatever the data: no buffer,
-  no sample, no sort.
+  no sample, no sort; one kernel, one program per row (inactive rows cost
+  an idle program: callers need no ``lax.cond``).
 
   Over the survivors ``S = {y >= floor}`` (``floor <= row_max``), with
   ``reach(v)`` their count (``by_count``) or mass ``sum exp(y - row_max)``
@@ -1165,59 +1240,24 @@ def pivot_threshold(logits, temperature, active, floor, row_max,
   ``_PIVOT_BITS`` key bits per pass, so 32-bit keys resolve in
   ``_PIVOT_PASSES`` passes, ties or not; a row whose interval has closed
   skips the passes left (all of them when ``lower`` is the answer).  A
-  pass's partial results are per-pivot sums, so vocab shards combine them
-  by a sum.  Masses are fp32 sums in a fixed order (monotone in ``v``).
+  pass's partial results are per-pivot sums, so vocab shards would combine
+  them by a sum.  Masses are fp32 sums in a fixed order (monotone in
+  ``v``).  Inactive rows: ``max(floor, lower)`` (or ``row_max`` below it).
   """
   batch, vocab = logits.shape
   plan = _pass_plan(batch, vocab, logits.dtype, config)
+  plan = dataclasses.replace(plan, num_splits=1,
+                             steps=-(-vocab // plan.tile),
+                             num_warps=config.num_warps or _PIVOT_WARPS)
   kernel = functools.partial(_pivot_kernel, plan=plan, vocab=vocab,
                              by_count=by_count)
-  run = pl.pallas_call(
-      kernel,
-      out_shape=jax.ShapeDtypeStruct((batch, plan.num_splits, _PIVOTS + 1),
-                                     jnp.float32),
-      grid=(batch, plan.num_splits), compiler_params=plan.compiler_params(),
-      interpret=plan.interpret, name="jaxsample_pivot_threshold")
-  lower = floor if lower is None else jnp.maximum(floor, lower)
-  # A bound past row_max (a vacuous top-p bound at p = 0: NaN) is row_max,
-  # the answer such rows have.
-  lower = jnp.where(lower <= row_max, lower, row_max)
-  lo = jnp.maximum(common.order_key(lower), jnp.uint32(_SMALLEST_FINITE_KEY))
-  hi = jnp.maximum(common.order_key(row_max), lo)
-  steps = jnp.arange(_PIVOTS, dtype=jnp.uint32)
-
-  def one_pass(i, state):
-    lo, hi, goal = state
-    width = hi - lo
-    shift = jnp.maximum(
-        (32 - _PIVOT_BITS) - lax.clz(width).astype(jnp.int32), 0).astype(
-            jnp.uint32)
-    # Pivots past hi sit at hi: where every pivot meets the goal (p = 0),
-    # the answer is hi itself.
-    pivots = lo[:, None] + jnp.minimum(steps[None, :] << shift[:, None],
-                                       width[:, None])
-    # Every pivot is the key of a finite value or of 0 (keys between those of
-    # -FLT_MAX and row_max), so y >= value iff order_key(y) >= pivot.
-    reach = jnp.sum(run(temperature, (active & (width > 0)).astype(jnp.int32),
-                        floor, row_max, common.key_value(pivots),
-                        common.key_value(hi), logits), axis=1)
-    total = reach[:, _PIVOTS]  # reach(floor)
-    reach = reach[:, :_PIVOTS]
-    goal = jnp.where(i == 0, jnp.where(
-        params.top_k > 0, jnp.minimum(params.top_k, total), total) if by_count
-                     else params.top_p * total, goal)
-    # reach is non-increasing; reach(lo) meets the goal (up to rounding).
-    last = jnp.maximum(jnp.sum(reach >= goal[:, None], axis=1) - 1, 0)
-    at = lambda j: jnp.take_along_axis(pivots, j[:, None], axis=1)[:, 0]
-    closed = width == 0
-    return (jnp.where(closed, lo, at(last)),
-            jnp.where(closed | (last == _PIVOTS - 1), hi,
-                      at(jnp.minimum(last + 1, _PIVOTS - 1)) - 1),
-            goal)
-
-  goal = jnp.zeros((batch,), jnp.float32)
-  lo, _, _ = lax.fori_loop(0, _PIVOT_PASSES, one_pass, (lo, hi, goal))
-  return common.key_value(lo)
+  lower = floor if lower is None else lower
+  return pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct((batch,), jnp.float32),
+      grid=(batch,), compiler_params=plan.compiler_params(),
+      interpret=plan.interpret, name="jaxsample_pivot_threshold")(
+          temperature, active.astype(jnp.int32), params.top_k, params.top_p,
+          floor, lower, row_max, logits)
 
 
 # ---------------------------------------------------------------------------
@@ -1319,8 +1359,7 @@ def sample_truncated(logits, params: SamplingParams,
     return trunc
   left = trunc.unfinished(params)
   found = rowwise.where_rows(
-      left, rowwise.only_if(left, lambda: sample_large(
-          logits, params, trunc, streams, config, left)),
+      left, sample_large(logits, params, trunc, streams, config, left),
       (token, logprob, complete, threshold, count, log_kept))
   return dataclasses.replace(trunc, **dict(zip(
       ("token", "logprob", "complete", "threshold", "count", "log_kept"),
@@ -1364,8 +1403,7 @@ def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
                                                  use_fp64_gumbel=False),
                              order_width=order_width, finish_large=False)
     left = trunc.unfinished(params)
-    large = rowwise.only_if(left, lambda: large_thresholds(
-        logits, params, trunc, config, left))
+    large = large_thresholds(logits, params, trunc, config, left)
     threshold = jnp.where(trunc.complete, trunc.threshold,
                           jnp.where(left, large.threshold, -jnp.inf))
     sets = KeptSets(threshold, trunc.row_max,
@@ -1387,12 +1425,14 @@ def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
 def _window_search(logits, params: SamplingParams, trunc: Truncation,
                    config: SamplerConfig, rows, floor, *, by_count: bool,
                    capacity: int | None = None):
-  """``(threshold, held, window)`` of ``rows`` (``large`` rows of ``trunc``):
-  top-k's threshold (``by_count``: the ``k``-th largest survivor ``y >=
-  floor``) or top-p's above the survivors' ``floor``, found in the window
-  (``Candidates``, ``capacity`` slots: default ``_TOP_K_WINDOW_BUFFERS`` or
+  """``(threshold, kept mass, held, window)`` of ``rows`` (``large`` rows of
+  ``trunc``; other rows' entries undefined): top-k's threshold
+  (``by_count``: the ``k``-th largest survivor ``y >= floor``) or top-p's
+  above the survivors' ``floor``, found in the window (``Candidates``,
+  ``capacity`` slots: default ``_TOP_K_WINDOW_BUFFERS`` or
   ``_WINDOW_BUFFERS`` candidate buffers) ``threshold_window`` places from
-  the row's sample; ``held``: the window held the threshold and fit its
+  the row's sample; the kept mass ``sum_{y >= threshold} exp(y -
+  row_max)``; ``held``: the window held the threshold and fit its
   buffer."""
   interpret = jax.default_backend() != "gpu"
   t = params.temperature
@@ -1402,8 +1442,8 @@ def _window_search(logits, params: SamplingParams, trunc: Truncation,
   search = dataclasses.replace(params, **(
       dict(top_p=jnp.ones_like(params.top_p)) if by_count else
       dict(top_k=jnp.zeros_like(params.top_k))))
-  lower, upper = threshold_window(tempered_sample(trunc.sample, t), row_max,
-                                  floor, search, trunc.mass, capacity, rows,
+  lower, upper = threshold_window(trunc.sample, row_max, floor, search,
+                                  trunc.mass, capacity, rows,
                                   by_count=by_count, interpret=interpret)
   window = collect_candidates(logits, t, rows, lower, floor, row_max, None,
                               config, upper=upper, capacity=capacity)
@@ -1414,12 +1454,12 @@ def _window_search(logits, params: SamplingParams, trunc: Truncation,
     reached = window.above_count < params.top_k
   else:
     reached = window.above_mass < params.top_p * total
-  threshold, *_ = select_threshold(
+  threshold, _, window_mass, _ = select_threshold(
       window.y, row_max, floor, search, total, bound=True,
       interpret=interpret, above=window.above_mass, bits=32,
       num_warps=_WINDOW_WARPS, active=rows)
-  return threshold, ((window.count <= capacity) & reached &
-                     (threshold >= lower)), window
+  return (threshold, window.above_mass + window_mass,
+          (window.count <= capacity) & reached & (threshold >= lower), window)
 
 
 def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
@@ -1453,17 +1493,12 @@ def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
     measured), else the pivot search (``lower``: a value not above the
     threshold)."""
     windowed = rows & large
-    # No lax.cond (a host round trip): rows not windowed skip the kernels.
-    threshold, held, window = _window_search(
+    threshold, mass, held, _ = _window_search(
         logits, params, trunc, config, windowed, floor, by_count=by_count)
-    kept = window.y >= threshold[:, None]
-    mass = window.above_mass + jnp.sum(
-        jnp.where(kept, jnp.exp(window.y - row_max[:, None]), 0.0), axis=-1)
     measured = windowed & held
     missed = rows & ~measured
-    exact = rowwise.only_if(missed, lambda: pivot_threshold(
-        logits, t, missed, floor, row_max, params, config, by_count=by_count,
-        lower=lower))
+    exact = pivot_threshold(logits, t, missed, floor, row_max, params, config,
+                            by_count=by_count, lower=lower)
     return jnp.where(missed, exact, threshold), mass, measured
 
   counted = rows & (params.top_k > 0)
@@ -1479,13 +1514,11 @@ def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
 
 
 def sample_large(logits, params: SamplingParams, trunc: Truncation,
-                 streams: rng.RowStreams, config: SamplerConfig, rows=None, *,
-                 order_width: int = 0):
+                 streams: rng.RowStreams, config: SamplerConfig, rows=None):
   """``(token, logprob, complete, threshold, count, log_kept)`` of ``rows``
   (default ``trunc.large``; valid rows of ``trunc``, sampled with a filter
-  on), every one of them complete (``Truncation``'s fields); with
-  ``order_width``, also ``ordered_ids`` ``[B, min(order_width, V)]``
-  (``large_kept_ids``).
+  on), every one of them complete (``Truncation``'s fields); other rows
+  skip every kernel (their entries are undefined).
 
   ``large_thresholds`` finds each threshold; then the Gumbel kernel races
   the kept set ``{y >= threshold}`` (``floor``), which also gives its count
@@ -1495,11 +1528,7 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
   threshold = large_thresholds(logits, params, trunc, config, rows).threshold
   result, count, log_kept = floored_race(logits, params, streams, config,
                                          rows, threshold, trunc.row_max)
-  found = (result.tokens, result.logprobs, rows, threshold, count, log_kept)
-  if not order_width:
-    return found
-  return found + (large_kept_ids(logits, params, trunc, config, rows,
-                                 threshold, min(order_width, logits.shape[1])),)
+  return result.tokens, result.logprobs, rows, threshold, count, log_kept
 
 
 def floored_race(logits, params: SamplingParams, streams: rng.RowStreams,
@@ -1560,7 +1589,9 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
   ``reference.top_ids`` on that buffer, not the ``[B, V]`` row (kept sets of
   at most ``width`` ids lie in it too).  Rows without a sample or whose
   window missed take ``v`` from ``pivot_threshold`` (by count) and
-  ``reference.top_ids`` on the whole row.
+  ``reference.top_ids`` on the whole row, behind a ``lax.cond``.  (Callers
+  run this function behind a cond of its own: its XLA listing, over every
+  row, would cost more on every call than the host round trip.)
   """
   t = params.temperature
   top_width = SamplingParams(t, jnp.full_like(params.top_k, width),
@@ -1582,16 +1613,12 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
   capacity = _listing_capacity(width, config)
   if width // _SAMPLE_STRIDE <= _window_half(capacity):  # no upper end
 
-    def window_ids():
-      last, held, window = _window_search(logits, top_width, trunc, config,
-                                          windowed, trunc.t1, by_count=True,
-                                          capacity=capacity)
-      ids = jnp.take_along_axis(window.ids, reference.top_ids(
-          window.y, jnp.maximum(last, threshold), width), axis=-1)
-      return ids, held & (window.above_count == 0)
-
-    ids, listed = rowwise.only_if(windowed, window_ids, pack=False)
-    listed &= windowed
+    last, _, held, window = _window_search(logits, top_width, trunc, config,
+                                        windowed, trunc.t1, by_count=True,
+                                        capacity=capacity)
+    ids = jnp.take_along_axis(window.ids, reference.top_ids(
+        window.y, jnp.maximum(last, threshold), width), axis=-1)
+    listed = windowed & held & (window.above_count == 0)
   else:
     ids, listed = jnp.zeros((logits.shape[0], width), jnp.int32), ~rows
   missed = rows & ~listed
