@@ -132,17 +132,17 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   A batch without truncating rows runs the Gumbel kernel alone.  Otherwise
   each row takes its route, and every route's kernels skip the rows of the
   others: the truncation kernels (``jaxsample.pallas.threshold``) sample the
-  truncating rows; ``threshold.sample_large`` rows with large kept sets or
-  overflowed candidate buffers (with their masks); the Gumbel kernel rows
-  with no filter (greedy rows included) and invalid rows.  Where the
-  caller's ``jit`` closes over the params, a batch without truncating rows
-  compiles the Gumbel route alone (``rowwise.cond``); traced params run
-  every route.  No ``lax.cond`` decides a route: a cond sends its predicate
-  to the host on every call (XLA runs it outside command buffers) and the
-  host waits for the GPU (``scripts/measure_host_gaps.py``), so the caller
-  could not enqueue the next step ahead.  A mask keeps one cond: the ids of
-  large kept sets (``threshold.large_kept_ids``, whose XLA listing would
-  cost more on every call than the round trip).
+  truncating rows; the Gumbel kernel rows with no filter (greedy rows
+  included) and invalid rows; and one branch, taken only when some row
+  needs it (``lax.cond``), rows with large kept sets or overflowed
+  candidate buffers (``threshold.sample_large``, with their masks; no cond
+  inside).  Where the caller's ``jit`` closes over the params, a batch
+  without truncating rows compiles the Gumbel route alone
+  (``rowwise.cond``); traced params run every route rather than a cond on
+  the batch.  A ``lax.cond`` sends its predicate to the host on every call
+  (XLA runs it outside command buffers) and the GPU waits for the host:
+  one round trip per step, which costs less than running the large-set
+  route idle (``scripts/measure_host_gaps.py``).
 
   The FP64 path finds every kept set's threshold (``threshold.kept_sets``;
   with a mask, also the kept ids by probability) and races the kept set with
@@ -197,7 +197,7 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
 
   if config.use_fp64_gumbel:
     result, result_mask = rowwise.cond(any_truncating, floored_fp64_batch,
-                                       gumbel_rows, unknown=floored_fp64_batch)
+                                       gumbel_rows)
     return (result, result_mask) if return_mask else result
 
   def any_batch():
@@ -215,21 +215,29 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     # invalid rows: the argmax, as without a filter
     plain = ~truncating | ~jnp.isfinite(trunc.row_max)
     unfinished = trunc.unfinished(params)
-    token, logprob, _, floor, count, log_kept = threshold.sample_large(
-        logits, params, trunc, streams, config, unfinished)
-    large = (SampleResult(token, logprob, unfinished), None)
-    if return_mask:  # behind a cond: listing costs more than a round trip
-      ordered = rowwise.only_if(unfinished, lambda: threshold.large_kept_ids(
-          logits, params, trunc, config, unfinished, floor,
-          min(config.max_mask_ids, logits.shape[1])), pack=False)
-      large = (large[0], truncation_mask(unfinished, token, count, log_kept,
-                                         ordered, trunc))
+
+    def large_rows():
+      found = threshold.sample_large(logits, params, trunc, streams, config,
+                                     unfinished)
+      if not return_mask:
+        return found
+      return found + (threshold.large_kept_ids(
+          logits, params, trunc, config, unfinished, found[3],
+          min(config.max_mask_ids, logits.shape[1])),)
+
+    # The one cond: idle, this route's kernels and XLA glue cost more than
+    # the round trip (scripts/measure_host_gaps.py).
+    token, logprob, _, _, count, log_kept, *ordered = rowwise.only_if(
+        unfinished, large_rows)
+    large = (SampleResult(token, logprob, unfinished),
+             truncation_mask(unfinished, token, count, log_kept, ordered[0],
+                             trunc) if return_mask else None)
     return rowwise.where_rows(done, rows, rowwise.where_rows(
         unfinished, large, gumbel_rows(plain)))
 
   # Params known while tracing (closed over by the caller's jit) compile
   # one route; otherwise every route's kernels run, skipping the rows of
-  # other routes (no host round trip).
+  # other routes, rather than a cond on the batch.
   result, result_mask = rowwise.cond(any_truncating, any_batch, gumbel_rows,
                                      unknown=any_batch)
   return (result, result_mask) if return_mask else result

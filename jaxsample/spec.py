@@ -319,10 +319,10 @@ def rejection_sample(target_logits: jax.Array,
     config: static ``SamplerConfig``; ``rng`` picks the generator and
       ``use_fp64_gumbel`` the fp64 Gumbel race.  ``implementation``: "xla"
       runs this reference, "pallas" the fused kernels (interpret mode off
-      GPU), after the threshold kernels' kept sets where some sampled
-      request may truncate (params traced, or closed over with a filter
-      on; no host round trip either way), "auto" the kernels on GPU and
-      the reference elsewhere.
+      GPU), after the threshold kernels' kept sets in a batch where some
+      sampled request truncates (a ``lax.cond`` with traced params; none
+      where the caller's ``jit`` closes over them), "auto" the kernels on
+      GPU and the reference elsewhere.
       ``block_size`` / ``num_splits`` / ``num_warps`` / ``num_stages`` shape
       both kernel passes (``jaxsample.pallas.spec``).
 
@@ -362,9 +362,10 @@ def rejection_sample(target_logits: jax.Array,
         target_logits, d, n, params, noise_keys, accept_keys,
         positions.astype(jnp.uint32), draft_logits, synthetic_rates, config,
         floors)
-    with_floors = lambda: fused(kernels.kept_floors(
-        target_logits, draft_logits, n, params, config))
-    # Traced params: the threshold kernels run and skip rows without a
-    # filter, rather than a lax.cond (a host round trip on every call).
-    return rowwise.cond(truncating, with_floors, lambda: fused(None),
-                        unknown=with_floors)
+    # With traced params a lax.cond (one host round trip per call): the
+    # threshold kernels of an untruncated batch would cost more, idle
+    # (scripts/measure_host_gaps.py).
+    return rowwise.cond(
+        truncating, lambda: fused(kernels.kept_floors(
+            target_logits, draft_logits, n, params, config)),
+        lambda: fused(None))

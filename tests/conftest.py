@@ -90,23 +90,25 @@ def sort_operands(stablehlo: str) -> list[str]:
                     re.DOTALL)
 
 
-def outside_conds(jaxpr, found=None) -> dict:
-  """The ``lax.cond``s (``"cond"``: how many) and the kernels (by name) of a
-  jaxpr that run on every call: outside any cond's branches (on a GPU each
-  cond sends its predicate to the host)."""
-  found = {"cond": 0} if found is None else found
+def outside_conds(jaxpr, found=None, *, nested: bool = False) -> dict:
+  """The ``lax.cond``s of a jaxpr outside kernels (``"cond"``: how many run on
+  every call, outside any cond's branches; ``"nested"``: how many inside
+  branches) and the kernels (by name) that run on every call.  On a GPU
+  each cond that runs sends its predicate to the host."""
+  found = {"cond": 0, "nested": 0} if found is None else found
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
+    if name == "pallas_call":
+      if not nested:
+        found[eqn.params["name"]] = True
+      continue
     if name == "cond":
-      found["cond"] += 1
-    elif name == "pallas_call":
-      found[eqn.params["name"]] = True
-    else:
-      for value in eqn.params.values():
-        for sub in value if isinstance(value, (tuple, list)) else (value,):
-          sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's jaxpr
-          if hasattr(sub, "eqns"):
-            outside_conds(sub, found)
+      found["nested" if nested else "cond"] += 1
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's jaxpr
+        if hasattr(sub, "eqns"):
+          outside_conds(sub, found, nested=nested or name == "cond")
   return found
 
 

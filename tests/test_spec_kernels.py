@@ -203,9 +203,9 @@ def test_kernel_truncating_batches_match_the_reference(gen, with_draft,
 def test_kernels_lower_to_triton(monkeypatch):
   """Every kernel variant lowers to Triton IR for an abstract H100 (no GPU
   needed; the PTX compile and the run are the GPU suite's): traced params
-  run the threshold kernels of the target rows and the draft rows
-  (``TRUNCATION_KERNELS`` each: ``threshold.kept_sets``), then the two
-  kernels with floors; no sort."""
+  lower both branches, without floors (2 kernels) and after the threshold
+  kernels of the target rows and the draft rows (``TRUNCATION_KERNELS``
+  each: ``threshold.kept_sets``) with floors (2 more); no sort."""
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3",
                                        num_cores=132, platform="cuda")
@@ -230,7 +230,7 @@ def test_kernels_lower_to_triton(monkeypatch):
     assert sort_operands(text) == []
     return text.count("__gpu$xla.gpu.triton")
 
-  kernels = lambda with_draft: 2 + TRUNCATION_KERNELS * (1 + with_draft)
+  kernels = lambda with_draft: 4 + TRUNCATION_KERNELS * (1 + with_draft)
   for gen, dtype in (("philox", jnp.float32), ("threefry", jnp.bfloat16)):
     for with_draft in (False, True):
       assert lowered(dtype, with_draft, rng=gen) == kernels(with_draft)
@@ -241,22 +241,27 @@ def test_kernels_lower_to_triton(monkeypatch):
 
 
 @pytest.mark.parametrize("with_draft", [False, True])
-def test_traced_params_send_no_predicate_to_the_host(with_draft):
-  """With traced params (a serving loop's), verification runs the threshold
-  kernels and the fused kernels outside any ``lax.cond``: no predicate goes
-  to the host (on a GPU each cond's does, on every call)."""
+def test_host_round_trips(with_draft):
+  """Verification with filters sends no predicate to the host where the
+  caller's ``jit`` closes over the params (the kept sets of the target and
+  draft rows hold no cond), and one with traced params: the cond on the
+  batch (does a sampled request truncate?), nothing nested."""
   target = logits(7, B, K + 1, V)
   draft = logits(8, B, K, V) if with_draft else None
   drafts = np.zeros((B, K), np.int32)
   n = np.full((B,), K, np.int32)
   params = SamplingParams.make(B, temperature=1.0, top_p=0.9)
   config = SamplerConfig(implementation="pallas")
-  jaxpr = jax.make_jaxpr(lambda target, draft, params: spec.rejection_sample(
+  verify = lambda target, draft, params: spec.rejection_sample(
       target, drafts, n, params, jax.random.key(0), draft_logits=draft,
-      config=config))(target, draft, params)
-  found = outside_conds(jaxpr.jaxpr)
-  assert found["cond"] == 0
+      config=config)
+  closed = outside_conds(jax.make_jaxpr(
+      lambda target, draft: verify(target, draft, params))(target,
+                                                          draft).jaxpr)
+  assert (closed["cond"], closed["nested"]) == (0, 0)
   for kernel in ("jaxsample_row_stats", "jaxsample_threshold_window",
                  "jaxsample_pivot_threshold", "jaxsample_spec_stats",
                  "jaxsample_spec_emit"):
-    assert found.get(kernel), kernel
+    assert closed.get(kernel), kernel
+  traced = outside_conds(jax.make_jaxpr(verify)(target, draft, params).jaxpr)
+  assert (traced["cond"], traced["nested"]) == (1, 0)

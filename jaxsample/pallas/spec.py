@@ -14,10 +14,10 @@ below then read each row through its floor: elements below its
 sums, races and log-probabilities are those of the processed
 distributions.  A kept set the candidate buffer held, or whose
 threshold a window search found, comes with its normalizer
-(``KeptSets.measured``), so pass 1 does not read its row.  A batch known
-while tracing to have no filter skips this and runs kernels without floors;
-with traced params the threshold kernels run and skip rows without a filter
-(no ``lax.cond``: its predicate would go to the host on every call).
+(``KeptSets.measured``), so pass 1 does not read its row.  Untruncated
+batches skip this (``rowwise.cond``: a ``lax.cond``, one host round trip,
+with traced params; no cond inside ``kept_sets``) and run kernels without
+floors.
 
 Pass 1, ``stats_partials`` (grid ``(rows, vocab splits)``, no noise): for
 every *real* draft slot ``i < n_b`` it reads target row ``i`` (and draft row
