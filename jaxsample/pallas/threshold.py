@@ -57,7 +57,9 @@ top-p both on; a window that missed the threshold or overflowed its buffer
 (rows whose ties span the window, and the rare rows whose sample misleads
 the estimate by more than 5 standard deviations) leaves the threshold to
 ``pivot_threshold``: at most ``_PIVOT_PASSES`` passes, each splitting the
-order-key interval that holds it at ``_PIVOTS`` pivots.  The window search
+order-key interval that holds it at ``_PIVOTS`` pivots, in one kernel (one
+program per row; rows without a miss skip it, so no ``lax.cond`` guards
+any of these searches).  The window search
 also measures the kept mass (the spec sampler's normalizer).  The sampling
 mask of a large kept set (``large_kept_ids``) takes one more window search,
 by count for the ``K_cap``-th largest value, whose window has no upper end:
