@@ -135,11 +135,11 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   truncating rows; the Gumbel kernel rows with no filter (greedy rows
   included) and invalid rows; and one branch, taken only when some row
   needs it (``lax.cond``), rows with large kept sets or overflowed
-  candidate buffers (``threshold.sample_large``, with their masks; no cond
-  inside).  Where the caller's ``jit`` closes over the params, a batch
-  without truncating rows compiles the Gumbel route alone
-  (``rowwise.cond``); traced params run every route rather than a cond on
-  the batch.  A ``lax.cond`` sends its predicate to the host on every call
+  candidate buffers (``threshold.sample_large``, with their masks; inside
+  it only the mask listing's fallback conds).  Where the caller's ``jit``
+  closes over the params, a batch without truncating rows compiles the
+  Gumbel route alone (``rowwise.cond``); traced params run every route
+  rather than a cond on the batch.  A ``lax.cond`` sends its predicate to the host on every call
   (XLA runs it outside command buffers) and the GPU waits for the host:
   one round trip per step, which costs less than running the large-set
   route idle (``scripts/measure_host_gaps.py``).
