@@ -221,8 +221,9 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
                                      unfinished)
       if not return_mask:
         return found
+      _, _, _, kept_threshold, _, _ = found
       return found + (threshold.large_kept_ids(
-          logits, params, trunc, config, unfinished, found[3],
+          logits, params, trunc, config, unfinished, kept_threshold,
           min(config.max_mask_ids, logits.shape[1])),)
 
     # The one cond: idle, this route's kernels and XLA glue cost more than

@@ -1372,8 +1372,10 @@ def sample_truncated(logits, params: SamplingParams,
   if not finish_large or order_width:
     return trunc
   left = trunc.unfinished(params)
+  # Behind a cond, as in ``jaxsample.sample``: idle, the route costs more.
   found = rowwise.where_rows(
-      left, sample_large(logits, params, trunc, streams, config, left),
+      left, rowwise.only_if(left, lambda: sample_large(
+          logits, params, trunc, streams, config, left)),
       (token, logprob, complete, threshold, count, log_kept))
   return dataclasses.replace(trunc, **dict(zip(
       ("token", "logprob", "complete", "threshold", "count", "log_kept"),
