@@ -169,22 +169,22 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
         row_max=row_max, ordered_ids=jnp.zeros((batch, 1), jnp.int32),
         max_ids=config.max_mask_ids)
 
-  def truncation_mask(valid, token, count, log_kept, ordered_ids, trunc):
+  def truncation_mask(valid, token, count, log_kept, ordered_ids, rows):
+    """The mask of kept sets ``ordered_ids``; ``rows`` (a ``Truncation`` or
+    ``KeptSets``) gives each row's ``finite``, ``row_max`` and ``lse``."""
     return mask.assemble(
         valid=valid, greedy=~sampled, token=token, count=count,
-        finite=trunc.finite, logz=(trunc.row_max + log_kept) - trunc.lse,
-        lse=trunc.lse, row_max=trunc.row_max, ordered_ids=ordered_ids,
+        finite=rows.finite, logz=(rows.row_max + log_kept) - rows.lse,
+        lse=rows.lse, row_max=rows.row_max, ordered_ids=ordered_ids,
         max_ids=config.max_mask_ids)
 
   def floored_fp64_batch():
     """FP64 noise: the kept sets (with their ids by probability, for the
     mask), then one FP64 race per row, which also counts the kept set and
     sums its mass."""
-    if return_mask:
-      sets, ordered_ids, trunc = threshold.kept_sets(
-          logits, params, config, order_width=config.max_mask_ids)
-    else:
-      sets = threshold.kept_sets(logits, params, config)
+    sets = threshold.kept_sets(
+        logits, params, config,
+        order_width=config.max_mask_ids if return_mask else 0)
     floor = sets.threshold
     floored = floor > -jnp.inf  # a threshold of -inf keeps every finite y
     result, count, log_kept = threshold.floored_race(
@@ -192,7 +192,7 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     rows = (result, None)
     if return_mask:
       rows = (result, truncation_mask(floored, result.tokens, count, log_kept,
-                                      ordered_ids, trunc))
+                                      sets.ordered_ids, sets))
     return rowwise.where_rows(floored, rows, gumbel_rows(~floored))
 
   if config.use_fp64_gumbel:

@@ -1399,22 +1399,26 @@ class KeptSets:
   sum_K exp(y - row_max)`` (rows whose kept set the candidate buffer held,
   ``Truncation``'s, or whose threshold a window search found), so
   ``logsumexp`` of the processed row is ``row_max + log_kept``; undefined
-  elsewhere."""
+  elsewhere.  ``lse`` and ``finite``: the tempered row's logsumexp and
+  number of finite entries (``Truncation``'s); ``ordered_ids`` ``[B, W]``
+  (when asked for): the first ids of each kept set by descending ``y``
+  (``Truncation.ordered_ids``' order; undefined past the set's size)."""
 
   threshold: jax.Array
   row_max: jax.Array
   log_kept: jax.Array
   measured: jax.Array
+  lse: jax.Array
+  finite: jax.Array
+  ordered_ids: jax.Array | None = None
 
 
 def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
-              order_width: int = 0):
+              order_width: int = 0) -> KeptSets:
   """The kept set of each valid row of canonical ``params`` sampled with a
   filter on (``reference.keep_threshold``'s threshold); threshold -inf for
-  the other rows.  With ``order_width``: ``(sets, ordered_ids, trunc)``,
-  also the first ``min(order_width, V)`` ids of each kept set by descending
-  ``y`` (``Truncation.ordered_ids``' order; undefined past the set's size)
-  and the ``Truncation`` (the rows' ``lse`` and ``finite``).
+  the other rows.  With ``order_width``, also the first ``min(order_width,
+  V)`` ids of each kept set by descending ``y`` (``KeptSets.ordered_ids``).
 
   ``sample_truncated``'s passes (its race rides along on fixed streams over
   the candidates; its tokens are not used), then ``large_thresholds`` (and
@@ -1433,7 +1437,8 @@ def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
                           jnp.where(left, large.threshold, -jnp.inf))
     sets = KeptSets(threshold, trunc.row_max,
                     jnp.where(trunc.complete, trunc.log_kept, large.log_kept),
-                    trunc.complete | (left & large.measured))
+                    trunc.complete | (left & large.measured), trunc.lse,
+                    trunc.finite)
     if not order_width:
       return sets
     width = min(order_width, logits.shape[1])
@@ -1442,9 +1447,8 @@ def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
     pad = lambda ids, n: jnp.pad(ids, ((0, 0), (0, n - ids.shape[1])),
                                  constant_values=-1)
     width = max(width, trunc.ordered_ids.shape[1])
-    ordered = jnp.where(left[:, None], pad(large_ids, width),
-                        pad(trunc.ordered_ids, width))
-    return sets, ordered, trunc
+    return dataclasses.replace(sets, ordered_ids=jnp.where(
+        left[:, None], pad(large_ids, width), pad(trunc.ordered_ids, width)))
 
 
 def _window_search(logits, params: SamplingParams, trunc: Truncation,
@@ -1535,7 +1539,8 @@ def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
   threshold = jnp.where(topped, threshold, floor)
   mass = jnp.where(topped, topped_mass, mass)
   measured = jnp.where(topped, topped_measured, measured)
-  return KeptSets(threshold, trunc.row_max, jnp.log(mass), measured)
+  return KeptSets(threshold, trunc.row_max, jnp.log(mass), measured,
+                  trunc.lse, trunc.finite)
 
 
 def sample_large(logits, params: SamplingParams, trunc: Truncation,
