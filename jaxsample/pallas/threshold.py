@@ -421,16 +421,42 @@ _BOUND_KEY_BITS = 20
 _NEG_INF_KEY = 0x007FFFFF  # order_key(-inf); smaller keys are NaN patterns
 
 
-def _largest_key(reaches, bits: int) -> jax.Array:
-  """The largest uint32 ``v`` with its low ``32 - bits`` bits zero and
-  ``reaches(v)`` (monotone: true below some point), built bit by bit in
-  ``bits`` steps; 0 if none."""
+def _largest_keys(reaches: tuple, bits: int, start=None) -> tuple:
+  """Per predicate of ``reaches``, the largest uint32 ``v`` with its low ``32
+  - bits`` bits zero and ``reaches(v)`` (monotone: true below some point),
+  built bit by bit in ``bits`` steps; 0 if none.  The searches share one
+  loop, so the block reductions of their steps overlap.
 
-  def body(i, v):
-    candidate = v | (jnp.uint32(1) << (jnp.uint32(31) - i.astype(jnp.uint32)))
-    return jnp.where(reaches(candidate), candidate, v)
+  ``start = (prefix, known)`` (``_key_prefix``): the search looks only among
+  the keys whose ``known`` high bits are ``prefix``'s (``bits - known``
+  steps and a check): the largest there, or 0 if none there reaches."""
 
-  return lax.fori_loop(0, bits, body, jnp.uint32(0))
+  def body(i, keys):
+    bit = jnp.uint32(1) << (jnp.uint32(31) - i.astype(jnp.uint32))
+    return tuple(jnp.where(reach(v | bit), v | bit, v)
+                 for reach, v in zip(reaches, keys))
+
+  if start is None:
+    return lax.fori_loop(0, bits, body, (jnp.uint32(0),) * len(reaches))
+  prefix, known = start
+  keys = lax.fori_loop(known, bits, body, (prefix,) * len(reaches))
+  return tuple(jnp.where(reach(v), v, jnp.uint32(0))
+               for reach, v in zip(reaches, keys))
+
+
+def _largest_key(reaches, bits: int, start=None) -> jax.Array:
+  """``_largest_keys`` of one predicate."""
+  return _largest_keys((reaches,), bits, start)[0]
+
+
+def _key_prefix(lower, upper):
+  """``(prefix, known)``: the ``known`` high bits that the order keys of
+  every value in ``[lower, upper]`` share, and those bits (the rest 0)."""
+  low, high = common.order_key(lower), common.order_key(upper)
+  known = 32 - _bit_length(low ^ high)
+  mask = jnp.where(known > 0, jnp.uint32(0xFFFFFFFF) << jnp.minimum(
+      32 - known, 31).astype(jnp.uint32), jnp.uint32(0))
+  return low & mask, known
 
 
 def _count_reaches(key, survives, n):
@@ -439,7 +465,8 @@ def _count_reaches(key, survives, n):
   return lambda v: jnp.sum(jnp.where(survives & (key >= v), 1, 0)) >= n
 
 
-def _bound_thresholds(y, survives, e, k, p, mass, above, bits: int):
+def _bound_thresholds(y, survives, e, k, p, mass, above, bits: int,
+                      window=None):
   """Bound mode's ``(t2, k_found, t3)``, rounded down to ``bits`` key bits.
 
   One search per row: with top-k on, ``t2`` (the ``k``-th largest survivor)
@@ -447,27 +474,33 @@ def _bound_thresholds(y, survives, e, k, p, mass, above, bits: int):
   -inf`` and ``t3`` (the largest value whose upper mass, plus ``above``,
   reaches ``p * mass``).  ``bits`` block reductions, plus one for
   ``k_found``; with 32 bits the thresholds are exact (element values).
+  ``window = (lower, upper)``: the search looks only among the keys that
+  share the high bits of ``[lower, upper]``'s (``_key_prefix``), and gives
+  -inf where none there reaches: exact when the threshold lies in the
+  window, below ``lower`` or at least ``upper`` otherwise.
   """
   key = common.order_key(y)
   target = p * mass - above
   mass_reaches = lambda v: jnp.sum(jnp.where(survives & (key >= v), e,
                                              0.0)) >= target
-  found = lax.cond(k > 0,
-                   lambda: _largest_key(_count_reaches(key, survives, k), bits),
-                   lambda: _largest_key(mass_reaches, bits))
+  start = None if window is None else _key_prefix(*window)
+  found = lax.cond(
+      k > 0,
+      lambda: _largest_key(_count_reaches(key, survives, k), bits, start),
+      lambda: _largest_key(mass_reaches, bits, start))
   bound = jnp.where(found > _NEG_INF_KEY, common.key_value(found), -jnp.inf)
   k_found = jnp.sum(jnp.where(survives, 1, 0)) >= k
   return (jnp.where(k > 0, bound, -jnp.inf), k_found,
           jnp.where(k > 0, -jnp.inf, bound))
 
 
-def _bound(y, row_max, t1, k, p, mass, above, bits: int):
+def _bound(y, row_max, t1, k, p, mass, above, bits: int, window=None):
   """Bound mode's ``(max(t1, t2, t3), k_found)`` over the values ``y``
   (``_bound_thresholds``; ``t3`` only where ``p < 1``)."""
   finite = y > -jnp.inf
   e = jnp.where(finite, jnp.exp(y - row_max), 0.0)
   t2, k_found, t3 = _bound_thresholds(y, finite & (y >= t1), e, k, p, mass,
-                                      above, bits)
+                                      above, bits, window)
   return jnp.maximum(jnp.maximum(t1, t2), jnp.where(p < 1, t3, -jnp.inf)), (
       k_found)
 
@@ -524,12 +557,12 @@ def _rank_plan(n: int, interpret: bool) -> tuple[list[int], int]:
 
 
 def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref, *refs,
-                   bound: bool, has_above: bool, has_active: bool, width: int,
-                   bits: int, interpret: bool):
+                   bound: bool, has_above: bool, has_active: bool,
+                   has_window: bool, width: int, bits: int, interpret: bool):
   """One row's thresholds (``select_threshold``).
 
-  Bound mode (all ``N`` entries filled; input ``above`` if ``has_above``):
-  ``_bound``.
+  Bound mode (all ``N`` entries filled; input ``above`` if ``has_above``,
+  then ``lower`` and ``upper`` if ``has_window``): ``_bound``.
   Final mode (inputs ``scan``, ``ids``, ``race``; a candidate buffer with
   ``scan`` filled slots, none if ``scan > N``): on the smallest prefix of
   ``_rank_plan``'s sizes holding them, ``_rank``, then ``t2 = min{y_i :
@@ -541,7 +574,7 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref, *refs,
   ``has_active`` (first input): rows flagged 0 are skipped.
   """
   active_refs, refs = refs[:has_active], refs[has_active:]
-  inputs = int(has_above) if bound else 3
+  inputs = int(has_above) + 2 * has_window if bound else 3
   (threshold_ref, count_ref, kept_mass_ref, certified_ref,
    *extra_refs) = refs[inputs:]
   row = pl.program_id(0)
@@ -561,8 +594,10 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref, *refs,
     e = jnp.where(finite, jnp.exp(y - row_max), 0.0)
     survives = finite & (y >= t1)
     if bound:
+      window = tuple(ref[row] for ref in refs[has_above:inputs])
       threshold, k_found = _bound(y, row_max, t1, k, p, mass_ref[row],
-                                  refs[0][row] if has_above else 0.0, bits)
+                                  refs[0][row] if has_above else 0.0, bits,
+                                  window or None)
     else:
       above, mass, ties = _rank(y_ref, row, scan, y, t1, row_max,
                                 with_ties=bool(width), step=step)
@@ -646,7 +681,8 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
                      bound: bool, interpret: bool, ids=None, race=None,
                      scan=None, order_width: int = 0, above=None,
                      bits: int = _BOUND_KEY_BITS,
-                     num_warps: int = _SELECT_WARPS, active=None):
+                     num_warps: int = _SELECT_WARPS, active=None,
+                     window=None):
   """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded), no sort.
 
   Bound mode searches order keys bit by bit (``_bound_thresholds``: one
@@ -672,12 +708,17 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
   ``y``; with ``order_width``, also ``ids``' kept entries by descending
   ``y`` (smallest slot first on ties), ``[B, order_width]``, -1 padded.
   ``active`` ``[B]``: the rows to select (default all); the outputs of
-  the others are undefined.
+  the others are undefined.  ``window = (lower, upper)`` ``[B]`` (bound
+  mode): the search looks only where the thresholds' keys share the high
+  bits of ``[lower, upper]``'s (``_bound_thresholds``).
   """
   batch = y.shape[0]
+  if window is not None and not bound:
+    raise ValueError("a window bounds a bound-mode search")
   kernel = functools.partial(_select_kernel, bound=bound,
                              has_above=above is not None,
-                             has_active=active is not None, width=order_width,
+                             has_active=active is not None,
+                             has_window=window is not None, width=order_width,
                              bits=bits, interpret=interpret)
   out_shape = [jax.ShapeDtypeStruct((batch,), jnp.float32),
                jax.ShapeDtypeStruct((batch,), jnp.int32),
@@ -694,8 +735,8 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
       interpret=interpret, name="jaxsample_select_threshold")(
           y, row_max, t1, params.top_k, params.top_p, mass,
           *([] if active is None else [active.astype(jnp.int32)]),
-          *(([] if above is None else [above]) if bound else
-            [scan.astype(jnp.int32), ids, race]))
+          *(([] if above is None else [above]) + list(window or ()) if bound
+            else [scan.astype(jnp.int32), ids, race]))
 
 
 # ---------------------------------------------------------------------------
@@ -756,12 +797,15 @@ def _window_kernel(temp_ref, sample_ref, row_max_ref, t1_ref, k_ref, p_ref,
           _BOUND_KEY_BITS)
       rank = jnp.sum(jnp.where(survives & (key >= threshold_key), 1, 0))
 
-    def ranked(n):  # the n-th largest survivor (rounded down), -inf if none
-      found = _largest_key(_count_reaches(key, survives, n), _BOUND_KEY_BITS)
-      return jnp.where(found > _NEG_INF_KEY, common.key_value(found), -jnp.inf)
-
-    upper = jnp.where(rank > half, ranked(rank - half), jnp.inf)
-    lower_ref[row] = jnp.maximum(ranked(rank + half), t1)
+    # The (rank - half)-th and (rank + half)-th largest survivors (rounded
+    # down; -inf if none), searched together.
+    found = _largest_keys(tuple(_count_reaches(key, survives, n)
+                                for n in (rank - half, rank + half)),
+                          _BOUND_KEY_BITS)
+    ranked = [jnp.where(f > _NEG_INF_KEY, common.key_value(f), -jnp.inf)
+              for f in found]
+    upper = jnp.where(rank > half, ranked[0], jnp.inf)
+    lower_ref[row] = jnp.maximum(ranked[1], t1)
     # With fewer survivors in the sample than ``rank - half``, every finite
     # survivor is above the window (counted, not written).
     upper_ref[row] = jnp.maximum(jnp.maximum(upper, t1),
@@ -1486,7 +1530,7 @@ def _window_search(logits, params: SamplingParams, trunc: Truncation,
   threshold, _, window_mass, _ = select_threshold(
       window.y, row_max, floor, search, total, bound=True,
       interpret=interpret, above=window.above_mass, bits=32,
-      num_warps=_WINDOW_WARPS, active=rows)
+      num_warps=_WINDOW_WARPS, active=rows, window=(lower, upper))
   return (threshold, window.above_mass + window_mass,
           (window.count <= capacity) & reached & (threshold >= lower), window)
 
