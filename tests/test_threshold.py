@@ -47,6 +47,37 @@ def test_order_key_is_monotone_and_invertible():
   np.testing.assert_array_equal(back, values + np.float32(0.0))
 
 
+def test_key_searches_from_a_shared_prefix():
+  """``_key_prefix(lower, upper)`` holds the high bits every key in
+  ``[lower, upper]`` shares; a search started there (``_largest_key``'s
+  ``start``) finds the answer when it lies in that block, the block's
+  largest key when it lies above, and 0 when it lies below."""
+  r = np.random.default_rng(3)
+  a = (r.standard_normal(60) * r.choice([1e-3, 1, 1e3], 60)).astype(
+      np.float32)
+  b = (a + np.abs(r.standard_normal(60)) * r.choice([0, 1e-6, 1e-2, 10],
+                                                     60)).astype(np.float32)
+  a[:3], b[:3] = [-np.inf, 1.5, -2.0], [np.inf, 1.5, -1.999]
+  for lower, upper in zip(a, b):
+    prefix, known = threshold._key_prefix(jnp.float32(lower),
+                                          jnp.float32(upper))
+    middle = (lower / 2 + upper / 2) if np.isfinite(lower) and np.isfinite(
+        upper) else 0.0
+    keys = common.order_key(jnp.float32([lower, upper, middle]))
+    mask = np.uint32(0) if int(known) == 0 else np.uint32(
+        (0xFFFFFFFF << (32 - int(known))) & 0xFFFFFFFF)
+    np.testing.assert_array_equal(np.asarray(keys) & mask, int(prefix))
+    assert int(known) == 32 or (int(keys[0]) ^ int(keys[1])) >> (
+        31 - int(known)) & 1
+    for answer in (keys[2], keys[0] - 1, keys[1] + 1):
+      found = threshold._largest_key(lambda v, answer=answer: v <= answer, 32,
+                                     (prefix, known))
+      block_max = int(prefix) | (~int(mask) & 0xFFFFFFFF)
+      want = (int(answer) if int(prefix) <= int(answer) <= block_max else
+              block_max if int(answer) > block_max else 0)
+      assert int(found) == want, (lower, upper, int(answer))
+
+
 def check_logit_floor_splits_like_the_quotient(seed):
   """``x < logit_floor(floor, T)`` iff ``xla_temper(x, T) < floor`` (the
   kernels' ``y``), for x within 64 ulps of the logit floor and at random,
