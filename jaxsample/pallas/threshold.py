@@ -1443,17 +1443,18 @@ class KeptSets:
   sum_K exp(y - row_max)`` (rows whose kept set the candidate buffer held,
   ``Truncation``'s, or whose threshold a window search found), so
   ``logsumexp`` of the processed row is ``row_max + log_kept``; undefined
-  elsewhere.  ``lse`` and ``finite``: the tempered row's logsumexp and
-  number of finite entries (``Truncation``'s); ``ordered_ids`` ``[B, W]``
-  (when asked for): the first ids of each kept set by descending ``y``
-  (``Truncation.ordered_ids``' order; undefined past the set's size)."""
+  elsewhere.  From ``kept_sets``, also ``lse`` and ``finite``: the tempered
+  row's logsumexp and number of finite entries (``Truncation``'s); and
+  ``ordered_ids`` ``[B, W]`` (when asked for): the first ids of each kept
+  set by descending ``y`` (``Truncation.ordered_ids``' order; undefined past
+  the set's size)."""
 
   threshold: jax.Array
   row_max: jax.Array
   log_kept: jax.Array
   measured: jax.Array
-  lse: jax.Array
-  finite: jax.Array
+  lse: jax.Array | None = None
+  finite: jax.Array | None = None
   ordered_ids: jax.Array | None = None
 
 
@@ -1583,8 +1584,7 @@ def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
   threshold = jnp.where(topped, threshold, floor)
   mass = jnp.where(topped, topped_mass, mass)
   measured = jnp.where(topped, topped_measured, measured)
-  return KeptSets(threshold, trunc.row_max, jnp.log(mass), measured,
-                  trunc.lse, trunc.finite)
+  return KeptSets(threshold, trunc.row_max, jnp.log(mass), measured)
 
 
 def sample_large(logits, params: SamplingParams, trunc: Truncation,
