@@ -20,10 +20,10 @@ def cond(pred: jax.Array, true_fn, false_fn, *, unknown=None):
   when it is known while tracing (computed under
   ``jax.ensure_compile_time_eval`` from parameters the caller's ``jit``
   closes over, or in an eager call): only that branch is traced and
-  compiled, and no predicate goes to the host.  ``unknown``: a function
-  giving the same result for either ``pred``, called instead of the
-  ``lax.cond`` when ``pred`` is not known (on a GPU, XLA copies a cond's
-  predicate to the host and waits for it on every call)."""
+  compiled, and no cond runs.  ``unknown``: a function giving the same
+  result for either ``pred``, called instead of the ``lax.cond`` when
+  ``pred`` is not known (on a GPU a cond costs every call the trip of its
+  predicate, 6-10 us of a decode loop's step on an H100)."""
   try:
     taken = bool(pred)
   except jax.errors.ConcretizationTypeError:

@@ -139,10 +139,11 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   it only the mask listing's fallback conds).  Where the caller's ``jit``
   closes over the params, a batch without truncating rows compiles the
   Gumbel route alone (``rowwise.cond``); traced params run every route
-  rather than a cond on the batch.  A ``lax.cond`` sends its predicate to the host on every call
-  (XLA runs it outside command buffers) and the GPU waits for the host:
-  one round trip per step, which costs less than running the large-set
-  route idle (``scripts/measure_host_gaps.py``).
+  rather than a cond on the batch.  A ``lax.cond`` costs every step the
+  trip of its predicate (6-10 us of a decode loop's step on an H100,
+  ``scripts/measure_host_gaps.py``): less than running the large-set route
+  idle; a cond on the batch would save steps without filters about what it
+  would cost filtered ones (``benchmarks/results/2026-11-24-idle-skips``).
 
   The FP64 path finds every kept set's threshold (``threshold.kept_sets``;
   with a mask, also the kept ids by probability) and races the kept set with
@@ -227,7 +228,7 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
           min(config.max_mask_ids, logits.shape[1])),)
 
     # The one cond: idle, this route's kernels and XLA glue cost more than
-    # the round trip (scripts/measure_host_gaps.py).
+    # the cond (scripts/measure_host_gaps.py).
     token, logprob, _, _, count, log_kept, *ordered = rowwise.only_if(
         unfinished, large_rows)
     large = (SampleResult(token, logprob, unfinished),

@@ -362,7 +362,7 @@ def rejection_sample(target_logits: jax.Array,
         target_logits, d, n, params, noise_keys, accept_keys,
         positions.astype(jnp.uint32), draft_logits, synthetic_rates, config,
         floors)
-    # With traced params a lax.cond (one host round trip per call): the
+    # With traced params a lax.cond (its predicate's trip on every call): the
     # threshold kernels of an untruncated batch would cost more, idle
     # (scripts/measure_host_gaps.py).
     return rowwise.cond(

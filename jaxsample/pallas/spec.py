@@ -15,8 +15,8 @@ sums, races and log-probabilities are those of the processed
 distributions.  A kept set the candidate buffer held, or whose
 threshold a window search found, comes with its normalizer
 (``KeptSets.measured``), so pass 1 does not read its row.  Untruncated
-batches skip this (``rowwise.cond``: a ``lax.cond``, one host round trip,
-with traced params; no cond inside ``kept_sets``) and run kernels without
+batches skip this (``rowwise.cond``: a ``lax.cond`` with traced params;
+no cond inside ``kept_sets``) and run kernels without
 floors.
 
 Pass 1, ``stats_partials`` (grid ``(rows, vocab splits)``, no noise): for

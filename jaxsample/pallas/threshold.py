@@ -1665,7 +1665,7 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
   window missed take ``v`` from ``pivot_threshold`` (by count) and
   ``reference.top_ids`` on the whole row, behind a ``lax.cond``.  (Callers
   run this function behind a cond of its own: its XLA listing, over every
-  row, would cost more on every call than the host round trip.)
+  row, would cost more on every call than the cond.)
   """
   t = params.temperature
   top_width = SamplingParams(t, jnp.full_like(params.top_k, width),
