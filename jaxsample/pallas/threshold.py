@@ -118,7 +118,7 @@ _PASS_WARPS = 4
 _PASS_TILE = 4  # chunks per loop step (loads run one step ahead)
 # The compact pass's chunk, chunks per step and warps: on an H100, 1 x 1024
 # beat 4 x 512, 2 x 1024 and 1 x 2048 with 4 or 8 warps (69.0 against 74.0,
-# 96.6, 77.4 and 80.2 us for a window pass at B = 128; 5.9 against 6.7 us for
+# 96.6, 77.5 and 80.2 us for a window pass at B = 128; 5.9 against 6.7 us for
 # top-k 50 + top-p 0.9; scripts/sweep_compact.sh).
 _COMPACT_BLOCK = 1024
 _COMPACT_TILE = 1
