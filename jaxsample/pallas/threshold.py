@@ -49,8 +49,9 @@ more than ``C / 2`` candidates above ``L``; ``sample_large``): min-p alone keeps
 ``threshold_window`` places a window ``[lower, upper)`` of sample ranks
 around the threshold estimated from the sample; the compact pass, windowed,
 writes the window's elements and sums the count and mass above and the mass
-below it; a 32-bit bound-mode search over the window finds the exact
-threshold (top-k first; top-p then searches above ``max(t1, t2)``).  Then
+below it; a bound-mode search over the window finds the exact threshold
+bit by bit, from the high key bits the window's ends share (top-k first;
+top-p then searches above ``max(t1, t2)``).  Then
 the Gumbel kernel with a ``floor`` races the kept set and counts it.  Three
 passes over the row (stats, windowed compact, Gumbel), four with top-k and
 top-p both on; a window that missed the threshold or overflowed its buffer
