@@ -595,10 +595,11 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref, *refs,
     e = jnp.where(finite, jnp.exp(y - row_max), 0.0)
     survives = finite & (y >= t1)
     if bound:
-      window = tuple(ref[row] for ref in refs[has_above:inputs])
+      window = (refs[has_above][row], refs[has_above + 1][row]) if (
+          has_window) else None
       threshold, k_found = _bound(y, row_max, t1, k, p, mass_ref[row],
                                   refs[0][row] if has_above else 0.0, bits,
-                                  window or None)
+                                  window)
     else:
       above, mass, ties = _rank(y_ref, row, scan, y, t1, row_max,
                                 with_ties=bool(width), step=step)
