@@ -105,7 +105,10 @@ _MIN_SEGMENT = 16
 # Rows whose bound is reached by at most this many segments read only those
 # in the compact pass (``Segments``).
 _LIST_CAP = 256
-_SELECT_WARPS = 4
+# The bound select: on an H100, 8 warps beat 4 and 2 (6.9 against 8.4 and
+# 10.6-12.0 us at B = 128, top-k 50 + top-p 0.9).
+_BOUND_WARPS = 8
+_SELECT_WARPS = 4  # the final select
 # The pack kernel: 8 warps at least (4.6 -> 3.9 us at B = 128 on an H100),
 # 16 for window buffers.
 _PACK_WARPS = 8
@@ -120,7 +123,7 @@ _PASS_TILE = 4  # chunks per loop step (loads run one step ahead)
 # The compact pass's chunk, chunks per step and warps: on an H100, 1 x 1024
 # beat 4 x 512, 2 x 1024 and 1 x 2048 with 4 or 8 warps (69.0 against 74.0,
 # 96.6, 77.5 and 80.2 us for a window pass at B = 128; 5.9 against 6.7 us for
-# top-k 50 + top-p 0.9; scripts/sweep_compact.sh).
+# top-k 50 + top-p 0.9; benchmarks/results/2026-11-24-idle-skips).
 _COMPACT_BLOCK = 1024
 _COMPACT_TILE = 1
 _COMPACT_WARPS = 4
@@ -375,7 +378,7 @@ def row_bounds(logits, params: SamplingParams, config: SamplerConfig, *,
 
   The bound select combines each row's per-split stats, searches its
   segment maxima (``_bound``) and routes it: one program per row,
-  ``_SELECT_WARPS`` warps.
+  ``_BOUND_WARPS`` warps.
   """
   batch, vocab = logits.shape
   plan = _pass_plan(batch, vocab, logits.dtype, config)
@@ -396,7 +399,7 @@ def row_bounds(logits, params: SamplingParams, config: SamplerConfig, *,
                   jax.ShapeDtypeStruct((batch, _LIST_CAP), jnp.int32), i32,
                   i32, i32, i32],
        grid=(batch,),
-       compiler_params=plgpu.CompilerParams(num_warps=_SELECT_WARPS,
+       compiler_params=plgpu.CompilerParams(num_warps=_BOUND_WARPS,
                                             num_stages=1),
        interpret=plan.interpret, name="jaxsample_row_bounds")(
            *_params(params), log_min_p, stats.top, stats.sumexp, stats.finite,
@@ -683,7 +686,7 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
                      bound: bool, interpret: bool, ids=None, race=None,
                      scan=None, order_width: int = 0, above=None,
                      bits: int = _BOUND_KEY_BITS,
-                     num_warps: int = _SELECT_WARPS, active=None,
+                     num_warps: int | None = None, active=None,
                      window=None):
   """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded), no sort.
 
@@ -733,7 +736,8 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
     out_shape.append(jax.ShapeDtypeStruct((batch, order_width), jnp.int32))
   return pl.pallas_call(
       kernel, out_shape=out_shape, grid=(batch,),
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      compiler_params=plgpu.CompilerParams(
+          num_warps=num_warps or _SELECT_WARPS, num_stages=1),
       interpret=interpret, name="jaxsample_select_threshold")(
           y, row_max, t1, params.top_k, params.top_p, mass,
           *([] if active is None else [active.astype(jnp.int32)]),
