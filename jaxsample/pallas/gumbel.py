@@ -215,7 +215,7 @@ class GumbelRace:
       return best, index, bound, sumexp + total
 
     def raced(_):
-      bits = tile.bits()  # the generator runs only here
+      bits = tile.bits(loaded[0])  # the generator runs only here
       s = state
       for c, (x, e) in enumerate(zip(xs, es)):
         s = self.chunk(s, tile.index(c), bits[c], x, e, bound32 if c else None)
