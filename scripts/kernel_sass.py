@@ -1,13 +1,14 @@
-"""SASS of the Gumbel kernel, for instruction counts (GPU machine only).
+"""SASS of a kernel, for instruction counts (GPU machine only).
 
-    PYTHONPATH=. python3 scripts/kernel_sass.py OUT_DIR [B] [V]
+    PYTHONPATH=. python3 scripts/kernel_sass.py OUT_DIR [KERNEL] [B] [V] [KNOB=int ...]
 
-Captures the Triton IR that Pallas lowers ``jaxsample_gumbel_max`` to (B x V
-fp32 logits, default plan), compiles it with the installed ``triton`` for
-sm_90 and writes ``gumbel.ttir``, ``gumbel.ptx``, ``gumbel.cubin`` and
-``gumbel.sass`` (nvdisasm or cuobjdump) to
-OUT_DIR, then prints the opcode histogram of the SASS: over the whole kernel
-and over its hottest loop (the largest backward-branch range).
+Captures the Triton IR that Pallas lowers KERNEL to (``gumbel``, the default:
+``jaxsample_gumbel_max``; ``compact``: the windowed compact pass of
+``threshold.collect_candidates``) for B x V fp32 logits at the default plan,
+compiles it with the installed ``triton`` for sm_90 and writes
+``KERNEL.ttir``, ``.ptx``, ``.cubin`` and ``.sass`` (nvdisasm or cuobjdump)
+to OUT_DIR, then prints the register count and the opcode histogram of the
+SASS: over the whole kernel and over its longest loops.
 """
 import collections
 import os
@@ -20,11 +21,15 @@ import jax.numpy as jnp
 from jax._src.pallas.triton import lowering, pallas_call_registration
 
 from jaxsample import SamplerConfig, rng
-from jaxsample.pallas import gumbel
+from jaxsample.pallas import gumbel, threshold
 
 out = sys.argv[1]
-B = int(sys.argv[2]) if len(sys.argv) > 2 else 128
-V = int(sys.argv[3]) if len(sys.argv) > 3 else 151936
+name = sys.argv[2] if len(sys.argv) > 2 else "gumbel"
+B = int(sys.argv[3]) if len(sys.argv) > 3 else 128
+V = int(sys.argv[4]) if len(sys.argv) > 4 else 151936
+for setting in sys.argv[5:]:  # threshold module knobs, e.g. _COMPACT_WARPS=8
+  knob, value = setting.split("=")
+  setattr(threshold, knob, int(value))
 
 captured = []
 _lower = lowering.lower_jaxpr_to_triton_module
@@ -40,22 +45,27 @@ pallas_call_registration.lowering.lower_jaxpr_to_triton_module = capture
 
 
 def f(x, t):
+  rows = jnp.zeros((B,), jnp.float32)
+  if name == "compact":
+    return threshold.collect_candidates(
+        x, t, rows > -1, rows, rows, rows, None, SamplerConfig(),
+        upper=rows + 1, capacity=8192)
   streams = rng.RowStreams(*(jnp.zeros((B,), jnp.uint32),) * 4)
   return gumbel.gumbel_partials(x, t, streams, SamplerConfig())
 
 
 jax.jit(f).lower(jax.ShapeDtypeStruct((B, V), jnp.float32),
                  jax.ShapeDtypeStruct((B,), jnp.float32))
-(ttir,) = captured
-open(f"{out}/gumbel.ttir", "w").write(ttir)
+ttir = captured[0]  # the first kernel of the call
+open(f"{out}/{name}.ttir", "w").write(ttir)
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
-kernel = triton.compile(f"{out}/gumbel.ttir", target=GPUTarget("cuda", 90, 32),
+kernel = triton.compile(f"{out}/{name}.ttir", target=GPUTarget("cuda", 90, 32),
                         options={"num_warps": 4, "num_stages": 1})
-open(f"{out}/gumbel.ptx", "w").write(kernel.asm["ptx"])
-open(f"{out}/gumbel.cubin", "wb").write(kernel.asm["cubin"])
+open(f"{out}/{name}.ptx", "w").write(kernel.asm["ptx"])
+open(f"{out}/{name}.cubin", "wb").write(kernel.asm["cubin"])
 tools = [os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
                       "bin"), "/usr/local/cuda/bin"] + os.environ.get(
                           "PATH", "").split(":")
@@ -63,12 +73,12 @@ for tool, flags in (("nvdisasm", ["-c"]), ("cuobjdump", ["-sass"])):
   found = [os.path.join(d, tool) for d in tools
            if os.path.exists(os.path.join(d, tool))]
   if found:
-    sass = subprocess.run([found[0], *flags, f"{out}/gumbel.cubin"],
+    sass = subprocess.run([found[0], *flags, f"{out}/{name}.cubin"],
                           capture_output=True, text=True).stdout
     break
 else:
   sys.exit(f"no nvdisasm or cuobjdump in {tools}")
-open(f"{out}/gumbel.sass", "w").write(sass)
+open(f"{out}/{name}.sass", "w").write(sass)
 try:
   kernel._init_handles()
   print(f"registers {kernel.n_regs}, spills {kernel.n_spills}")
