@@ -39,13 +39,19 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--no-plans", dest="plans", action="store_false",
                       help="only the default plans at --batch, fp32")
+  parser.add_argument("--splits", default="",
+                      help="splits per row to time at every --batch (fp32), "
+                      "in place of the built-in plans")
   args = parser.parse_args(argv)
   baseline = load_module(args.baseline) if args.baseline else None
   vocab = args.vocab
   bandwidth = bench.measure_bandwidth()
   print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
   cases = [("float32", int(b), None) for b in args.batch.split(",")]
-  if args.plans:  # other dtypes and plans at a few batch sizes
+  if args.splits:
+    cases += [("float32", int(b), int(n)) for b in args.batch.split(",")
+              for n in args.splits.split(",")]
+  elif args.plans:  # other dtypes and plans at a few batch sizes
     cases += [("bfloat16", 128, None), ("float32", 128, 2), ("float32", 128, 8),
               ("float32", 32, 26), ("float32", 512, 2)]
   for dtype, batch, splits in cases:
