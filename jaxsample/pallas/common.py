@@ -205,7 +205,7 @@ class Tile:
     noise = self.noise
     global_start = (self.start + noise.vocab_offset).astype(jnp.uint32)
     lanes = self.lanes
-    if anchor is not None:  # + 0 computed from the anchor (no NaN is > itself)
+    if anchor is not None:  # + 0 from the anchor: x > x is false, NaN included
       lanes = lanes + jnp.where(anchor > anchor, 1, 0).astype(jnp.uint32)
     return [b for _, b in rng.tile_bits(noise.generator, noise.stream,
                                         global_start, lanes,
