@@ -4,7 +4,8 @@
 
 Captures the Triton IR that Pallas lowers KERNEL to (``gumbel``, the default:
 ``jaxsample_gumbel_max``; ``compact``: the windowed compact pass of
-``threshold.collect_candidates``) for B x V fp32 logits at the default plan,
+``threshold.collect_candidates``; ``stats``: the truncation's stats pass)
+for B x V fp32 logits at the default plan,
 compiles it with the installed ``triton`` for sm_90 and writes
 ``KERNEL.ttir``, ``.ptx``, ``.cubin`` and ``.sass`` (nvdisasm or cuobjdump)
 to OUT_DIR, then prints the register count and the opcode histogram of the
@@ -20,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax._src.pallas.triton import lowering, pallas_call_registration
 
-from jaxsample import SamplerConfig, rng
+from jaxsample import SamplerConfig, SamplingParams, rng
 from jaxsample.pallas import gumbel, threshold
 
 out = sys.argv[1]
@@ -46,6 +47,11 @@ pallas_call_registration.lowering.lower_jaxpr_to_triton_module = capture
 
 def f(x, t):
   rows = jnp.zeros((B,), jnp.float32)
+  if name == "stats":
+    params = SamplingParams(t, rows.astype(jnp.int32), rows + 0.9, rows)
+    plan = threshold._pass_plan(B, V, x.dtype, SamplerConfig())
+    return threshold._stats_pass(x, params, plan,
+                                 threshold._segment_size(V, plan.chunk), 1024)
   if name == "compact":
     return threshold.collect_candidates(
         x, t, rows > -1, rows, rows, rows, None, SamplerConfig(),
