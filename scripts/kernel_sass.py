@@ -9,7 +9,9 @@ for B x V fp32 logits at the default plan,
 compiles it with the installed ``triton`` for sm_90 and writes
 ``KERNEL.ttir``, ``.ptx``, ``.cubin`` and ``.sass`` (nvdisasm or cuobjdump)
 to OUT_DIR, then prints the register count and the opcode histogram of the
-SASS: over the whole kernel and over its longest loops.
+SASS: over the whole kernel and over its longest loops' paths that take no
+forward branch (in the Gumbel kernel, tiles whose chunks hold no possible
+winner).
 """
 import collections
 import os
@@ -90,23 +92,37 @@ try:
   print(f"registers {kernel.n_regs}, spills {kernel.n_spills}")
 except Exception as e:  # diagnostics only
   print("no register count:", e)
-lines = [l for l in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", l)]
-ops = []
-for l in lines:
-  m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", l)
+# Instructions as (address, opcode, text); labels (".L_x_3:") name the next one.
+ops, labels, pending = [], {}, []
+for line in sass.splitlines():
+  label = re.match(r"^(\.L_x_\d+):", line)
+  if label:
+    pending.append(label.group(1))
+    continue
+  m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
   if m:
-    ops.append((int(m.group(1), 16), m.group(2), l))
+    address = int(m.group(1), 16)
+    labels.update((name, address) for name in pending)
+    pending = []
+    ops.append((address, m.group(2), line))
 print(f"{len(ops)} SASS instructions")
 hist = collections.Counter(op.split(".")[0] for _, op, _ in ops)
 print("whole kernel:", hist.most_common(40))
-# Loops: branches to a lower address.
-loops = []
-for addr, op, l in ops:
-  if op.startswith("BRA"):
-    m = re.search(r"0x([0-9a-f]+)", l.split("BRA", 1)[1])
-    if m and int(m.group(1), 16) < addr:
-      loops.append((int(m.group(1), 16), addr))
-for start, end in sorted(loops, key=lambda r: r[0] - r[1])[:3]:
-  body = [op.split(".")[0] for a, op, _ in ops if start <= a <= end]
-  print(f"loop {start:#x}-{end:#x}: {len(body)} instructions:",
-        collections.Counter(body).most_common(40))
+
+
+def target(line):
+  m = re.search(r"\((\.L_x_\d+)\)", line)
+  return labels.get(m.group(1)) if m else None
+
+
+branches = [(a, target(l)) for a, op, l in ops if op.startswith("BRA")]
+loops = [(t, a) for a, t in branches if t is not None and t < a]
+for start, end in sorted(loops, key=lambda r: r[0] - r[1])[:2]:
+  # The loop's path that takes no forward branch inside it (for the Gumbel
+  # kernel: every chunk's filter says no possible winner).
+  skipped = [(a, t) for a, t in branches
+             if t is not None and start <= a < t <= end]
+  body = [op.split(".")[0] for a, op, _ in ops if start <= a <= end and
+          not any(b < a < t for b, t in skipped)]
+  print(f"loop {start:#x}-{end:#x}, path without forward branches: "
+        f"{len(body)} instructions:", collections.Counter(body).most_common(40))
