@@ -42,28 +42,44 @@ def main(argv=None) -> int:
   parser.add_argument("--splits", default="",
                       help="splits per row to time at every --batch (fp32), "
                       "in place of the built-in plans")
+  parser.add_argument("--dtypes", default="float32,bfloat16",
+                      help="dtypes of the --warps cases")
+  parser.add_argument("--no-skip", dest="skip", action="store_false",
+                      help="leave out the tile-skip variant")
+  parser.add_argument("--warps", default="",
+                      help="warps per program to time at every --batch (fp32 "
+                      "and bf16, default splits or each of --splits), in "
+                      "place of the built-in plans")
   args = parser.parse_args(argv)
   baseline = load_module(args.baseline) if args.baseline else None
   vocab = args.vocab
   bandwidth = bench.measure_bandwidth()
   print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s")
-  cases = [("float32", int(b), None) for b in args.batch.split(",")]
-  if args.splits:
-    cases += [("float32", int(b), int(n)) for b in args.batch.split(",")
-              for n in args.splits.split(",")]
+  batches = [int(b) for b in args.batch.split(",")]
+  splits_list = [int(n) for n in args.splits.split(",")] if args.splits else []
+  cases = [("float32", b, None, None) for b in batches]
+  if args.warps:
+    cases += [(dtype, b, n, int(w)) for w in args.warps.split(",")
+              for dtype in args.dtypes.split(",") for b in batches
+              for n in splits_list or [None]]
+  elif args.splits:
+    cases += [("float32", b, n, None) for b in batches for n in splits_list]
   elif args.plans:  # other dtypes and plans at a few batch sizes
-    cases += [("bfloat16", 128, None), ("float32", 128, 2), ("float32", 128, 8),
-              ("float32", 32, 26), ("float32", 512, 2)]
-  for dtype, batch, splits in cases:
+    cases += [("bfloat16", 128, None, None), ("float32", 128, 2, None),
+              ("float32", 128, 8, None), ("float32", 32, 26, None),
+              ("float32", 512, 2, None)]
+  for dtype, batch, splits, warps in cases:
     params = js.SamplingParams.make(batch, temperature=0.7)
     streams, _ = rng.row_streams(jax.random.key(1), None, batch, vocab)
-    cfg = js.SamplerConfig(implementation="pallas", num_splits=splits)
+    cfg = js.SamplerConfig(implementation="pallas", num_splits=splits,
+                           num_warps=warps)
     plan = common.make_plan(batch, vocab, dtype, cfg, generator="philox")
     variants = {}
-    if baseline is not None and splits is None:
+    if baseline is not None and splits is None and warps is None:
       variants["baseline"] = (baseline, {})
     variants["default"] = (gumbel, dict(tile_skip=False))
-    variants["skip"] = (gumbel, dict(tile_skip=True))
+    if args.skip:
+      variants["skip"] = (gumbel, dict(tile_skip=True))
     fns = {}
     dummy = jnp.zeros((batch, vocab), jnp.dtype(dtype))
     for name, (module, flags) in variants.items():
@@ -90,7 +106,7 @@ def main(argv=None) -> int:
           tiles = batch * -(-vocab // rng.PHILOX_TILE)
           raced = f"{float(jnp.sum(p.raced_tiles)) / tiles:.3f}"
         print(f"{dtype:8s} {dist:5s} B={batch:4d} splits={plan.num_splits:3d}x"
-              f"{plan.steps:<3d} {name:8s} {r['us']:8.1f} us  x_floor "
+              f"{plan.steps:<3d} warps={plan.num_warps} {name:8s} {r['us']:8.1f} us  x_floor "
               f"{r['us'] / floor:5.2f}  raced {raced:5s} same_tokens {same}",
               flush=True)
       del inputs

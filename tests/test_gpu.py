@@ -179,24 +179,32 @@ def test_tile_skip_matches_reference(batch, dtype, gen, fp64):
 
 @pytest.mark.parametrize("gen", GENERATORS)
 def test_tile_skip_counts_on_gpu(gen):
-  """The kernel's raced-tile counts: every tile races on randn rows, few on
+  """The kernel's raced-tile counts: every loop step that holds an id races
+  on randn rows, and with 4 splits of 4-warp programs few tiles race on
   peaked rows (the skip path runs on the device)."""
   from jaxsample import SamplerConfig, rng
-  from jaxsample.pallas import gumbel
+  from jaxsample.pallas import common, gumbel
   batch, vocab = 128, 151936
   params = SamplingParams.make(batch, temperature=0.7)
   streams, _ = rng.row_streams(jax.random.key(0), None, batch, vocab)
-  config = SamplerConfig(implementation="pallas", rng=gen)
-  with gumbel.options(tile_skip=True):
-    fn = jax.jit(lambda x: gumbel.gumbel_partials(
-        x, params.temperature, streams, config).raced_tiles)
-    tile = rng.PHILOX_TILE if gen == "philox" else 1024
-    tiles = batch * -(-vocab // tile)
-    flat = jnp.asarray(
-        np.random.default_rng(1).standard_normal((batch, vocab)) * 2,
-        jnp.float32)
-    assert int(jnp.sum(fn(flat))) == tiles
-    peaked, _ = llm_like_case(batch, vocab, jnp.float32, seed=2)
-    raced = int(jnp.sum(fn(peaked)))
-  assert raced < 0.75 * tiles, (raced, tiles)
+  flat = jnp.asarray(
+      np.random.default_rng(1).standard_normal((batch, vocab)) * 2, jnp.float32)
+  peaked, _ = llm_like_case(batch, vocab, jnp.float32, seed=2)
+  for warps in (None, 4):  # the default plan (1 warp for philox), 4 warps
+    config = SamplerConfig(implementation="pallas", rng=gen, num_warps=warps)
+    plan = common.make_plan(batch, vocab, jnp.float32, config, generator=gen)
+    with gumbel.options(tile_skip=True):
+      fn = jax.jit(lambda x, config=config: gumbel.gumbel_partials(
+          x, params.temperature, streams, config).raced_tiles)
+      tiles = batch * -(-vocab // plan.tile)
+      # A step's smallest id: tile start + lane-group offset (chunk 0, lane 0).
+      steps_with_ids = sum(t + g * plan.chunk < vocab
+                           for t in range(0, vocab, plan.tile)
+                           for g in range(plan.lane_groups))
+      assert float(jnp.sum(fn(flat))) == (
+          batch * steps_with_ids / plan.lane_groups)
+      raced = float(jnp.sum(fn(peaked)))
+    if warps == 4:
+      assert plan.num_splits == 4
+      assert raced < 0.75 * tiles, (raced, tiles)
 

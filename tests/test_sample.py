@@ -164,10 +164,18 @@ def test_pallas_matches_xla_extreme_magnitudes(gen, offset, scale, temperature):
 @pytest.mark.parametrize("gen", GENERATORS)
 @pytest.mark.parametrize("overrides", [dict(block_size=16, num_splits=7),
                                        dict(block_size=128, num_splits=1),
-                                       dict(num_splits=2, num_warps=4, num_stages=2)])
+                                       dict(num_splits=2, num_warps=4, num_stages=2),
+                                       dict(num_warps=1), dict(num_warps=2,
+                                                               num_splits=1)])
 def test_kernel_plan_overrides_keep_parity(gen, overrides):
+  """Any plan, 1-warp programs walking Philox tiles in lane groups included:
+  the reference's result (a greedy row of ties takes its smallest id)."""
   x = random_logits(99, B, V)
-  params = SamplingParams.make(B, temperature=random_temps(99, B))
+  # 1-warp programs visit 517 before 133 (one lane, two lane groups).
+  x = x.at[1].set(jnp.full((V,), -1.0).at[jnp.array([133, 517, 4000])].set(3.0))
+  temps = random_temps(99, B)
+  temps[1] = 0.0
+  params = SamplingParams.make(B, temperature=temps)
   key = jax.random.key(99)
   a = run_sample(x, params, key, impl="pallas", rng=gen, **overrides)
   b = run_sample(x, params, key, impl="xla", rng=gen)
@@ -315,17 +323,19 @@ def _exact_race_tie(gen, key, vocab, a, b, level=30.0):
 def test_exact_race_tie_takes_smallest_id(gen):
   """Two ids with bit-equal race values in different splits: the smaller id
   wins (the reference's argmax; an element equal to the bound is never
-  skipped)."""
+  skipped).  (133, 517) share a lane of 1-warp programs, which visit 517
+  first (lane groups of 128 ids: ``common.KernelPlan``)."""
   key = jax.random.key(33)
-  for a, b in [(100, SKIP_V - 50), (SKIP_V // 2 + 7, SKIP_V - 1)]:
+  for a, b in [(100, SKIP_V - 50), (SKIP_V // 2 + 7, SKIP_V - 1), (133, 517)]:
     x = _exact_race_tie(gen, key, SKIP_V, a, b)
     xs = jnp.asarray(x[None])
     params = SamplingParams.make(1, temperature=1.0)
     ref = run_sample(xs, params, key, impl="xla", rng=gen)
     assert ref.tokens[0] == a
-    for splits in (1, 2, 4):
-      got = run_sample_skip(xs, params, key, rng=gen, num_splits=splits)
-      assert got.tokens[0] == a, (splits, got.tokens)
+    for splits, warps in [(1, None), (2, None), (4, None), (1, 1)]:
+      got = run_sample_skip(xs, params, key, rng=gen, num_splits=splits,
+                            num_warps=warps)
+      assert got.tokens[0] == a, (splits, warps, got.tokens)
       np.testing.assert_allclose(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5)
 
 

@@ -34,11 +34,15 @@ class KernelPlan:
 
   Attributes:
     chunk: elements per masked load (power of 2).
-    tile: elements per loop step (one RNG tile: 4 chunks for philox).
+    tile: elements per RNG tile (4 x ``PHILOX_LANES`` for philox).
     num_splits: programs per row (grid ``(B, num_splits)``).
-    steps: loop steps per program; ``num_splits * steps * tile >= V``.
+    steps: tiles per program; ``num_splits * steps * tile >= V``.
     num_warps, num_stages: Triton compiler parameters.
     interpret: run in Pallas interpret mode (CPU).
+    lane_groups: loop steps per tile.  A step loads one chunk from each of
+      the tile's ``tile / (chunk * lane_groups)`` segments of
+      ``chunk * lane_groups`` ids: with 4 groups of 128 lanes a 1-warp program
+      walks a Philox tile in 4 steps (lanes ``128 g + l`` of each word).
   """
 
   chunk: int
@@ -48,10 +52,16 @@ class KernelPlan:
   num_warps: int
   num_stages: int
   interpret: bool
+  lane_groups: int = 1
 
   @property
   def split_len(self) -> int:
     return self.steps * self.tile
+
+  @property
+  def chunk_stride(self) -> int:
+    """Distance between the ids of a step's successive chunks."""
+    return self.chunk * self.lane_groups
 
   def compiler_params(self):
     return plgpu.CompilerParams(num_warps=self.num_warps,
@@ -62,27 +72,45 @@ def make_plan(batch: int, vocab: int, dtype, config: SamplerConfig, *,
               generator: str | None) -> KernelPlan:
   """Heuristic plan on (B, V, dtype), each field overridable by ``config``.
 
-  Splits aim at ~3 programs per SM so small batches still fill the GPU; 4
-  warps per program (tuned on an H100: ``scripts/sweep_gumbel.py``).
+  Splits aim at ``_PROGRAMS_PER_SM`` programs per SM so small batches still
+  fill the GPU.  Philox plans load 4 elements per thread per chunk
+  (``128 * num_warps`` lanes, ``lane_groups`` steps per tile) and use 1-warp
+  programs from ``_ONE_WARP_BATCH`` rows on with FP32 noise: no block
+  reductions, so no barriers, in the loop (Gumbel kernel on an H100, B = 128:
+  41.7 us against 44.4 with 4 warps; B = 512: 120.3 against 132.2; but B = 1:
+  7.1 against 5.3, and FP64 noise at B = 128: 135 against 87,
+  ``benchmarks/results/2026-11-24-one-warp``).  Other plans: 4 warps.
   ``generator=None`` plans a kernel that draws no noise.
   """
   del dtype  # fp32 and bf16 tune alike: the kernels are compute-bound.
   if generator == "philox":
-    chunk = rng.PHILOX_LANES
+    one_warp = batch >= _ONE_WARP_BATCH and not config.use_fp64_gumbel
+    num_warps = config.num_warps or (1 if one_warp else 4)
+    chunk = min(rng.PHILOX_LANES, 128 * num_warps)
     tile = rng.PHILOX_TILE
+    lane_groups = rng.PHILOX_LANES // chunk
   else:
+    num_warps = config.num_warps or 4
     chunk = config.block_size or 1024
     tile = chunk
+    lane_groups = 1
   n_tiles = -(-vocab // tile)
-  target_programs = 3 * _SM_COUNT_DEFAULT
+  target_programs = _PROGRAMS_PER_SM[min(num_warps, 4)] * _SM_COUNT_DEFAULT
   splits = config.num_splits or max(1, min(n_tiles, -(-target_programs // max(batch, 1))))
   splits = min(splits, n_tiles)
   steps = -(-n_tiles // splits)
   splits = -(-n_tiles // steps)  # No split starts past V.
   return KernelPlan(chunk=chunk, tile=tile, num_splits=splits, steps=steps,
-                    num_warps=config.num_warps or 4,
-                    num_stages=config.num_stages or 1,
-                    interpret=jax.default_backend() != "gpu")
+                    num_warps=num_warps, num_stages=config.num_stages or 1,
+                    interpret=jax.default_backend() != "gpu",
+                    lane_groups=lane_groups)
+
+
+_ONE_WARP_BATCH = 32
+_PROGRAMS_PER_SM = {1: 15, 2: 6, 4: 3}
+"""Programs per SM the splits aim at, by warps per program (H100 sweeps,
+``scripts/sweep_gumbel.py --warps``): 1-warp programs, 2 tiles each at B = 32
+(38 splits) up to 19 at B = 512 (4 splits)."""
 
 
 # ---------------------------------------------------------------------------
@@ -116,6 +144,18 @@ def gpu_mulhilo(a: jax.Array, b: jax.Array):
   return tuple(lax.bitcast_convert_type(w, jnp.uint32) for w in words)
 
 
+def gpu_mulhilo_pair(a: jax.Array, b: jax.Array):
+  """``gpu_mulhilo`` from a ``mul.hi.u32`` and a ``mul.lo``: faster for the
+  FP64 noise, whose two Philox calls per element make ``mul.wide``'s 64-bit
+  products costlier (on an H100 at B = 128: 90.3 us instead of 107.8,
+  ``benchmarks/results/2026-11-24-one-warp``)."""
+  a, b = jnp.broadcast_arrays(a, b)
+  to_i32 = lambda v: lax.bitcast_convert_type(v, jnp.int32)
+  (hi,) = _asm("mul.hi.u32 $0, $1, $2;", "=r,r,r", (jnp.int32,), to_i32(a),
+               to_i32(b))
+  return lax.bitcast_convert_type(hi, jnp.uint32), a * b
+
+
 def gpu_div(x: jax.Array, t: jax.Array) -> jax.Array:
   """fp32 ``x / t`` exactly as XLA computes it on NVIDIA GPUs: ``div.full.f32``
   (within 2 ulp, not always the IEEE quotient; ``scripts/check_division.py``
@@ -139,6 +179,9 @@ class KernelMath:
 
   def mulhilo(self, a, b):
     return rng.mulhilo(a, b) if self.interpret else gpu_mulhilo(a, b)
+
+  def mulhilo_pair(self, a, b):
+    return rng.mulhilo(a, b) if self.interpret else gpu_mulhilo_pair(a, b)
 
   def div(self, x, t):
     return x / t if self.interpret else gpu_div(x, t)
@@ -181,22 +224,27 @@ class Noise:
 
 @dataclasses.dataclass(frozen=True)
 class Tile:
-  """One loop step of ``tile_loop``: ``len(starts)`` chunks of one RNG tile.
+  """One loop step of ``tile_loop``: ``num_chunks`` chunks of the RNG tile at
+  ``start``, chunk ``c`` at local ids ``start + offset + c * stride + lanes``.
 
-  ``bits()`` emits the generator's code for the tile's random bits where it
+  ``bits()`` emits the generator's code for the step's random bits where it
   is called, so a step can draw noise only inside the branch that needs it.
   """
 
   start: jax.Array
+  offset: jax.Array | int
   lanes: jax.Array
-  chunk: int
+  stride: int
   num_chunks: int
   noise: Noise | None
   math: KernelMath
 
+  def chunk_start(self, c: int) -> jax.Array:
+    return self.start + self.offset + c * self.stride
+
   def index(self, c: int) -> jax.Array:
     """Local vocab ids of chunk ``c``."""
-    return self.start + c * self.chunk + self.lanes.astype(jnp.int32)
+    return self.chunk_start(c) + self.lanes.astype(jnp.int32)
 
   def bits(self, anchor: jax.Array | None = None) -> list:
     """Per-chunk random bits of the tile's global ids (``Noise`` required).
@@ -210,19 +258,20 @@ class Tile:
     """
     noise = self.noise
     global_start = (self.start + noise.vocab_offset).astype(jnp.uint32)
-    lanes = self.lanes
+    lanes = self.lanes + jnp.asarray(self.offset).astype(jnp.uint32)
     if anchor is not None:  # + 0 from the anchor: x > x is false, NaN included
       lanes = lanes + jnp.where(anchor > anchor, 1, 0).astype(jnp.uint32)
     return [b for _, b in rng.tile_bits(noise.generator, noise.stream,
                                         global_start, lanes,
                                         wide=noise.wide,
-                                        mulhilo=self.math.mulhilo)]
+                                        mulhilo=self.math.mulhilo_pair
+                                        if noise.wide else self.math.mulhilo)]
 
   def chunks(self, anchor: jax.Array | None = None) -> list[Chunk]:
     """The tile's chunks with their bits (drawn here when ``noise`` is set,
     in the layout of ``anchor``: ``bits``)."""
     bits = self.bits(anchor) if self.noise else [None] * self.num_chunks
-    return [Chunk(self.start + c * self.chunk, self.index(c), b)
+    return [Chunk(self.chunk_start(c), self.index(c), b)
             for c, b in enumerate(bits)]
 
 
@@ -230,12 +279,13 @@ def tile_loop(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
               load: Callable[[jax.Array, jax.Array], Any],
               step: Callable[[Any, Tile, tuple], Any], carry, *,
               noise: Noise | None = None):
-  """Folds ``step(carry, tile, loaded)`` over the RNG tiles of one split.
+  """Folds ``step(carry, tile, loaded)`` over the RNG tiles of one split,
+  ``plan.lane_groups`` steps per tile.
 
   ``load(start, mask)`` reads one chunk (masked lanes filled by the caller's
-  choice); ``loaded`` holds the tile's chunks.  Loads run one tile ahead of
-  the compute: each step issues the next tile's loads before it processes the
-  current tile, so a program keeps two tiles of reads in flight (the loop body
+  choice); ``loaded`` holds the step's chunks.  Loads run one step ahead of
+  the compute: each step issues the next step's loads before it processes the
+  current one, so a program keeps two steps of reads in flight (the loop body
   holds data-dependent branches that Triton's pipeliner does not reorder).
   ``vocab`` is the local row length (loads past it are masked).  With
   ``noise``, ``tile.bits()`` are the random bits of the global vocab ids
@@ -243,22 +293,36 @@ def tile_loop(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
   """
   lanes = jnp.arange(plan.chunk, dtype=jnp.uint32)
   lanes_i32 = lanes.astype(jnp.int32)
-  offsets = range(0, plan.tile, plan.chunk)
+  offsets = range(0, plan.tile, plan.chunk_stride)
   split_end = jnp.minimum(split_start + plan.split_len, vocab)
+  groups = plan.lane_groups
 
-  def load_tile(tile_start):
-    return tuple(load(tile_start + offset,
-                      tile_start + offset + lanes_i32 < split_end)
+  def position(i):
+    """Tile start and lane offset of step ``i``."""
+    if groups == 1:
+      return split_start + i * plan.tile, 0
+    # groups is a power of 2 (jnp's % and // do not lower in Triton here).
+    i = lax.convert_element_type(i, jnp.int32)  # int64 under x64
+    tile_index = lax.shift_right_logical(i, jnp.int32(groups.bit_length() - 1))
+    group = i & (groups - 1)
+    return split_start + tile_index * plan.tile, group * plan.chunk
+
+  def load_step(i):
+    tile_start, lane_offset = position(i)
+    return tuple(load(tile_start + lane_offset + offset,
+                      tile_start + lane_offset + offset + lanes_i32 < split_end)
                  for offset in offsets)
 
   def body(i, state):
     carry, loaded = state
-    tile_start = split_start + i * plan.tile
-    upcoming = load_tile(tile_start + plan.tile)
-    tile = Tile(tile_start, lanes, plan.chunk, len(offsets), noise, math)
+    upcoming = load_step(i + 1)
+    tile_start, lane_offset = position(i)
+    tile = Tile(tile_start, lane_offset, lanes, plan.chunk_stride,
+                len(offsets), noise, math)
     return step(carry, tile, loaded), upcoming
 
-  carry, _ = lax.fori_loop(0, plan.steps, body, (carry, load_tile(split_start)))
+  carry, _ = lax.fori_loop(0, plan.steps * groups, body,
+                           (carry, load_step(jnp.int32(0))))
   return carry
 
 
@@ -352,8 +416,8 @@ def floored_loader(load, x_floor):
 
 
 def argmax_update(best, best_index, value, index):
-  """Lane-wise running argmax; earlier (smaller) ids win ties."""
-  better = value > best
+  """Lane-wise running argmax; smaller ids win ties."""
+  better = (value > best) | ((value == best) & (index < best_index))
   return jnp.where(better, value, best), jnp.where(better, index, best_index)
 
 

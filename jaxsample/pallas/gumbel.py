@@ -61,7 +61,9 @@ class GumbelPartials:
       have a finite max.
     sumexp: ``sum exp(y - max)`` over the split.
     raced_tiles: RNG tiles of the split that drew random bits (the others
-      were skipped whole); 0 on greedy rows.  Diagnostics only.
+      were skipped whole), float32: a plan that walks a tile in lane groups
+      counts each raced step as ``1 / lane_groups`` of a tile; 0 on greedy
+      rows.  Diagnostics only.
     kept: with a ``floor``, the split's number of elements ``y >= floor``
       (the others are left out of ``race`` and ``sumexp``); with
       ``count_finite``, of entries ``> -inf``; else None.
@@ -419,13 +421,13 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
       streams.base_hi, streams.base_lo, offset,
       *([common.logit_floor(floor, temperature)] if floored else []), logits)
   kept = rest.pop(0) if counted else None
-  if skip:
-    raced = rest[0]
+  if skip:  # raced loop steps
+    raced = rest[0].astype(jnp.float32) / plan.lane_groups
   else:  # every tile of a sampled row races
     starts = np.arange(plan.num_splits) * plan.split_len
     tiles = np.minimum(-(-(vocab - starts) // plan.tile), plan.steps)
     raced = jnp.where(temperature[:, None] > 0,
-                      jnp.asarray(tiles, jnp.int32)[None], 0)
+                      jnp.asarray(tiles, jnp.float32)[None], 0.0)
   race_lo = rest[skip:]
   if fp64:
     race = _join_words(race, race_lo[0])
