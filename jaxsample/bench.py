@@ -31,6 +31,7 @@ alongside.
 from __future__ import annotations
 
 import argparse
+import collections
 import glob
 import json
 import statistics
@@ -52,8 +53,9 @@ _TOP_K = 50
 _TOP_P = 0.9
 
 
-def _device_events(trace_dir: str) -> list[tuple[int, int]] | None:
-  """(start_ns, duration_ns) of the GPU events of a trace, in time order."""
+def _device_events(trace_dir: str) -> list[tuple[int, int, str]] | None:
+  """(start_ns, duration_ns, name) of the GPU events of a trace, in time
+  order."""
   files = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
   if not files:
     return None
@@ -65,7 +67,7 @@ def _device_events(trace_dir: str) -> list[tuple[int, int]] | None:
     for line in plane.lines:
       if not line.name.startswith("Stream"):
         continue
-      events.extend((e.start_ns, e.duration_ns) for e in line.events)
+      events.extend((e.start_ns, e.duration_ns, e.name) for e in line.events)
   return sorted(events) or None
 
 
@@ -76,7 +78,8 @@ def time_op(fn: Callable, inputs: list, iters: int, repeats: int) -> dict:
   calls in time order (every call launches the same kernels), and the
   reported figure is the median over ``repeats`` blocks of ``iters`` calls of
   the block mean.  If the event count is no multiple of the calls, the mean
-  over all calls is reported (``device_split`` False).
+  over all calls is reported (``device_split`` False).  ``kernel_us``: each
+  device op's mean time per call, by name (costliest first).
   """
   jax.block_until_ready(fn(inputs[0]))
   calls = iters * repeats
@@ -92,7 +95,11 @@ def time_op(fn: Callable, inputs: list, iters: int, repeats: int) -> dict:
     events = _device_events(trace_dir)
   result = {"wall_us": wall_us}
   if events:
-    durations = [d for _, d in events]
+    durations = [d for _, d, _ in events]
+    per_name = collections.Counter()
+    for _, d, name in events:
+      per_name[name] += d / 1e3 / calls
+    result["kernel_us"] = dict(per_name.most_common())
     if len(durations) % calls == 0:
       per_call = len(durations) // calls
       block = iters * per_call
@@ -243,6 +250,8 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--fp64", action="store_true")
   parser.add_argument("--json", default="")
+  parser.add_argument("--kernels", type=int, default=0,
+                      help="also print the N costliest device ops per row")
   args = parser.parse_args(argv)
 
   bandwidth = measure_bandwidth()
@@ -282,6 +291,8 @@ def main(argv=None) -> int:
           print(f"{name:34s} {dist:6s} {dtype:8s} {batch:4d} {r['us']:9.1f} "
                 f"{r['wall_us']:9.1f} {floor_us:9.1f} {row['x_floor']:8.2f} "
                 f"{tag}", flush=True)
+          for kernel, us in list(r.get("kernel_us", {}).items())[:args.kernels]:
+            print(f"    {us:8.2f}  {kernel[:80]}")
         del inputs
   if args.json:
     write_json(args.json, bandwidth, rows)

@@ -27,9 +27,9 @@ Each op returns the whole ``SpecResult`` (tokens, counts and logprobs), and
 the synthetic rates are an argument of the jitted function: constant rates,
 or dropped logprobs, would let XLA skip work the standard mode does.
 
-For the Pallas ops an extra traced run splits the device time per call into
-pass 1 (``jaxsample_spec_stats``), pass 2 (``jaxsample_spec_emit``) and the
-XLA glue (every other kernel), and counts the kernels per call.
+For the Pallas ops the trace's device time per call is split into pass 1
+(``jaxsample_spec_stats``), pass 2 (``jaxsample_spec_emit``) and the XLA glue
+(every other kernel), with the kernels per call.
 
 Inputs: ``2 N(0, 1)`` logits (``--dist llm`` adds head tokens, see
 ``jaxsample.bench``; needs a ``bench.rotating_inputs`` with ``dist``), draft
@@ -45,11 +45,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import itertools
 import statistics
 import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -61,46 +59,16 @@ from jaxsample import bench
 PASS1, PASS2 = "jaxsample_spec_stats", "jaxsample_spec_emit"
 
 
-def _events_by_name(trace_dir: str) -> dict[str, list[int]]:
-  """GPU event durations (ns) of a trace, by event name (stream lines)."""
-  files = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
-  out = collections.defaultdict(list)
-  if not files:
-    return out
-  data = jax.profiler.ProfileData.from_file(files[0])
-  for plane in data.planes:
-    if not plane.name.startswith("/device:GPU"):
-      continue
-    for line in plane.lines:
-      if line.name.startswith("Stream"):
-        for event in line.events:
-          out[event.name].append(event.duration_ns)
-  return out
-
-
-def breakdown(fn, inputs, calls: int) -> dict:
-  """Device us per call of pass 1, pass 2 and the rest, and kernels per call."""
-  jax.block_until_ready(fn(inputs[0]))
-  with tempfile.TemporaryDirectory() as trace_dir:
-    jax.profiler.start_trace(trace_dir)
-    out = None
-    for i in range(calls):
-      out = fn(inputs[i % len(inputs)])
-    jax.block_until_ready(out)
-    jax.profiler.stop_trace()
-    events = _events_by_name(trace_dir)
-  if not events:
-    return {}
-  part = lambda keep: sum(sum(d) for n, d in events.items() if keep(n))
-  total_events = sum(len(d) for d in events.values())
+def breakdown(kernel_us: dict) -> dict:
+  """Device us per call of pass 1, pass 2 and the rest (``bench.time_op``'s
+  ``kernel_us``)."""
+  part = lambda keep: sum(us for n, us in kernel_us.items() if keep(n))
+  glue = lambda n: PASS1 not in n and PASS2 not in n
   return {
-      "pass1_us": part(lambda n: PASS1 in n) / 1e3 / calls,
-      "pass2_us": part(lambda n: PASS2 in n) / 1e3 / calls,
-      "other_us": part(lambda n: PASS1 not in n and PASS2 not in n) / 1e3 /
-                  calls,
-      "kernels_per_call": total_events / calls,
-      "other_kernels": sorted({n for n in events
-                               if PASS1 not in n and PASS2 not in n}),
+      "pass1_us": part(lambda n: PASS1 in n),
+      "pass2_us": part(lambda n: PASS2 in n),
+      "other_us": part(glue),
+      "other_kernels": sorted(filter(glue, kernel_us)),
   }
 
 
@@ -225,8 +193,8 @@ def main(argv=None) -> int:
         row = dict(op=name, plan=config_kw, dtype=dtype, batch=batch, k=k,
                    draft=with_draft, vocab=args.vocab, floor_us=floor_us,
                    x_floor=r["us"] / floor_us, **r)
-        if args.breakdown and name.startswith("pallas"):
-          row.update(breakdown(fn, inputs, args.iters))
+        if args.breakdown and name.startswith("pallas") and "kernel_us" in r:
+          row.update(breakdown(r["kernel_us"]))
         rows.append(row)
         plan_s = ",".join(f"{key}={v}" for key, v in config_kw.items()) or "default"
         part = lambda key: (f"{row[key]:7.1f}" if key in row else f"{'':7s}")

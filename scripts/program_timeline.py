@@ -38,7 +38,7 @@ def timed_kernel(*refs, **kw):
   dummy = jnp.full((32,), row + split, jnp.int32)
   start_ref[row, split] = _special("globaltimer_lo", dummy)
   gumbel._kernel(*refs, **kw)  # pylint: disable=protected-access
-  index_ref = refs[9]
+  index_ref = refs[4]  # row table, offset, x, race, index
   after = jnp.full((32,), index_ref[row, split], jnp.int32)
   end_ref[row, split] = _special("globaltimer_lo", after)
   sm_ref[row, split] = _special("smid", dummy)
@@ -81,9 +81,10 @@ def main(out, batch, warps=None, splits=None):
 
   @jax.jit
   def run(x):
-    return call(params.temperature, jnp.ones((batch,), jnp.int32),
-                streams.key0, streams.key1, streams.base_hi, streams.base_lo,
-                jnp.zeros((1,), jnp.int32), x)
+    table = common.row_table(params.temperature,
+                             jnp.ones((batch,), jnp.int32), streams.key0,
+                             streams.key1, streams.base_hi, streams.base_lo)
+    return call(table, jnp.zeros((1,), jnp.int32), x)
 
   inputs = bench.rotating_inputs(batch, vocab, jnp.dtype(jnp.float32),
                                  dist="randn")

@@ -267,15 +267,16 @@ def options(*, tile_skip: bool = False):
     TILE_SKIP = old
 
 
+_ROW_DTYPES = (jnp.float32, jnp.int32) + common.STREAM_DTYPES
+"""The kernel's row table: temperature, active, the stream (and the floor)."""
+
+
 def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
             fp64: bool, skip: bool, floored: bool, count_finite: bool):
   """One (row, split) program."""
   refs = list(refs)
-  (temp_ref, active_ref, key0_ref, key1_ref, base_hi_ref, base_lo_ref,
-   offset_ref) = refs[:7]
-  del refs[:7]
-  floor_ref = refs.pop(0) if floored else None
-  x_ref = refs.pop(0)
+  table_ref, offset_ref, x_ref = refs[:3]  # table: gumbel_partials
+  del refs[:3]
   race_ref, index_ref, max_ref, sumexp_ref = refs[:4]
   del refs[:4]
   raced_ref = refs.pop(0) if skip else None
@@ -285,7 +286,10 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
   math = common.KernelMath(plan.interpret)
   split_start = split * plan.split_len
   offset = offset_ref[0]
-  t = temp_ref[row]
+  t, active, *stream = common.table_row(
+      table_ref, row, _ROW_DTYPES + ((jnp.float32,) if floored else ()))
+  x_floor = stream.pop() if floored else None  # common.logit_floor
+  stream = rng.RowStreams(*stream)
   race_dtype = jnp.float64 if fp64 else jnp.float32
   lanes = jnp.arange(plan.chunk, dtype=jnp.int32)
   first_index = split_start + lanes  # all -inf rows report the first id
@@ -302,12 +306,9 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
         index - index,) * (skip + floored)
 
   def sampled():
-    stream = rng.RowStreams(key0_ref[row], key1_ref[row], base_hi_ref[row],
-                            base_lo_ref[row])
     race = GumbelRace(math, t, race_dtype, wide=fp64)
     noise = common.Noise(generator, stream, offset, wide=fp64)
     if floored or count_finite:  # and count the raced entries (kept)
-      x_floor = floor_ref[row] if floored else None  # common.logit_floor
 
       def step(carry, chunk, x):
         state, kept = carry
@@ -339,7 +340,7 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
                                     init, noise=noise)
     return (*race.finish(state), count)
 
-  @pl.when(active_ref[row] != 0)
+  @pl.when(active != 0)
   def _():
     top, index, m, s, *counts = lax.cond(t > 0, sampled, greedy)
     if fp64:
@@ -415,11 +416,11 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
                         interpret=plan.interpret, name="jaxsample_gumbel_max")
   offset = jnp.asarray(vocab_offset, jnp.int32).reshape(1)
   active = jnp.ones((batch,), bool) if active is None else active
-  race, index, row_max, sumexp, *rest = call(
+  table = common.row_table(
       temperature.astype(jnp.float32), active.astype(jnp.int32), streams.key0,
-      streams.key1,
-      streams.base_hi, streams.base_lo, offset,
-      *([common.logit_floor(floor, temperature)] if floored else []), logits)
+      streams.key1, streams.base_hi, streams.base_lo,
+      *([common.logit_floor(floor, temperature)] if floored else []))
+  race, index, row_max, sumexp, *rest = call(table, offset, logits)
   kept = rest.pop(0) if counted else None
   if skip:  # raced loop steps
     raced = rest[0].astype(jnp.float32) / plan.lane_groups

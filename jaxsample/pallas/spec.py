@@ -272,12 +272,22 @@ class _ResidualMath(common.KernelMath):
     return spec_ref.residual_logits(y, lt, ld)
 
 
-def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
-                 key1_ref, base_hi_ref, base_lo_ref, shift_t_ref, lsum_t_ref,
-                 shift_d_ref, lsum_d_ref, *refs, plan, vocab, generator, fp64,
+_EMIT_ROW_DTYPES = ((jnp.float32,) + (jnp.int32,) * 4 + common.STREAM_DTYPES
+                    + (jnp.float32,) * 4)
+"""The emit kernel's row table: temperature, ``EmitRequest``'s mode, row_t,
+row_d, exclude, streams and norms (then its floors, float32)."""
+
+
+def _emit_kernel(table_ref, target_ref, *outs, plan, vocab, generator, fp64,
                  with_draft, floored):
-  floors = 1 + with_draft if floored else 0
-  floor_refs, (target_ref, *outs) = refs[:floors], refs[floors:]
+  num_floors = 1 + with_draft if floored else 0
+  row = common.table_row(table_ref, pl.program_id(0),
+                         _EMIT_ROW_DTYPES + (jnp.float32,) * num_floors)
+  t, mode, row_t, row_d, exclude = row[:5]
+  stream = rng.RowStreams(*row[5:9])
+  shift_t, log_sum_t, shift_d, log_sum_d = row[9:13]
+  floors = row[13:]
+  outs = list(outs)
   draft_ref = outs.pop(0) if with_draft else None
   race_ref, index_ref, max_ref, sumexp_ref = outs[:4]
   plain_race_ref, plain_index_ref = outs[4:6] if with_draft else (None, None)
@@ -285,15 +295,11 @@ def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
   b, split = pl.program_id(0), pl.program_id(1)
   math = common.KernelMath(plan.interpret)
   split_start = split * plan.split_len
-  t = temp_ref[b]
   race_dtype = jnp.float64 if fp64 else jnp.float32
   first_index = split_start + jnp.arange(plan.chunk, dtype=jnp.int32)
-  load_t = common.row_chunk_loader(target_ref, row_t_ref[b], plan.chunk)
+  load_t = common.row_chunk_loader(target_ref, row_t, plan.chunk)
   # The races read the kept sets only (the greedy argmax reads the row).
-  race_t = (common.floored_loader(load_t, floor_refs[0][b]) if floored
-            else load_t)
-  stream = rng.RowStreams(key0_ref[b], key1_ref[b], base_hi_ref[b],
-                          base_lo_ref[b])
+  race_t = common.floored_loader(load_t, floors[0]) if floored else load_t
   noise = common.Noise(generator, stream, jnp.int32(0), wide=fp64)
   race = gumbel.GumbelRace(math, t, race_dtype, wide=fp64)
   one = (split - split + 1).astype(jnp.float32)  # no literal stores in Triton
@@ -324,8 +330,7 @@ def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
     write((top.astype(race_dtype), index, top, one))
 
   def plain_race():
-    excl = excl_ref[b]
-    left_out = lambda index, x: jnp.where(index == excl, -jnp.inf,
+    left_out = lambda index, x: jnp.where(index == exclude, -jnp.inf,
                                           x.astype(jnp.float32))
     if gumbel.TILE_SKIP:
       def tile_step(state, tile, loaded):
@@ -344,10 +349,10 @@ def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
 
   branches = [skip, greedy, plain_race]
   if with_draft:
-    load_d = common.row_chunk_loader(draft_ref, row_d_ref[b], plan.chunk)
+    load_d = common.row_chunk_loader(draft_ref, row_d, plan.chunk)
     if floored:
-      load_d = common.floored_loader(load_d, floor_refs[1][b])
-    norms = (shift_t_ref[b], lsum_t_ref[b], shift_d_ref[b], lsum_d_ref[b])
+      load_d = common.floored_loader(load_d, floors[1])
+    norms = (shift_t, log_sum_t, shift_d, log_sum_d)
 
     def residual():
       def load(start, mask):
@@ -372,7 +377,7 @@ def _emit_kernel(temp_ref, mode_ref, row_t_ref, row_d_ref, excl_ref, key0_ref,
       write(race.finish(res_state), (plain_top, plain_index))
 
     branches.append(residual)
-  _switch(mode_ref[b], branches)
+  _switch(mode, branches)
 
 
 @jax.tree_util.register_dataclass
@@ -426,12 +431,12 @@ def emit_partials(target2d, draft2d, temperature, req: EmitRequest,
                         compiler_params=plan.compiler_params(),
                         interpret=plan.interpret, name="jaxsample_spec_emit")
   s = req.streams
-  args = [temperature.astype(jnp.float32), req.mode, req.row_t, req.row_d,
-          req.exclude, s.key0, s.key1, s.base_hi, s.base_lo,
-          *[a.astype(jnp.float32) for a in req.norms],
-          *[common.logit_floor(f, temperature) for f in req.floors], target2d]
-  if with_draft:
-    args.append(draft2d)
+  table = common.row_table(
+      temperature.astype(jnp.float32), req.mode, req.row_t, req.row_d,
+      req.exclude, s.key0, s.key1, s.base_hi, s.base_lo,
+      *[a.astype(jnp.float32) for a in req.norms],
+      *[common.logit_floor(f, temperature) for f in req.floors])
+  args = [table, target2d] + ([draft2d] if with_draft else [])
   outs = list(call(*args))
   race, index, row_max, sumexp = outs[:4]
   plain = tuple(outs[4:6]) if with_draft else None
