@@ -28,7 +28,8 @@ the synthetic rates are an argument of the jitted function: constant rates,
 or dropped logprobs, would let XLA skip work the standard mode does.
 
 For the Pallas ops the trace's device time per call is split into pass 1
-(``jaxsample_spec_stats``), pass 2 (``jaxsample_spec_emit``) and the XLA glue
+(``jaxsample_spec_stats``; one-hot drafts: the single Gumbel pass,
+``jaxsample_gumbel_max``), pass 2 (``jaxsample_spec_emit``) and the XLA glue
 (every other kernel), with the kernels per call.
 
 Inputs: ``2 N(0, 1)`` logits (``--dist llm`` adds head tokens, see
@@ -56,17 +57,19 @@ import numpy as np
 import jaxsample as js
 from jaxsample import bench
 
-PASS1, PASS2 = "jaxsample_spec_stats", "jaxsample_spec_emit"
+PASS1 = ("jaxsample_spec_stats", "jaxsample_gumbel_max")  # or the one pass
+PASS2 = ("jaxsample_spec_emit",)
 
 
 def breakdown(kernel_us: dict) -> dict:
   """Device us per call of pass 1, pass 2 and the rest (``bench.time_op``'s
   ``kernel_us``)."""
   part = lambda keep: sum(us for n, us in kernel_us.items() if keep(n))
-  glue = lambda n: PASS1 not in n and PASS2 not in n
+  named = lambda names: lambda n: any(name in n for name in names)
+  glue = lambda n: not named(PASS1 + PASS2)(n)
   return {
-      "pass1_us": part(lambda n: PASS1 in n),
-      "pass2_us": part(lambda n: PASS2 in n),
+      "pass1_us": part(named(PASS1)),
+      "pass2_us": part(named(PASS2)),
       "other_us": part(glue),
       "other_kernels": sorted(filter(glue, kernel_us)),
   }

@@ -239,6 +239,36 @@ def test_kernel_counts_finite_entries():
                                 (x > -np.inf).sum(-1))
 
 
+@pytest.mark.parametrize("skip", [False, True])
+def test_kernel_excludes_one_id(skip):
+  """``exclude``: a sampled row's partials are those of the row with that id
+  set to -inf (race, token and sum-exp), the winner excluded included;
+  greedy rows and -1 ignore it."""
+  from jaxsample.pallas import gumbel
+  x, params = llm_like_rows(53)
+  x = np.array(x)
+  temperature = params.canonical(x.shape[1]).temperature
+  streams, _ = jaxsample.rng.row_streams(jax.random.key(53), None, *x.shape)
+  config = SamplerConfig(implementation="pallas", num_splits=3)
+  run = lambda x, exclude: jax.tree.map(np.asarray, jax.jit(
+      lambda x: gumbel.combine_partials(gumbel.gumbel_partials(
+          x, temperature, streams, config, exclude=exclude)))(jnp.asarray(x)))
+  with gumbel.options(tile_skip=skip):
+    token, *_ = run(x, None)
+    exclude = token.copy()
+    exclude[3] = 7  # the greedy row: ignored
+    exclude[5] = -1
+    got = run(x, jnp.asarray(exclude, jnp.int32))
+    sampled = np.arange(len(x)) != 3
+    removed = x.copy()
+    rows = np.flatnonzero((exclude >= 0) & sampled)
+    removed[rows, exclude[rows]] = -np.inf
+    want = run(removed, None)
+  assert not np.array_equal(got[0][sampled], token[sampled])
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(g, w)
+
+
 def run_sample_skip(x, params, key, *, fp64=False, **config_kw):
   """``sample`` through the kernel with the tile skip on (opt-in)."""
   from jaxsample.pallas import gumbel

@@ -203,9 +203,10 @@ def test_kernel_truncating_batches_match_the_reference(gen, with_draft,
 def test_kernels_lower_to_triton(monkeypatch):
   """Every kernel variant lowers to Triton IR for an abstract H100 (no GPU
   needed; the PTX compile and the run are the GPU suite's): traced params
-  lower both branches, without floors (2 kernels) and after the threshold
-  kernels of the target rows and the draft rows (``TRUNCATION_KERNELS``
-  each: ``threshold.kept_sets``) with floors (2 more); no sort."""
+  lower both branches, without floors (one-hot drafts: the Gumbel kernel;
+  draft logits: passes 1 and 2) and after the threshold kernels of the
+  target rows and the draft rows (``TRUNCATION_KERNELS`` each:
+  ``threshold.kept_sets``) with floors (as many more); no sort."""
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3",
                                        num_cores=132, platform="cuda")
@@ -230,7 +231,7 @@ def test_kernels_lower_to_triton(monkeypatch):
     assert sort_operands(text) == []
     return text.count("__gpu$xla.gpu.triton")
 
-  kernels = lambda with_draft: 4 + TRUNCATION_KERNELS * (1 + with_draft)
+  kernels = lambda with_draft: (1 + with_draft) * (2 + TRUNCATION_KERNELS)
   for gen, dtype in (("philox", jnp.float32), ("threefry", jnp.bfloat16)):
     for with_draft in (False, True):
       assert lowered(dtype, with_draft, rng=gen) == kernels(with_draft)
@@ -260,8 +261,9 @@ def test_host_round_trips(with_draft):
                                                           draft).jaxpr)
   assert (closed["cond"], closed["nested"]) == (0, 0)
   for kernel in ("jaxsample_row_stats", "jaxsample_threshold_window",
-                 "jaxsample_pivot_threshold", "jaxsample_spec_stats",
-                 "jaxsample_spec_emit"):
+                 "jaxsample_pivot_threshold",
+                 *(("jaxsample_spec_stats", "jaxsample_spec_emit") if with_draft
+                   else ("jaxsample_gumbel_max",))):
     assert closed.get(kernel), kernel
   traced = outside_conds(jax.make_jaxpr(verify)(target, draft, params).jaxpr)
   assert (traced["cond"], traced["nested"]) == (1, 0)

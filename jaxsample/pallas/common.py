@@ -433,6 +433,18 @@ def floored_loader(load, x_floor):
   return floored
 
 
+def excluding_loader(load, excluded, size: int):
+  """``load`` (chunks of ``size``) with local vocab id ``excluded`` read as
+  -inf (-1: none)."""
+  lanes = jnp.arange(size, dtype=jnp.int32)
+
+  def excluding(start, mask):
+    x = load(start, mask)
+    return jnp.where(start + lanes == excluded, -jnp.inf, x)
+
+  return excluding
+
+
 def argmax_update(best, best_index, value, index):
   """Lane-wise running argmax; smaller ids win ties."""
   better = (value > best) | ((value == best) & (index < best_index))

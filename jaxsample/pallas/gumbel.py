@@ -268,11 +268,13 @@ def options(*, tile_skip: bool = False):
 
 
 _ROW_DTYPES = (jnp.float32, jnp.int32) + common.STREAM_DTYPES
-"""The kernel's row table: temperature, active, the stream (and the floor)."""
+"""The kernel's row table: temperature, active, the stream (then the floor
+and the excluded id, when given)."""
 
 
 def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
-            fp64: bool, skip: bool, floored: bool, count_finite: bool):
+            fp64: bool, skip: bool, floored: bool, count_finite: bool,
+            excluding: bool = False):
   """One (row, split) program."""
   refs = list(refs)
   table_ref, offset_ref, x_ref = refs[:3]  # table: gumbel_partials
@@ -287,7 +289,9 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
   split_start = split * plan.split_len
   offset = offset_ref[0]
   t, active, *stream = common.table_row(
-      table_ref, row, _ROW_DTYPES + ((jnp.float32,) if floored else ()))
+      table_ref, row, _ROW_DTYPES + ((jnp.float32,) if floored else ()) +
+      ((jnp.int32,) if excluding else ()))
+  exclude = stream.pop() if excluding else None
   x_floor = stream.pop() if floored else None  # common.logit_floor
   stream = rng.RowStreams(*stream)
   race_dtype = jnp.float64 if fp64 else jnp.float32
@@ -295,6 +299,9 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
   first_index = split_start + lanes  # all -inf rows report the first id
 
   load = common.row_chunk_loader(x_ref, row, plan.chunk)
+  # Sampled rows race (and sum) without the excluded id.
+  race_load = (common.excluding_loader(load, exclude, plan.chunk) if excluding
+               else load)
 
   def greedy():
     top, index, *finite = common.split_argmax(
@@ -313,19 +320,20 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
       def step(carry, chunk, x):
         state, kept = carry
         x = x.astype(jnp.float32)
-        inside = x > -jnp.inf
+        inside = x > -jnp.inf  # counted (NaN is not)
         if floored:  # the race and sum-exp over {x / T >= floor} only
-          inside = inside & ~common.below_floor(x, x_floor)
-          x = jnp.where(inside, x, -jnp.inf)
+          below = common.below_floor(x, x_floor)  # (NaN still races)
+          inside = inside & ~below
+          x = jnp.where(below, -jnp.inf, x)
         return race.chunk_step(state, chunk, x), kept + jnp.where(inside, 1, 0)
 
       state, kept = common.chunk_loop(
-          plan, math, split_start, vocab, load, step,
+          plan, math, split_start, vocab, race_load, step,
           (race.init(first_index), jnp.zeros((plan.chunk,), jnp.int32)),
           noise=noise)
       return (*race.finish(state), jnp.sum(kept, dtype=jnp.int32))
     if not skip:
-      state = common.chunk_loop(plan, math, split_start, vocab, load,
+      state = common.chunk_loop(plan, math, split_start, vocab, race_load,
                                 race.chunk_step, race.init(first_index),
                                 noise=noise)
       return race.finish(state)
@@ -336,8 +344,8 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
       state, raced = race.step(state, tile, loaded)
       return state, count + raced
 
-    state, count = common.tile_loop(plan, math, split_start, vocab, load, step,
-                                    init, noise=noise)
+    state, count = common.tile_loop(plan, math, split_start, vocab,
+                                    race_load, step, init, noise=noise)
     return (*race.finish(state), count)
 
   @pl.when(active != 0)
@@ -377,6 +385,7 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
                     vocab_offset: jax.Array | int = 0,
                     active: jax.Array | None = None,
                     floor: jax.Array | None = None,
+                    exclude: jax.Array | None = None,
                     count_finite: bool = False) -> GumbelPartials:
   """Runs the kernel: per-split partials for ``logits`` ``[B, V_local]``.
 
@@ -386,7 +395,10 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
   other rows return at once and their partials are undefined.  ``floor``
   ``[B]`` (sampled rows): race and sum only the elements with ``y >= floor``
   (the reference's ``y = x / T``), i.e. Gumbel-max on the kept set ``{y >=
-  floor}`` of a truncated row, and count them (``kept``).
+  floor}`` of a truncated row, and count them (``kept``).  ``exclude``
+  ``[B]`` int32 (sampled rows): a local vocab id (-1: none) left out of the
+  race, the sum-exp and ``kept``, i.e. read as -inf (speculative decoding's
+  residual of a one-hot draft).
   ``count_finite`` (no ``floor``): ``kept`` counts the entries ``> -inf``
   (for the sampling masks of rows without a filter).
   """
@@ -409,7 +421,8 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
       jax.ShapeDtypeStruct(shape, jnp.uint32)] * fp64
   kernel = functools.partial(_kernel, plan=plan, vocab=vocab,
                              generator=config.rng, fp64=fp64, skip=skip,
-                             floored=floored, count_finite=count_finite)
+                             floored=floored, count_finite=count_finite,
+                             excluding=exclude is not None)
   call = pl.pallas_call(kernel, out_shape=out_shape,
                         grid=(batch, plan.num_splits),
                         compiler_params=plan.compiler_params(),
@@ -419,7 +432,8 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
   table = common.row_table(
       temperature.astype(jnp.float32), active.astype(jnp.int32), streams.key0,
       streams.key1, streams.base_hi, streams.base_lo,
-      *([common.logit_floor(floor, temperature)] if floored else []))
+      *([common.logit_floor(floor, temperature)] if floored else []),
+      *([exclude.astype(jnp.int32)] if exclude is not None else []))
   race, index, row_max, sumexp, *rest = call(table, offset, logits)
   kept = rest.pop(0) if counted else None
   if skip:  # raced loop steps
