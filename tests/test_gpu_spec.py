@@ -133,7 +133,8 @@ def test_plan_overrides_match_reference():
 
 
 @pytest.mark.parametrize("with_draft", [True, False], ids=["draft", "one_hot"])
-def test_both_passes_are_triton_kernels(with_draft):
+def test_passes_are_triton_kernels(with_draft):
+  """Draft logits: passes 1 and 2; one-hot drafts: the Gumbel kernel alone."""
   batch, k = 4, 3
   target = jnp.zeros((batch, k + 1, VOCAB), jnp.bfloat16)
   draft = jnp.zeros((batch, k, VOCAB), jnp.bfloat16) if with_draft else None
@@ -144,5 +145,5 @@ def test_both_passes_are_triton_kernels(with_draft):
       config=SamplerConfig(implementation="auto")))
   text = fn.lower(target, draft).as_text()
   # Params closed over without filters: the untruncated passes alone.
-  assert text.count("__gpu$xla.gpu.triton") == 2
+  assert text.count("__gpu$xla.gpu.triton") == (2 if with_draft else 1)
   assert sort_operands(text) == []

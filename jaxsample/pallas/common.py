@@ -95,9 +95,8 @@ def make_plan(batch: int, vocab: int, dtype, config: SamplerConfig, *,
     tile = chunk
     lane_groups = 1
   n_tiles = -(-vocab // tile)
-  target_programs = _PROGRAMS_PER_SM[min(num_warps, 4)] * _SM_COUNT_DEFAULT
-  splits = config.num_splits or max(1, min(n_tiles, -(-target_programs // max(batch, 1))))
-  splits = min(splits, n_tiles)
+  splits = min(config.num_splits or _default_splits(batch, n_tiles, num_warps),
+               n_tiles)
   steps = -(-n_tiles // splits)
   splits = -(-n_tiles // steps)  # No split starts past V.
   return KernelPlan(chunk=chunk, tile=tile, num_splits=splits, steps=steps,
@@ -106,11 +105,29 @@ def make_plan(batch: int, vocab: int, dtype, config: SamplerConfig, *,
                     lane_groups=lane_groups)
 
 
+def _default_splits(rows: int, n_tiles: int, num_warps: int) -> int:
+  """Splits per row: ``_PROGRAMS_PER_SM`` programs per SM, rounded up; for
+  1-warp programs, away from just over ``_ONE_WARP_RESIDENT`` per SM."""
+  target = _PROGRAMS_PER_SM[min(num_warps, 4)] * _SM_COUNT_DEFAULT
+  splits = max(1, min(n_tiles, -(-target // max(rows, 1))))
+  per_sm = lambda s: rows * s / _SM_COUNT_DEFAULT
+  if num_warps == 1 and (_ONE_WARP_RESIDENT < per_sm(splits)
+                         <= 1.5 * _ONE_WARP_RESIDENT):
+    splits = splits - 1 if per_sm(splits - 1) >= 12 else splits + 1
+  return splits
+
+
 _ONE_WARP_BATCH = 32
 _PROGRAMS_PER_SM = {1: 15, 2: 6, 4: 3}
 """Programs per SM the splits aim at, by warps per program (H100 sweeps,
 ``scripts/sweep_gumbel.py --warps``): 1-warp programs, 2 tiles each at B = 32
 (38 splits) up to 19 at B = 512 (4 splits)."""
+_ONE_WARP_RESIDENT = 16
+"""1-warp programs per SM past which a launch runs a short second wave: the
+Gumbel kernel on 640 rows (speculative decoding, B = 128, k = 4) took 181.5 us
+with 4 splits (19.4 programs per SM) and 162.6 with 3 (14.5); on 1152 rows
+309.5 with 2 splits (17.5 per SM), 273.0 with 3 (26.2) and 271.3 with 4 (H100,
+``benchmarks/results/2026-11-24-one-hot-pass``)."""
 
 
 # ---------------------------------------------------------------------------
@@ -433,16 +450,10 @@ def floored_loader(load, x_floor):
   return floored
 
 
-def excluding_loader(load, excluded, size: int):
-  """``load`` (chunks of ``size``) with local vocab id ``excluded`` read as
-  -inf (-1: none)."""
-  lanes = jnp.arange(size, dtype=jnp.int32)
-
-  def excluding(start, mask):
-    x = load(start, mask)
-    return jnp.where(start + lanes == excluded, -jnp.inf, x)
-
-  return excluding
+def leave_out(x, index, excluded):
+  """``x`` with local vocab id ``excluded`` (-1: none) read as -inf (in a
+  loop step, on the chunk's ``index``)."""
+  return jnp.where(index == excluded, -jnp.inf, x)
 
 
 def argmax_update(best, best_index, value, index):
