@@ -518,8 +518,9 @@ def _reject_one_hot(target_logits, d, n, params: SamplingParams, noise_keys,
       batch * k1, vocab)
   floor_t = (floors.target.threshold if floors is not None else
              jnp.full((batch, k1), -jnp.inf))
+  target2d = target_logits.reshape(batch * k1, vocab)
   partials = gumbel.gumbel_partials(
-      target_logits.reshape(batch * k1, vocab), jnp.repeat(t, k1), streams,
+      target2d, jnp.repeat(t, k1), streams,
       config, active=(slots <= n[:, None]).reshape(-1),
       floor=floor_t.reshape(-1) if floors is not None else None,
       exclude=exclude.reshape(-1))
@@ -529,7 +530,6 @@ def _reject_one_hot(target_logits, d, n, params: SamplingParams, noise_keys,
   top = per_slot(_race_winner(partials.race, partials.index)[0])
 
   # Add the left-out drafts back into their rows' normalizers and validity.
-  target2d = target_logits.reshape(batch * k1, vocab)
   first_row = jnp.arange(batch, dtype=jnp.int32) * k1
   x_d = reference.sanitize(target2d[first_row[:, None] + slots[:k], d])
   y_d = common.xla_temper(x_d, jnp.where(greedy, 1.0, t)[:, None])
