@@ -398,7 +398,8 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
   other rows return at once and their partials are undefined.  ``floor``
   ``[B]`` (sampled rows): race and sum only the elements with ``y >= floor``
   (the reference's ``y = x / T``), i.e. Gumbel-max on the kept set ``{y >=
-  floor}`` of a truncated row, and count them (``kept``).  ``exclude``
+  floor}`` of a truncated row, and count them (``kept``; a NaN entry races,
+  as +inf, uncounted: its row is invalid).  ``exclude``
   ``[B]`` int32 (sampled rows): a local vocab id (-1: none) left out of the
   race, the sum-exp and ``kept``, i.e. read as -inf (speculative decoding's
   residual of a one-hot draft).
