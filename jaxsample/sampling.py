@@ -217,20 +217,12 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     plain = ~truncating | ~jnp.isfinite(trunc.row_max)
     unfinished = trunc.unfinished(params)
 
-    def large_rows():
-      found = threshold.sample_large(logits, params, trunc, streams, config,
-                                     unfinished)
-      if not return_mask:
-        return found
-      _, _, _, kept_threshold, _, _ = found
-      return found + (threshold.large_kept_ids(
-          logits, params, trunc, config, unfinished, kept_threshold,
-          min(config.max_mask_ids, logits.shape[1])),)
-
     # The one cond: idle, this route's kernels and XLA glue cost more than
     # the cond (scripts/measure_host_gaps.py).
     token, logprob, _, _, count, log_kept, *ordered = rowwise.only_if(
-        unfinished, large_rows)
+        unfinished, lambda: threshold.sample_large(
+            logits, params, trunc, streams, config, unfinished,
+            order_width=config.max_mask_ids if return_mask else 0))
     large = (SampleResult(token, logprob, unfinished),
              truncation_mask(unfinished, token, count, log_kept, ordered[0],
                              trunc) if return_mask else None)

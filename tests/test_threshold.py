@@ -320,6 +320,54 @@ def test_window_searched_kept_sets_come_measured():
                                  atol=1e-5, err_msg=str(i))
 
 
+def test_masks_of_large_sets_list_in_the_first_search_pass():
+  """A mask wider than ``C / 2`` lists large kept sets from the compact pass
+  of each row's first window search (top-k's; top-p's without top-k; a pass
+  of its own for min-p alone): the listing holds exactly ``{y >= lower}`` in
+  vocab order, its search by count holds the ``width``-th largest survivor,
+  and the ids equal the oracle's order of the kept set."""
+  batch, vocab, width = 4, 20000, 200
+  r = np.random.default_rng(21)
+  x = (r.standard_normal((batch, vocab)) * np.float32([[1], [2], [1], [1.5]])
+       ).astype(np.float32)
+  params = SamplingParams.make(
+      batch, temperature=[1, 0.7, 1.3, 1], top_k=[0, 5000, 0, 3000],
+      top_p=[0.9, 0.9, 1, 1], min_p=[0, 0, 0.05, 0]).canonical(vocab)
+  config = SamplerConfig(max_candidates=256)
+  assert threshold._listing_width(width, config)
+  streams, _ = rng.row_streams(jax.random.key(0), None, batch, vocab)
+
+  @jax.jit
+  def listed_ids(x):
+    tr = threshold.sample_truncated(x, params, streams, config,
+                                    finish_large=False)
+    rows = tr.unfinished(params)
+    sets, listed = threshold.large_thresholds(x, params, tr, config, rows,
+                                              list_width=width)
+    _, _, held = threshold._window_threshold(
+        listed.window, listed.search, listed.listing.rows, tr.t1,
+        listed.listing.lower, listed.upper, tr.row_max,
+        listed.listing.capacity, by_count=True)
+    return rows, tr.large != 0, sets, listed, held, threshold.large_kept_ids(
+        x, params, tr, config, rows, sets.threshold, width, listed)
+
+  rows, large, sets, listed, held, ids = jax.tree.map(
+      np.asarray, listed_ids(jnp.asarray(x)))
+  assert rows.all() and large.all() and held.all()
+  y = np.asarray(reference.temper(jnp.asarray(x), params.temperature))
+  window = listed.window
+  for i in range(batch):
+    inside = np.flatnonzero(y[i] >= listed.listing.lower[i])
+    assert width < window.count[i] == inside.size <= listed.listing.capacity
+    np.testing.assert_array_equal(window.ids[i, :inside.size], inside)
+    o = oracle_keep(y[i], int(params.top_k[i]), float(params.top_p[i]),
+                    float(params.min_p[i]))
+    np.testing.assert_array_equal(
+        (y[i] >= sets.threshold[i]) & (y[i] > -np.inf), o.kept)
+    order = np.lexsort((np.arange(vocab), -y[i].astype(np.float64)))
+    np.testing.assert_array_equal(ids[i], order[o.kept[order]][:width])
+
+
 def test_a_misleading_sample_takes_the_pivot_search():
   """Every sampled element is far below the rest (top-p, top-k), or every
   element ties (top-k): the window misses, and the pivot search finds the

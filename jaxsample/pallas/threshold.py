@@ -847,39 +847,65 @@ def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
 # ---------------------------------------------------------------------------
 
 
+# ``_compact_kernel`` counts a chunk's listed elements in the high half of the
+# word whose low half counts its candidates, so one prefix sum places both.
+_LISTED = 1 << 16
+
+
 def _compact_kernel(temp_ref, active_ref, bound_ref, t1_ref, row_max_ref,
                     *refs, plan: common.KernelPlan, vocab: int, capacity: int,
-                    segment: int, windowed: bool, gathering: bool):
+                    list_capacity: int, segment: int, windowed: bool,
+                    gathering: bool):
   """Writes the split's elements with ``x * (1 / T) >= L - slack`` (a superset
   of ``{y >= L}``: ``collect_candidates`` drops the rest) in vocab order and
   sums the mass of the other min-p survivors.  ``windowed`` (input ``U``,
   outputs ``above_out``): only the elements below ``U + slack`` are written;
   the count and mass of those above it (all ``y >= U``) go to ``above_out``.
 
+  ``active`` holds flags: 1, the row's candidates; 2 (``list_capacity``:
+  input ``L2``, output ``list_count_out``), its listing, every element with
+  ``x * (1 / T) >= L2 - slack``, written in vocab order after the
+  candidates' ``capacity`` slots, from the same loads, prefix sum and
+  stores (two store streams cost an H100 as much as two passes).
+
   ``gathering`` (inputs ``gather``, ``listed`` and ``count`` of
   ``Segments``): ``gather`` rows read only their listed segments, the
   split's share of them in order, and report no outside mass.
   """
   row, split = pl.program_id(0), pl.program_id(1)
-  active = active_ref[row] != 0
+  flags = active_ref[row]
+  active, candidates = flags != 0, (flags & 1) != 0
+  listing = list_capacity > 0
   upper_refs, refs = refs[:windowed], refs[windowed:]
-  gather_refs, (x_ref, x_out, id_out, count_out, outside_out, *above_out) = (
+  list_refs, refs = refs[:listing], refs[listing:]
+  gather_refs, (x_ref, x_out, id_out, count_out, outside_out, *outs) = (
       refs[:3 * gathering], refs[3 * gathering:])
+  above_out, list_count_out = outs[:2 * windowed], outs[2 * windowed:]
   gather = gather_refs[0][row] != 0 if gathering else None
   math = common.KernelMath(plan.interpret)
   inv_t = 1.0 / temp_ref[row]
+  slack = lambda v: _FILTER_SLACK * jnp.abs(v)
   bound = bound_ref[row]
   t1 = t1_ref[row]
   row_max = row_max_ref[row]
-  filter_bound = bound - _FILTER_SLACK * jnp.abs(bound)
+  filter_bound = bound - slack(bound)
   upper = upper_refs[0][row] if windowed else jnp.inf
-  filter_upper = upper + _FILTER_SLACK * jnp.abs(upper)
+  filter_upper = upper + slack(upper)
+  if listing:
+    list_bound = list_refs[0][row]
+    filter_list = jnp.where((flags & 2) != 0, list_bound - slack(list_bound),
+                            jnp.inf)
+
+  def store(position, keep, index, x):
+    plgpu.store(x_out.at[row, split, position], x, mask=keep)
+    plgpu.store(id_out.at[row, split, position], index, mask=keep)
 
   def compact(carry, index, x):
-    count, outside, *above = carry
+    count, list_count, outside, *above = carry
     x = _sanitize(x)
     approx = x * inv_t
-    flag = (approx >= filter_bound) & (x > -jnp.inf)
+    finite = x > -jnp.inf
+    flag = (approx >= filter_bound) & finite
     # The difference first: y * log2(e) - row_max * log2(e) contracts to an
     # FMA, whose error overflows exp2 for |y| ~ 1e37.
     e = math.exp2_approx((approx - row_max) * _LOG2E)
@@ -891,37 +917,58 @@ def _compact_kernel(temp_ref, active_ref, bound_ref, t1_ref, row_max_ref,
       below = ~flag & ~surely_above
     else:
       below = ~flag
-    flag = jnp.where(flag, 1, 0)
     outside = outside + jnp.where(below & (approx >= t1), e, 0.0)
-    found = jnp.sum(flag)
+    if listing:
+      flag = flag & candidates
+      listed = (approx >= filter_list) & finite
+      words = jnp.where(flag, 1, 0) + jnp.where(listed, _LISTED, 0)
+    else:
+      words = jnp.where(flag, 1, 0)
+    found = jnp.sum(words)
 
     def write():
-      position = count + jnp.cumsum(flag) - flag
-      store = (flag != 0) & (position < capacity)
-      plgpu.store(x_out.at[row, split, position], x, mask=store)
-      plgpu.store(id_out.at[row, split, position], index, mask=store)
+      before = jnp.cumsum(words) - words
+      if not listing:
+        position = count + before
+        store(position, flag & (position < capacity), index, x)
+        return
+      # One store of [2, chunk]: the candidates' slots, then the listing's.
+      first = lax.broadcasted_iota(jnp.int32, (2, plan.chunk), 0) == 0
+      position = jnp.where(first, count + (before & (_LISTED - 1)),
+                           list_count + (before >> 16))
+      keep = jnp.where(first, flag & (position < capacity),
+                       listed & (position < list_capacity))
+      wide = lambda v: jnp.broadcast_to(v, (2, plan.chunk))
+      store(jnp.where(first, position, capacity + position), keep,
+            wide(index), wide(x))
 
     pl.when(found > 0)(write)
-    return count + found, outside, *above
+    if listing:
+      return (count + (found & (_LISTED - 1)), list_count + (found >> 16),
+              outside, *above)
+    return count + found, list_count, outside, *above
 
   lanes = lambda dtype: jnp.zeros((plan.chunk,), dtype)
-  init = (jnp.zeros((), jnp.int32), lanes(jnp.float32))
+  init = (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
+          lanes(jnp.float32))
   if above_out:
     init += (lanes(jnp.int32), lanes(jnp.float32))
 
-  def finish(count, outside, above):
+  def finish(count, list_count, outside, above):
     count_out[row, split] = count
     outside_out[row, split] = jnp.sum(outside)
     for out, value in zip(above_out, above):
       out[row, split] = jnp.sum(value)
+    if listing:
+      list_count_out[0][row, split] = list_count
 
   @pl.when(active & ~gather if gathering else active)
   def _():
-    count, outside, *above = common.chunk_loop(
+    count, list_count, outside, *above = common.chunk_loop(
         plan, math, split * plan.split_len, vocab,
         common.row_chunk_loader(x_ref, row, plan.chunk),
         lambda carry, chunk, x: compact(carry, chunk.index, x), init)
-    finish(count, outside, above)
+    finish(count, list_count, outside, above)
 
   if not gathering:
     return
@@ -949,10 +996,10 @@ def _compact_kernel(temp_ref, active_ref, bound_ref, t1_ref, row_max_ref,
       x = plgpu.load(x_ref.at[row, index], mask=load, other=-jnp.inf)
       return compact(carry, index, x)
 
-    count, _, *above = lax.fori_loop(
+    count, list_count, _, *above = lax.fori_loop(
         jnp.minimum(split * mine, rounds),
         jnp.minimum((split + 1) * mine, rounds), body, init)
-    finish(count, jnp.zeros((), jnp.float32), above)
+    finish(count, list_count, jnp.zeros((), jnp.float32), above)
 
 
 @jax.tree_util.register_dataclass
@@ -994,10 +1041,24 @@ class Candidates:
   above_mass: jax.Array
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Listing:
+  """A window with no upper end that the compact pass fills beside the
+  candidates, from the same loads: every element of ``rows`` (``[B]``
+  bool) with ``y >= lower`` (``[B]``), in vocab order, ``capacity``
+  slots."""
+
+  rows: jax.Array
+  lower: jax.Array
+  capacity: int = dataclasses.field(metadata=dict(static=True))
+
+
 def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
                        streams: rng.RowStreams | None, config: SamplerConfig,
                        *, upper=None, capacity: int | None = None,
-                       segments: Segments | None = None) -> Candidates:
+                       segments: Segments | None = None,
+                       listing: Listing | None = None):
   """Runs the compact pass on the ``active`` rows (``[B]`` bool or int32
   flags) and packs each row's candidates into ``C`` slots
   (``capacity``, default ``config.max_candidates``); with ``upper`` ``[B]``
@@ -1005,7 +1066,11 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
   with ``segments``, its ``gather`` rows read only their listed segments
   (``RowBounds.listed``); the outside mass of those with min-p off is the
   row's ``mass`` less the candidates'.  Without ``streams`` no noise is
-  drawn (``Candidates.race`` is None)."""
+  drawn (``Candidates.race`` is None).  With ``listing`` (not with
+  ``segments``), the pass also lists its window (rows need not be
+  ``active``) and returns ``(candidates, listed)``: ``listed`` holds the
+  ``Listing``'s elements (``Candidates`` of ``{y >= lower}``; no race, no
+  masses)."""
   batch, vocab = logits.shape
   capacity = capacity or config.max_candidates
   windowed = upper is not None
@@ -1013,62 +1078,90 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
   plan = _pass_plan(batch, vocab, logits.dtype, config, block=_COMPACT_BLOCK,
                     per_tile=_COMPACT_TILE, warps=_COMPACT_WARPS)
   shape = (batch, plan.num_splits)
+  if listing is not None and (segments is not None or plan.chunk >= _LISTED):
+    raise ValueError("a listing needs whole rows and chunks below 2^16")
+  list_capacity = 0 if listing is None else listing.capacity
   kernel = functools.partial(_compact_kernel, plan=plan, vocab=vocab,
-                             capacity=capacity,
+                             capacity=capacity, list_capacity=list_capacity,
                              segment=_segment_size(vocab, plan.chunk),
                              windowed=windowed, gathering=segments is not None)
-  active = active.astype(jnp.int32)
+  flags = active.astype(jnp.int32)
+  if listing is not None:
+    flags = flags + 2 * listing.rows.astype(jnp.int32)
+  list_inputs = () if listing is None else (listing.lower,)
   gather = () if segments is None else (segments.gather.astype(jnp.int32),)
   gather_inputs = gather and (*gather, segments.listed, segments.count)
-  pack_gather_inputs = gather and (*gather, segments.mass)
-  buffer = shape + (capacity,)
-  x, ids, count, outside, *above = pl.pallas_call(
+  buffer = lambda dtype: jax.ShapeDtypeStruct(
+      shape + (capacity + list_capacity,), dtype)
+  split_values = lambda dtype: jax.ShapeDtypeStruct(shape, dtype)
+  x, ids, count, outside, *outs = pl.pallas_call(
       kernel,
-      out_shape=[jax.ShapeDtypeStruct(buffer, jnp.float32),
-                 jax.ShapeDtypeStruct(buffer, jnp.int32),
-                 jax.ShapeDtypeStruct(shape, jnp.int32),
-                 jax.ShapeDtypeStruct(shape, jnp.float32)] + [
-                     jax.ShapeDtypeStruct(shape, jnp.int32),
-                     jax.ShapeDtypeStruct(shape, jnp.float32)] * windowed,
+      out_shape=[buffer(jnp.float32), buffer(jnp.int32),
+                 split_values(jnp.int32), split_values(jnp.float32)] + [
+                     split_values(jnp.int32),
+                     split_values(jnp.float32)] * windowed + [
+                         split_values(jnp.int32)] * (listing is not None),
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_collect_candidates")(
-          temperature, active, lower_bound, t1, row_max, *upper_inputs,
-          *gather_inputs, logits)
+          temperature, flags, lower_bound, t1, row_max, *upper_inputs,
+          *list_inputs, *gather_inputs, logits)
+  above, outs = outs[:2 * windowed], outs[2 * windowed:]
+  pack = functools.partial(_pack, temperature=temperature, t1=t1,
+                           row_max=row_max, splits=plan.num_splits,
+                           generator=config.rng, interpret=plan.interpret)
+  candidates = pack(
+      active, lower_bound, x, ids, count, outside, capacity=capacity,
+      streams=streams, window=upper_inputs and (upper, *above),
+      gather=gather and (*gather, segments.mass))
+  if listing is None:
+    return candidates
+  return candidates, pack(listing.rows, listing.lower, x, ids, outs[0],
+                          jnp.zeros(shape, jnp.float32),
+                          capacity=list_capacity, offset=capacity)
+
+
+def _pack(active, lower, x, ids, count, outside, *, temperature, t1, row_max,
+          splits: int, capacity: int, generator: str, interpret: bool,
+          offset: int = 0, streams: rng.RowStreams | None = None, window=(),
+          gather=()) -> Candidates:
+  """``Candidates`` of the compact pass's split buffers, ``capacity`` slots
+  from ``offset`` (``_pack_kernel``; ``window``: ``(U, above count, above
+  mass)``; ``gather``: ``(Segments.gather, mass)``)."""
+  batch = active.shape[0]
   raced = streams is not None
-  pack = functools.partial(_pack_kernel, splits=plan.num_splits,
-                           capacity=capacity, generator=config.rng,
-                           raced=raced, windowed=windowed,
-                           gathering=segments is not None,
-                           interpret=plan.interpret)
+  kernel = functools.partial(_pack_kernel, splits=splits, capacity=capacity,
+                             offset=offset, generator=generator, raced=raced,
+                             windowed=bool(window), gathering=bool(gather),
+                             interpret=interpret)
   row_shape = lambda dtype: jax.ShapeDtypeStruct((batch,), dtype)
   slots = lambda dtype: jax.ShapeDtypeStruct((batch, capacity), dtype)
   y, ids, *race, count, outside, inside_mass, above_count, above_mass, _ = (
       pl.pallas_call(
-          pack,
+          kernel,
           out_shape=[slots(jnp.float32), slots(jnp.int32)] +
           [slots(jnp.float32)] * raced + [
               row_shape(jnp.int32), row_shape(jnp.float32),
               row_shape(jnp.float32), row_shape(jnp.int32),
               row_shape(jnp.float32),
-              jax.ShapeDtypeStruct((batch, _pow2_ceil(plan.num_splits)),
-                                   jnp.int32)],
+              jax.ShapeDtypeStruct((batch, _pow2_ceil(splits)), jnp.int32)],
           grid=(batch,),
           compiler_params=plgpu.CompilerParams(
               num_warps=min(16, max(_PACK_WARPS, capacity // 256)),
               num_stages=1),
-          interpret=plan.interpret, name="jaxsample_pack_candidates")(
-              temperature, active, lower_bound, t1, row_max,
+          interpret=interpret, name="jaxsample_pack_candidates")(
+              temperature, active.astype(jnp.int32), lower, t1, row_max,
               *(jax.tree.leaves(streams) if raced else ()), x, ids, count,
-              outside, *upper_inputs, *above, *pack_gather_inputs))
+              outside, *window, *gather))
   return Candidates(y, ids, race[0] if raced else None, count, outside,
                     inside_mass, above_count, above_mass)
 
 
 def _pack_kernel(temp_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
-                 splits: int, capacity: int, generator: str, raced: bool,
-                 windowed: bool, gathering: bool, interpret: bool):
+                 splits: int, capacity: int, offset: int, generator: str,
+                 raced: bool, windowed: bool, gathering: bool,
+                 interpret: bool):
   """One row's candidates (``Candidates``) from the compact pass's split
-  buffers: the splits' entries side by side (vocab order; split ``s``'s
+  buffers (``capacity`` slots from ``offset``): the splits' entries side by side (vocab order; split ``s``'s
   first at slot ``starts[s]``, the sum of the earlier splits' written
   counts, which the kernel writes to its last output and reads back),
   tempered with the reference's division, the
@@ -1114,7 +1207,7 @@ def _pack_kernel(temp_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
     local = slot - plgpu.load(starts_ref.at[row, source])
     filled = local < jnp.minimum(plgpu.load(count_ref.at[row, source]),
                                  capacity)
-    local = jnp.where(filled, local, 0)
+    local = jnp.where(filled, local, 0) + offset
     x = plgpu.load(x_ref.at[row, source, local], mask=filled, other=-jnp.inf)
     ids = plgpu.load(id_ref.at[row, source, local], mask=filled, other=0)
 
@@ -1483,7 +1576,10 @@ def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
                                                  use_fp64_gumbel=False),
                              order_width=order_width, finish_large=False)
     left = trunc.unfinished(params)
-    large = large_thresholds(logits, params, trunc, config, left)
+    width = min(order_width, logits.shape[1])
+    large, listed = large_thresholds(
+        logits, params, trunc, config, left,
+        list_width=width if _listing_width(width, config) else 0)
     threshold = jnp.where(trunc.complete, trunc.threshold,
                           jnp.where(left, large.threshold, -jnp.inf))
     sets = KeptSets(threshold, trunc.row_max,
@@ -1492,9 +1588,9 @@ def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
                     trunc.finite)
     if not order_width:
       return sets
-    width = min(order_width, logits.shape[1])
     large_ids = rowwise.only_if(left, lambda: large_kept_ids(
-        logits, params, trunc, config, left, threshold, width), pack=False)
+        logits, params, trunc, config, left, threshold, width, listed),
+                                pack=False)
     pad = lambda ids, n: jnp.pad(ids, ((0, 0), (0, n - ids.shape[1])),
                                  constant_values=-1)
     width = max(width, trunc.ordered_ids.shape[1])
@@ -1502,48 +1598,92 @@ def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
         left[:, None], pad(large_ids, width), pad(trunc.ordered_ids, width)))
 
 
-def _window_search(logits, params: SamplingParams, trunc: Truncation,
-                   config: SamplerConfig, rows, floor, *, by_count: bool,
-                   capacity: int | None = None):
-  """``(threshold, kept mass, held, window)`` of ``rows`` (``large`` rows of
-  ``trunc``; other rows' entries undefined): top-k's threshold
-  (``by_count``: the ``k``-th largest survivor ``y >= floor``) or top-p's
-  above the survivors' ``floor``, found in the window (``Candidates``,
-  ``capacity`` slots: default ``_TOP_K_WINDOW_BUFFERS`` or
-  ``_WINDOW_BUFFERS`` candidate buffers) ``threshold_window`` places from
-  the row's sample; the kept mass ``sum_{y >= threshold} exp(y -
-  row_max)``; ``held``: the window held the threshold and fit its
-  buffer."""
-  interpret = jax.default_backend() != "gpu"
-  t = params.temperature
-  row_max = jnp.where(jnp.isfinite(trunc.row_max), trunc.row_max, 0.0)
-  capacity = capacity or config.max_candidates * (
-      _TOP_K_WINDOW_BUFFERS if by_count else _WINDOW_BUFFERS)
+def _place_window(params: SamplingParams, trunc: Truncation, rows, floor,
+                  capacity: int, *, by_count: bool):
+  """``(search, lower, upper)``: the params of a window search (``by_count``:
+  top-p off; else top-k off) and the window ``threshold_window`` places for
+  ``rows``, from their sample."""
   search = dataclasses.replace(params, **(
       dict(top_p=jnp.ones_like(params.top_p)) if by_count else
       dict(top_k=jnp.zeros_like(params.top_k))))
-  lower, upper = threshold_window(trunc.sample, row_max, floor, search,
-                                  trunc.mass, capacity, rows,
-                                  by_count=by_count, interpret=interpret)
-  window = collect_candidates(logits, t, rows, lower, floor, row_max, None,
-                              config, upper=upper, capacity=capacity)
+  lower, upper = threshold_window(
+      trunc.sample, _safe(trunc.row_max), floor, search, trunc.mass, capacity,
+      rows, by_count=by_count, interpret=jax.default_backend() != "gpu")
+  return search, lower, upper
+
+
+def _window_threshold(window: Candidates, search: SamplingParams, rows, floor,
+                      lower, upper, row_max, capacity: int, *,
+                      by_count: bool):
+  """``(threshold, kept mass, held)`` of a collected window (``_window_search``)."""
   total = window.above_mass + window.outside_mass + window.inside_mass
   if by_count:
+    reached = window.above_count < search.top_k
     search = dataclasses.replace(search, top_k=jnp.maximum(
-        params.top_k - window.above_count, 0))
-    reached = window.above_count < params.top_k
+        search.top_k - window.above_count, 0))
   else:
-    reached = window.above_mass < params.top_p * total
+    reached = window.above_mass < search.top_p * total
   threshold, _, window_mass, _ = select_threshold(
-      window.y, row_max, floor, search, total, bound=True,
-      interpret=interpret, above=window.above_mass, bits=32,
-      num_warps=_WINDOW_WARPS, active=rows, window=(lower, upper))
+      window.y, _safe(row_max), floor, search, total, bound=True,
+      interpret=jax.default_backend() != "gpu", above=window.above_mass,
+      bits=32, num_warps=_WINDOW_WARPS, active=rows, window=(lower, upper))
   return (threshold, window.above_mass + window_mass,
-          (window.count <= capacity) & reached & (threshold >= lower), window)
+          (window.count <= capacity) & reached & (threshold >= lower))
+
+
+def _safe(row_max):
+  return jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _Listed:
+  """A collected ``Listing`` (``large_thresholds``): the window, the search
+  that finds its ``width``-th largest survivor and the buffer."""
+
+  listing: Listing
+  search: SamplingParams
+  upper: jax.Array
+  window: Candidates
+
+
+def _window_search(logits, params: SamplingParams, trunc: Truncation,
+                   config: SamplerConfig, rows, floor, *, by_count: bool,
+                   listing: Listing | None = None):
+  """``(threshold, kept mass, held, listed)`` of ``rows`` (``large`` rows of
+  ``trunc``; other rows' entries undefined): top-k's threshold
+  (``by_count``: the ``k``-th largest survivor ``y >= floor``) or top-p's
+  above the survivors' ``floor``, found in the window (``Candidates``,
+  ``_TOP_K_WINDOW_BUFFERS`` or ``_WINDOW_BUFFERS`` candidate buffers)
+  ``threshold_window`` places from the row's sample; the kept mass
+  ``sum_{y >= threshold} exp(y - row_max)``; ``held``: the window held the
+  threshold and fit its buffer.  ``listed``: the ``listing``'s buffer,
+  filled by the same compact pass (None without one)."""
+  capacity = config.max_candidates * (
+      _TOP_K_WINDOW_BUFFERS if by_count else _WINDOW_BUFFERS)
+  search, lower, upper = _place_window(params, trunc, rows, floor, capacity,
+                                       by_count=by_count)
+  found = collect_candidates(logits, params.temperature, rows, lower, floor,
+                             _safe(trunc.row_max), None, config, upper=upper,
+                             capacity=capacity, listing=listing)
+  window, listed = found if listing else (found, None)
+  return (*_window_threshold(window, search, rows, floor, lower, upper,
+                             trunc.row_max, capacity, by_count=by_count),
+          listed)
+
+
+def _listing_width(width: int, config: SamplerConfig) -> bool:
+  """Whether a mask of ``width`` ids lists large kept sets from a ``Listing``
+  (``large_thresholds``): ``width > C / 2`` (narrower masks come from the
+  candidate buffer of top-k = ``width``) and within half a window of the top,
+  so that the window has no upper end."""
+  return (width > config.max_candidates // 2 and width // _SAMPLE_STRIDE
+          <= _window_half(_listing_capacity(width, config)))
 
 
 def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
-                     config: SamplerConfig, rows) -> KeptSets:
+                     config: SamplerConfig, rows, *, list_width: int = 0
+                     ) -> tuple[KeptSets, _Listed | None]:
   """The exact kept sets of ``rows`` (valid rows of ``trunc``, sampled with a
   filter on; other entries undefined), measured where a window search found
   the threshold.
@@ -1562,53 +1702,96 @@ def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
   (ties spanning the window, a misleading sample, or a row not ``large``
   whose candidates overflowed their buffer) comes from ``pivot_threshold``
   instead, ``_PIVOT_PASSES`` more passes per search, and is not measured.
+
+  ``list_width`` (``_listing_width``): the compact pass of each ``large``
+  row's first search (top-k's, else top-p's; a min-p row's runs for it
+  alone) also fills the row's ``Listing``: a window by count (``k =
+  list_width``) with no upper end, which holds the row's ``list_width``
+  largest survivors (``large_kept_ids``), so a mask costs no pass of its
+  own.  Returns the ``KeptSets`` and the collected listing (None without
+  ``list_width``).
   """
   t = params.temperature
   large, t1 = trunc.large != 0, trunc.t1
-  row_max = jnp.where(jnp.isfinite(trunc.row_max), trunc.row_max, 0.0)
+  row_max = _safe(trunc.row_max)
+  counted = rows & (params.top_k > 0)
+  topped = rows & (params.top_p < 1)
+  listing = listed = None
+  if list_width:
+    capacity = _listing_capacity(list_width, config)
+    list_rows = rows & large
+    list_search, lower, list_upper = _place_window(
+        _top_width(params, list_width), trunc, list_rows, t1, capacity,
+        by_count=True)
+    listing = Listing(list_rows, lower, capacity)
+    first_lists = list_rows & (counted | ~topped)
 
-  def search(rows, floor, by_count: bool, lower=trunc.bound):
-    """``(threshold, kept mass, measured)`` of ``rows``: a window search
-    where the row has a sample and its window holds the threshold (mass
-    measured), else the pivot search (``lower``: a value not above the
-    threshold)."""
+  def search(rows, floor, by_count: bool, lists=None, lower=trunc.bound):
+    """``(threshold, kept mass, measured, listed)`` of ``rows``: a window
+    search where the row has a sample and its window holds the threshold
+    (mass measured), else the pivot search (``lower``: a value not above the
+    threshold); ``lists``: the rows whose listing its pass fills."""
     windowed = rows & large
-    threshold, mass, held, _ = _window_search(
-        logits, params, trunc, config, windowed, floor, by_count=by_count)
+    threshold, mass, held, listed = _window_search(
+        logits, params, trunc, config, windowed, floor, by_count=by_count,
+        listing=listing and dataclasses.replace(listing, rows=lists))
     measured = windowed & held
     missed = rows & ~measured
     exact = pivot_threshold(logits, t, missed, floor, row_max, params, config,
                             by_count=by_count, lower=lower)
-    return jnp.where(missed, exact, threshold), mass, measured
+    return jnp.where(missed, exact, threshold), mass, measured, listed
 
-  counted = rows & (params.top_k > 0)
-  floor, mass, measured = search(counted, t1, by_count=True)
+  floor, mass, measured, listed = search(
+      counted, t1, by_count=True, lists=listing and first_lists)
   floor = jnp.where(counted, floor, t1)
-  topped = rows & (params.top_p < 1)
-  threshold, topped_mass, topped_measured = search(topped, floor,
-                                                   by_count=False)
+  threshold, topped_mass, topped_measured, second = search(
+      topped, floor, by_count=False,
+      lists=listing and listing.rows & ~first_lists)
   threshold = jnp.where(topped, threshold, floor)
   mass = jnp.where(topped, topped_mass, mass)
   measured = jnp.where(topped, topped_measured, measured)
-  return KeptSets(threshold, trunc.row_max, jnp.log(mass), measured)
+  sets = KeptSets(threshold, trunc.row_max, jnp.log(mass), measured)
+  if listing:
+    listed = _Listed(listing, list_search, list_upper,
+                     rowwise.where_rows(first_lists, listed, second))
+  return sets, listed
+
+
+def _top_width(params: SamplingParams, width: int) -> SamplingParams:
+  """``params`` with top-k = ``width`` and top-p off (min-p kept)."""
+  return SamplingParams(params.temperature,
+                        jnp.full_like(params.top_k, width),
+                        jnp.ones_like(params.top_p), params.min_p)
 
 
 def sample_large(logits, params: SamplingParams, trunc: Truncation,
-                 streams: rng.RowStreams, config: SamplerConfig, rows=None):
+                 streams: rng.RowStreams, config: SamplerConfig, rows=None, *,
+                 order_width: int = 0):
   """``(token, logprob, complete, threshold, count, log_kept)`` of ``rows``
   (default ``trunc.large``; valid rows of ``trunc``, sampled with a filter
   on), every one of them complete (``Truncation``'s fields); other rows
-  skip every kernel (their entries are undefined).
+  skip every kernel (their entries are undefined).  With ``order_width``,
+  also the first ``min(order_width, V)`` ids of each kept set by descending
+  ``y`` (``large_kept_ids``).
 
-  ``large_thresholds`` finds each threshold; then the Gumbel kernel races
-  the kept set ``{y >= threshold}`` (``floor``), which also gives its count
-  and mass: three passes over the row (four with both top-k and top-p).
+  ``large_thresholds`` finds each threshold (and fills the mask's listing);
+  then the Gumbel kernel races the kept set ``{y >= threshold}``
+  (``floor``), which also gives its count and mass: three passes over the
+  row (four with both top-k and top-p).
   """
   rows = trunc.large != 0 if rows is None else rows
-  threshold = large_thresholds(logits, params, trunc, config, rows).threshold
+  width = min(order_width, logits.shape[1])
+  sets, listed = large_thresholds(
+      logits, params, trunc, config, rows,
+      list_width=width if _listing_width(width, config) else 0)
   result, count, log_kept = floored_race(logits, params, streams, config,
-                                         rows, threshold, trunc.row_max)
-  return result.tokens, result.logprobs, rows, threshold, count, log_kept
+                                         rows, sets.threshold, trunc.row_max)
+  found = (result.tokens, result.logprobs, rows, sets.threshold, count,
+           log_kept)
+  if not width:
+    return found
+  return found + (large_kept_ids(logits, params, trunc, config, rows,
+                                 sets.threshold, width, listed),)
 
 
 def floored_race(logits, params: SamplingParams, streams: rng.RowStreams,
@@ -1644,8 +1827,8 @@ def _listing_capacity(width: int, config: SamplerConfig) -> int:
 
 
 def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
-                   config: SamplerConfig, rows, threshold,
-                   width: int) -> jax.Array:
+                   config: SamplerConfig, rows, threshold, width: int,
+                   listed: _Listed | None = None) -> jax.Array:
   """``[B, width]``: the first ``width`` ids of each of ``rows``' kept set
   ``{y >= threshold}`` by descending ``y``, smallest id first on ties
   (``reference.top_ids``' order; undefined past the set's size).
@@ -1660,23 +1843,22 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
   ``width`` (min-p kept) on the row's stats (``trunc.stats``: no stats
   pass) list the kept set of ``v``, ``{y >= max(t1, v)}``, by descending
   ``y`` from the candidate buffer (``sample_truncated``'s ``ordered_ids``);
-  those ids start with the kept set's.  Rows it leaves (candidates
-  overflowing the buffer), and every row for larger ``width``: a window
-  search by count finds ``v`` (``_window_search``, ``_listing_capacity``
-  slots).  While ``width`` is within half a window of the top
-  (``_window_half`` sample ranks), that window has no upper end: its buffer
-  holds every ``y >= lower``, in vocab order, so the ids come from
-  ``reference.top_ids`` on that buffer, not the ``[B, V]`` row (kept sets of
-  at most ``width`` ids lie in it too).  Rows without a sample or whose
-  window missed take ``v`` from ``pivot_threshold`` (by count) and
-  ``reference.top_ids`` on the whole row, behind a ``lax.cond``.  (Callers
-  run this function behind a cond of its own: its XLA listing, over every
-  row, would cost more on every call than the cond.)
+  those ids start with the kept set's.  Wider masks take ``listed``
+  (``large_thresholds``' listing for ``list_width = width``, whose window
+  holds every ``y >= lower`` of its rows in vocab order): a bound-mode
+  search by count finds ``v`` in it, and the ids come from
+  ``reference.top_ids`` on that buffer, not the ``[B, V]`` row.  Rows left
+  (candidates overflowing the buffer, a listing window that missed ``v`` or
+  overflowed, rows without a sample, masks too wide for a listing) take
+  ``v`` from ``pivot_threshold`` (by count) and ``reference.top_ids`` on the
+  whole row, behind a ``lax.cond``.  (Callers run this function behind a
+  cond of its own: its XLA listing, over every row, would cost more on
+  every call than the cond.)
   """
   t = params.temperature
-  top_width = SamplingParams(t, jnp.full_like(params.top_k, width),
-                             jnp.ones_like(params.top_p), params.min_p)
-  narrow_ids = jnp.zeros((logits.shape[0], width), jnp.int32)
+  top_width = _top_width(params, width)
+  ids = jnp.zeros((logits.shape[0], width), jnp.int32)
+  listed_rows = jnp.zeros_like(rows)
   if width <= config.max_candidates // 2:
     zeros = jnp.zeros((logits.shape[0],), jnp.uint32)
     listing = sample_truncated(
@@ -1684,31 +1866,22 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
                                     temperature=jnp.where(rows, t, 0.0)),
         rng.RowStreams(*(zeros,) * 4), config, order_width=width,
         finish_large=False, stats=trunc.stats)
-    narrow_ids = listing.ordered_ids
-    listed_narrow = rows & listing.complete
-    rows = rows & ~listed_narrow
-  else:
-    listed_narrow = jnp.zeros_like(rows)
-  windowed = rows & (trunc.large != 0)
-  capacity = _listing_capacity(width, config)
-  if width // _SAMPLE_STRIDE <= _window_half(capacity):  # no upper end
-
-    last, _, held, window = _window_search(logits, top_width, trunc, config,
-                                        windowed, trunc.t1, by_count=True,
-                                        capacity=capacity)
+    ids, listed_rows = listing.ordered_ids, rows & listing.complete
+  elif listed is not None:
+    window, lower = listed.window, listed.listing.lower
+    last, _, held = _window_threshold(
+        window, listed.search, listed.listing.rows, trunc.t1, lower,
+        listed.upper, trunc.row_max, listed.listing.capacity, by_count=True)
     ids = jnp.take_along_axis(window.ids, reference.top_ids(
         window.y, jnp.maximum(last, threshold), width), axis=-1)
-    listed = windowed & held & (window.above_count == 0)
-  else:
-    ids, listed = jnp.zeros((logits.shape[0], width), jnp.int32), ~rows
-  missed = rows & ~listed
+    listed_rows = rows & listed.listing.rows & held
+  missed = rows & ~listed_rows
 
   def row_ids():
-    row_max = jnp.where(jnp.isfinite(trunc.row_max), trunc.row_max, 0.0)
-    last = pivot_threshold(logits, t, missed, trunc.t1, row_max, top_width,
-                           config, by_count=True)
+    last = pivot_threshold(logits, t, missed, trunc.t1, _safe(trunc.row_max),
+                           top_width, config, by_count=True)
     y = reference.temper(reference.sanitize(logits), t)
     return reference.top_ids(y, jnp.maximum(last, threshold), width)
 
-  return jnp.where(listed_narrow[:, None], narrow_ids, jnp.where(
-      listed[:, None], ids, rowwise.only_if(missed, row_ids, pack=False)))
+  return jnp.where(listed_rows[:, None], ids,
+                   rowwise.only_if(missed, row_ids, pack=False))
