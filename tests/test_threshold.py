@@ -344,16 +344,25 @@ def test_masks_of_large_sets_list_in_the_first_search_pass():
     rows = tr.unfinished(params)
     sets, listed = threshold.large_thresholds(x, params, tr, config, rows,
                                               list_width=width)
+    lower = listed.listing.lower
     _, _, held = threshold._window_threshold(
-        listed.window, listed.search, listed.listing.rows, tr.t1,
-        listed.listing.lower, listed.upper, tr.row_max,
+        listed.window, threshold._top_width(params, width),
+        listed.listing.rows, tr.t1, lower, jnp.full_like(lower, jnp.inf),
+        tr.row_max, listed.listing.capacity, by_count=True)
+    # The window kernel of each row's search placed the listing as a
+    # by-count window of its own would (with no upper end).
+    _, alone, upper = threshold._place_window(
+        threshold._top_width(params, width), tr, rows, tr.t1,
         listed.listing.capacity, by_count=True)
-    return rows, tr.large != 0, sets, listed, held, threshold.large_kept_ids(
-        x, params, tr, config, rows, sets.threshold, width, listed)
+    return rows, tr.large != 0, sets, listed, held, (alone, upper), (
+        threshold.large_kept_ids(x, params, tr, config, rows, sets.threshold,
+                                 width, listed))
 
-  rows, large, sets, listed, held, ids = jax.tree.map(
+  rows, large, sets, listed, held, (alone, upper), ids = jax.tree.map(
       np.asarray, listed_ids(jnp.asarray(x)))
   assert rows.all() and large.all() and held.all()
+  np.testing.assert_array_equal(listed.listing.lower, alone)
+  np.testing.assert_array_equal(upper, np.inf)
   y = np.asarray(reference.temper(jnp.asarray(x), params.temperature))
   window = listed.window
   for i in range(batch):
@@ -478,10 +487,11 @@ def test_kernels_lower_to_triton(monkeypatch):
     # the rows they leave: the top-k and the top-p searches (each a window,
     # windowed candidates, their packing, an exact search, and the pivot
     # search), the floored Gumbel kernel; the mask's K_cap-th kept value, the
-    # top-k = K_cap threshold: a window search by count (window, windowed
-    # candidates, their packing, an exact search), and for rows it misses
-    # the pivot search by count
-    assert text.count("__gpu$xla.gpu.triton") == 17 + 4 + 1, dtype
+    # top-k = K_cap threshold: the listing's packing after each search's
+    # compact pass (which filled it, in the window that the search's window
+    # kernel placed), an exact search by count in it, and for rows it
+    # misses the pivot search by count
+    assert text.count("__gpu$xla.gpu.triton") == 17 + 2 + 1 + 1, dtype
     # No sort of the vocabulary: only the mask's [B, K_cap] pairs, listed
     # from the window's buffer or, for rows it missed, from the whole row.
     assert sort_operands(text) == [f"tensor<{batch}x1024xf32>, "

@@ -62,9 +62,12 @@ order-key interval that holds it at ``_PIVOTS`` pivots, in one kernel (one
 program per row; rows without a miss skip it, so no ``lax.cond`` guards
 any of these searches).  The window search
 also measures the kept mass (the spec sampler's normalizer).  The sampling
-mask of a large kept set (``large_kept_ids``) takes one more window search,
-by count for the ``K_cap``-th largest value, whose window has no upper end:
-its buffer lists the ids, sorted as ``[B, K_cap]`` pairs.
+mask of a large kept set (``large_kept_ids``) rides on the row's first
+window search: its window kernel also places a listing window by count
+(the ``K_cap``-th largest value's, with no upper end) and its compact pass
+also fills the listing's buffer, from the same loads; a search by count in
+that buffer finds the ``K_cap``-th largest value and the ids are sorted as
+``[B, K_cap]`` pairs.  No pass or window kernel of its own.
 
 Every partial result is a max, a sum or a list of candidates in vocab order,
 so the vocab-parallel sampler combines shards exactly as it combines splits:
@@ -769,12 +772,15 @@ def _window_half(capacity: int) -> int:
 
 
 def _window_kernel(temp_ref, sample_ref, row_max_ref, t1_ref, k_ref, p_ref,
-                   mass_ref, active_ref, lower_ref, upper_ref, *, half: int,
-                   by_count: bool, interpret: bool):
+                   mass_ref, active_ref, lower_ref, upper_ref, *list_lower_ref,
+                   half: int, by_count: bool, list_rank: int, list_half: int,
+                   interpret: bool):
   """One ``active`` row's window ``[lower, upper)``: sample ranks ``r +-
   half`` around the estimated threshold (rank ``r``; ``by_count``: the
   ``k``-th largest survivor, else the top-p threshold), clamped to ``>=
-  t1``."""
+  t1``.  With ``list_half``, also a listing's lower end: sample rank
+  ``list_rank + list_half``, found in the same search (``active`` flags: 1
+  the window, 2 the listing; each row computes both)."""
   row = pl.program_id(0)
 
   @pl.when(active_ref[row] != 0)
@@ -804,10 +810,11 @@ def _window_kernel(temp_ref, sample_ref, row_max_ref, t1_ref, k_ref, p_ref,
       rank = jnp.sum(jnp.where(survives & (key >= threshold_key), 1, 0))
 
     # The (rank - half)-th and (rank + half)-th largest survivors (rounded
-    # down; -inf if none), searched together.
+    # down; -inf if none), and the listing's, searched together.
+    ranks = (rank - half, rank + half) + (
+        (list_rank + list_half,) if list_half else ())
     found = _largest_keys(tuple(_count_reaches(key, survives, n)
-                                for n in (rank - half, rank + half)),
-                          _BOUND_KEY_BITS)
+                                for n in ranks), _BOUND_KEY_BITS)
     ranked = [jnp.where(f > _NEG_INF_KEY, common.key_value(f), -jnp.inf)
               for f in found]
     upper = jnp.where(rank > half, ranked[0], jnp.inf)
@@ -816,11 +823,14 @@ def _window_kernel(temp_ref, sample_ref, row_max_ref, t1_ref, k_ref, p_ref,
     # survivor is above the window (counted, not written).
     upper_ref[row] = jnp.maximum(jnp.maximum(upper, t1),
                                  jnp.finfo(jnp.float32).min)
+    if list_half:
+      list_lower_ref[0][row] = jnp.maximum(ranked[2], t1)
 
 
 def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
                      capacity: int, active, *, by_count: bool,
-                     interpret: bool):
+                     interpret: bool, list_rows=None, list_width: int = 0,
+                     list_capacity: int = 0):
   """``(lower, upper)`` ``[B]`` of the ``active`` rows (others undefined):
   a window that likely holds the threshold
   (``by_count``: the ``k``-th largest min-p survivor; else top-p's, on the
@@ -828,18 +838,31 @@ def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
   caller checks both), from the rows' ``sample`` (``RowBounds.sample``,
   tempered here by ``params.temperature`` as the kernels temper logits).
   ``mass``: the row's mass relative to ``row_max``.  Two or three searches of
-  ``_BOUND_KEY_BITS`` block reductions over the sample."""
+  ``_BOUND_KEY_BITS`` block reductions over the sample.
+
+  With ``list_rows``, also ``list_lower`` ``[B]`` of those rows (a
+  ``Listing``'s lower end, ``_listing_capacity(list_width)`` slots): the
+  lower end of the by-count window of ``k = list_width`` (whose upper end
+  is ``inf``: ``_listing_width``), found in the last search at no extra
+  pass; ``t1`` must be the rows' min-p threshold."""
   batch = sample.shape[0]
-  kernel = functools.partial(_window_kernel, half=_window_half(capacity),
-                             by_count=by_count, interpret=interpret)
+  flags = active.astype(jnp.int32)
+  listing = list_rows is not None
+  if listing:
+    flags = flags + 2 * list_rows.astype(jnp.int32)
+  kernel = functools.partial(
+      _window_kernel, half=_window_half(capacity), by_count=by_count,
+      list_rank=list_width // _SAMPLE_STRIDE,
+      list_half=_window_half(list_capacity) if listing else 0,
+      interpret=interpret)
   shape = jax.ShapeDtypeStruct((batch,), jnp.float32)
   return pl.pallas_call(
-      kernel, out_shape=[shape, shape], grid=(batch,),
+      kernel, out_shape=[shape] * (2 + listing), grid=(batch,),
       compiler_params=plgpu.CompilerParams(num_warps=_WINDOW_WARPS,
                                            num_stages=1),
       interpret=interpret, name="jaxsample_threshold_window")(
           params.temperature, sample, row_max, t1, params.top_k,
-          params.top_p, mass, active.astype(jnp.int32))
+          params.top_p, mass, flags)
 
 
 # ---------------------------------------------------------------------------
@@ -1599,17 +1622,18 @@ def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
 
 
 def _place_window(params: SamplingParams, trunc: Truncation, rows, floor,
-                  capacity: int, *, by_count: bool):
-  """``(search, lower, upper)``: the params of a window search (``by_count``:
-  top-p off; else top-k off) and the window ``threshold_window`` places for
-  ``rows``, from their sample."""
+                  capacity: int, *, by_count: bool, **listing):
+  """``(search, lower, upper, *list_lower)``: the params of a window search
+  (``by_count``: top-p off; else top-k off) and the window
+  ``threshold_window`` places for ``rows``, from their sample (``listing``:
+  its ``list_*`` arguments)."""
   search = dataclasses.replace(params, **(
       dict(top_p=jnp.ones_like(params.top_p)) if by_count else
       dict(top_k=jnp.zeros_like(params.top_k))))
-  lower, upper = threshold_window(
+  return search, *threshold_window(
       trunc.sample, _safe(trunc.row_max), floor, search, trunc.mass, capacity,
-      rows, by_count=by_count, interpret=jax.default_backend() != "gpu")
-  return search, lower, upper
+      rows, by_count=by_count, interpret=jax.default_backend() != "gpu",
+      **listing)
 
 
 def _window_threshold(window: Candidates, search: SamplingParams, rows, floor,
@@ -1638,18 +1662,16 @@ def _safe(row_max):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class _Listed:
-  """A collected ``Listing`` (``large_thresholds``): the window, the search
-  that finds its ``width``-th largest survivor and the buffer."""
+  """A collected ``Listing`` (``large_thresholds``): the listing, placed by
+  the row's first window search, and its buffer (``Candidates``)."""
 
   listing: Listing
-  search: SamplingParams
-  upper: jax.Array
   window: Candidates
 
 
 def _window_search(logits, params: SamplingParams, trunc: Truncation,
                    config: SamplerConfig, rows, floor, *, by_count: bool,
-                   listing: Listing | None = None):
+                   lists=None, list_width: int = 0):
   """``(threshold, kept mass, held, listed)`` of ``rows`` (``large`` rows of
   ``trunc``; other rows' entries undefined): top-k's threshold
   (``by_count``: the ``k``-th largest survivor ``y >= floor``) or top-p's
@@ -1657,19 +1679,26 @@ def _window_search(logits, params: SamplingParams, trunc: Truncation,
   ``_TOP_K_WINDOW_BUFFERS`` or ``_WINDOW_BUFFERS`` candidate buffers)
   ``threshold_window`` places from the row's sample; the kept mass
   ``sum_{y >= threshold} exp(y - row_max)``; ``held``: the window held the
-  threshold and fit its buffer.  ``listed``: the ``listing``'s buffer,
-  filled by the same compact pass (None without one)."""
+  threshold and fit its buffer.  With ``lists`` (rows whose ``floor`` is
+  ``t1``), the same window kernel places those rows' ``Listing`` for a mask
+  of ``list_width`` ids and the same compact pass fills it: ``listed`` is
+  that ``_Listed`` (None without ``lists``)."""
   capacity = config.max_candidates * (
       _TOP_K_WINDOW_BUFFERS if by_count else _WINDOW_BUFFERS)
-  search, lower, upper = _place_window(params, trunc, rows, floor, capacity,
-                                       by_count=by_count)
+  list_capacity = 0 if lists is None else _listing_capacity(list_width,
+                                                            config)
+  search, lower, upper, *list_lower = _place_window(
+      params, trunc, rows, floor, capacity, by_count=by_count,
+      **({} if lists is None else dict(list_rows=lists, list_width=list_width,
+                                       list_capacity=list_capacity)))
+  listing = list_lower and Listing(lists, list_lower[0], list_capacity)
   found = collect_candidates(logits, params.temperature, rows, lower, floor,
                              _safe(trunc.row_max), None, config, upper=upper,
-                             capacity=capacity, listing=listing)
+                             capacity=capacity, listing=listing or None)
   window, listed = found if listing else (found, None)
   return (*_window_threshold(window, search, rows, floor, lower, upper,
                              trunc.row_max, capacity, by_count=by_count),
-          listed)
+          _Listed(listing, listed) if listing else None)
 
 
 def _listing_width(width: int, config: SamplerConfig) -> bool:
@@ -1703,12 +1732,12 @@ def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
   whose candidates overflowed their buffer) comes from ``pivot_threshold``
   instead, ``_PIVOT_PASSES`` more passes per search, and is not measured.
 
-  ``list_width`` (``_listing_width``): the compact pass of each ``large``
-  row's first search (top-k's, else top-p's; a min-p row's runs for it
-  alone) also fills the row's ``Listing``: a window by count (``k =
-  list_width``) with no upper end, which holds the row's ``list_width``
-  largest survivors (``large_kept_ids``), so a mask costs no pass of its
-  own.  Returns the ``KeptSets`` and the collected listing (None without
+  ``list_width`` (``_listing_width``): the window kernel and compact pass
+  of each ``large`` row's first search (top-k's, else top-p's; a min-p
+  row's run for it alone) also place and fill the row's ``Listing``: a
+  window by count (``k = list_width``) with no upper end, which holds the
+  row's ``list_width`` largest survivors (``large_kept_ids``), so a mask
+  costs no pass or kernel of its own.  Returns the ``KeptSets`` and the collected listing (None without
   ``list_width``).
   """
   t = params.temperature
@@ -1716,25 +1745,20 @@ def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
   row_max = _safe(trunc.row_max)
   counted = rows & (params.top_k > 0)
   topped = rows & (params.top_p < 1)
-  listing = listed = None
   if list_width:
-    capacity = _listing_capacity(list_width, config)
     list_rows = rows & large
-    list_search, lower, list_upper = _place_window(
-        _top_width(params, list_width), trunc, list_rows, t1, capacity,
-        by_count=True)
-    listing = Listing(list_rows, lower, capacity)
     first_lists = list_rows & (counted | ~topped)
 
   def search(rows, floor, by_count: bool, lists=None, lower=trunc.bound):
     """``(threshold, kept mass, measured, listed)`` of ``rows``: a window
     search where the row has a sample and its window holds the threshold
     (mass measured), else the pivot search (``lower``: a value not above the
-    threshold); ``lists``: the rows whose listing its pass fills."""
+    threshold); ``lists``: the rows whose listing its pass places and
+    fills."""
     windowed = rows & large
     threshold, mass, held, listed = _window_search(
         logits, params, trunc, config, windowed, floor, by_count=by_count,
-        listing=listing and dataclasses.replace(listing, rows=lists))
+        lists=lists, list_width=list_width)
     measured = windowed & held
     missed = rows & ~measured
     exact = pivot_threshold(logits, t, missed, floor, row_max, params, config,
@@ -1742,18 +1766,17 @@ def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
     return jnp.where(missed, exact, threshold), mass, measured, listed
 
   floor, mass, measured, listed = search(
-      counted, t1, by_count=True, lists=listing and first_lists)
+      counted, t1, by_count=True, lists=first_lists if list_width else None)
   floor = jnp.where(counted, floor, t1)
   threshold, topped_mass, topped_measured, second = search(
       topped, floor, by_count=False,
-      lists=listing and listing.rows & ~first_lists)
+      lists=list_rows & ~first_lists if list_width else None)
   threshold = jnp.where(topped, threshold, floor)
   mass = jnp.where(topped, topped_mass, mass)
   measured = jnp.where(topped, topped_measured, measured)
   sets = KeptSets(threshold, trunc.row_max, jnp.log(mass), measured)
-  if listing:
-    listed = _Listed(listing, list_search, list_upper,
-                     rowwise.where_rows(first_lists, listed, second))
+  if list_width:
+    listed = rowwise.where_rows(first_lists, listed, second)
   return sets, listed
 
 
@@ -1870,8 +1893,9 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
   elif listed is not None:
     window, lower = listed.window, listed.listing.lower
     last, _, held = _window_threshold(
-        window, listed.search, listed.listing.rows, trunc.t1, lower,
-        listed.upper, trunc.row_max, listed.listing.capacity, by_count=True)
+        window, top_width, listed.listing.rows, trunc.t1, lower,
+        jnp.full_like(lower, jnp.inf), trunc.row_max,
+        listed.listing.capacity, by_count=True)
     ids = jnp.take_along_axis(window.ids, reference.top_ids(
         window.y, jnp.maximum(last, threshold), width), axis=-1)
     listed_rows = rows & listed.listing.rows & held
