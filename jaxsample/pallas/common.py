@@ -453,10 +453,16 @@ def floored_loader(load, x_floor):
   return floored
 
 
-def leave_out(x, index, excluded):
-  """``x`` with local vocab id ``excluded`` (-1: none) read as -inf (in a
-  loop step, on the chunk's ``index``)."""
-  return jnp.where(index == excluded, -jnp.inf, x)
+def excluding_loader(load, excluded, size: int):
+  """``load`` (chunks of ``size``) with local vocab id ``excluded`` (-1:
+  none) read as -inf: the id leaves the load's mask, so a chunk costs one
+  compare per element (no index vector, no select)."""
+  lanes = jnp.arange(size, dtype=jnp.int32)
+
+  def excluding(start, mask):
+    return load(start, mask & (lanes != (excluded - start).astype(jnp.int32)))
+
+  return excluding
 
 
 def argmax_update(best, best_index, value, index):

@@ -300,8 +300,8 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
 
   load = common.row_chunk_loader(x_ref, row, plan.chunk)
   # Sampled rows race (and sum) without the excluded id.
-  left_out = ((lambda x, index: common.leave_out(x, index, exclude))
-              if excluding else (lambda x, index: x))
+  race_load = (common.excluding_loader(load, exclude, plan.chunk)
+               if excluding else load)
 
   def greedy():
     top, index, *finite = common.split_argmax(
@@ -319,7 +319,7 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
 
       def step(carry, chunk, x):
         state, kept = carry
-        x = left_out(x.astype(jnp.float32), chunk.index)
+        x = x.astype(jnp.float32)
         inside = x > -jnp.inf  # counted (NaN is not)
         if floored:  # the race and sum-exp over {x / T >= floor} only
           below = common.below_floor(x, x_floor)  # (NaN still races)
@@ -328,26 +328,23 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
         return race.chunk_step(state, chunk, x), kept + jnp.where(inside, 1, 0)
 
       state, kept = common.chunk_loop(
-          plan, math, split_start, vocab, load, step,
+          plan, math, split_start, vocab, race_load, step,
           (race.init(first_index), jnp.zeros((plan.chunk,), jnp.int32)),
           noise=noise)
       return (*race.finish(state), jnp.sum(kept, dtype=jnp.int32))
     if not skip:
-      state = common.chunk_loop(
-          plan, math, split_start, vocab, load,
-          lambda state, chunk, x: race.chunk_step(state, chunk,
-                                                  left_out(x, chunk.index)),
-          race.init(first_index), noise=noise)
+      state = common.chunk_loop(plan, math, split_start, vocab, race_load,
+                                race.chunk_step, race.init(first_index),
+                                noise=noise)
       return race.finish(state)
     init = race.init(first_index), split_start * 0  # (state, raced tiles)
 
     def step(carry, tile, loaded):
       state, count = carry
-      loaded = [left_out(x, tile.index(c)) for c, x in enumerate(loaded)]
       state, raced = race.step(state, tile, loaded)
       return state, count + raced
 
-    state, count = common.tile_loop(plan, math, split_start, vocab, load,
+    state, count = common.tile_loop(plan, math, split_start, vocab, race_load,
                                     step, init, noise=noise)
     return (*race.finish(state), count)
 

@@ -329,21 +329,16 @@ def _emit_kernel(table_ref, target_ref, draft_ref, *outs, plan, vocab,
     write((top.astype(race_dtype), index, top, one))
 
   def plain_race():
+    race_load = common.excluding_loader(race_t, exclude, plan.chunk)
     if gumbel.TILE_SKIP:
-      def tile_step(state, tile, loaded):
-        loaded = [common.leave_out(x, tile.index(c), exclude)
-                  for c, x in enumerate(loaded)]
-        return race.step(state, tile, loaded)[0]
-
-      state = common.tile_loop(plan, math, split_start, vocab, race_t,
-                               tile_step, race.init(first_index), noise=noise)
+      state = common.tile_loop(
+          plan, math, split_start, vocab, race_load,
+          lambda state, tile, loaded: race.step(state, tile, loaded)[0],
+          race.init(first_index), noise=noise)
     else:
-      def step(state, chunk, x):
-        return race.chunk_step(state, chunk,
-                               common.leave_out(x, chunk.index, exclude))
-
-      state = common.chunk_loop(plan, math, split_start, vocab, race_t, step,
-                                race.init(first_index), noise=noise)
+      state = common.chunk_loop(plan, math, split_start, vocab, race_load,
+                                race.chunk_step, race.init(first_index),
+                                noise=noise)
     write(race.finish(state))
 
   load_d = common.row_chunk_loader(draft_ref, row_d, plan.chunk)
