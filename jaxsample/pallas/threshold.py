@@ -1184,10 +1184,10 @@ def _pack_kernel(temp_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
                  raced: bool, windowed: bool, gathering: bool,
                  interpret: bool):
   """One row's candidates (``Candidates``) from the compact pass's split
-  buffers (``capacity`` slots from ``offset``): the splits' entries side by side (vocab order; split ``s``'s
-  first at slot ``starts[s]``, the sum of the earlier splits' written
-  counts, which the kernel writes to its last output and reads back),
-  tempered with the reference's division, the
+  buffers (``capacity`` slots from ``offset``): the splits' entries side by
+  side (vocab order; split ``s``'s first at slot ``starts[s]``, the sum of
+  the earlier splits' written counts, which the kernel writes to its last
+  output and reads back), tempered with the reference's division, the
   filter's extra elements moved to the outside mass (``y < L``) or above the
   window (``y >= U``; ``windowed``: inputs ``U`` and the compact pass's
   above count and mass), and the race values of the rest with the noise of
