@@ -26,6 +26,7 @@ from jaxsample.pallas import common, gumbel
 def load_module(path):
   spec = importlib.util.spec_from_file_location("gumbel_baseline", path)
   module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # dataclasses look their module up there
   spec.loader.exec_module(module)
   return module
 
