@@ -779,8 +779,8 @@ def _window_kernel(temp_ref, sample_ref, row_max_ref, t1_ref, k_ref, p_ref,
   half`` around the estimated threshold (rank ``r``; ``by_count``: the
   ``k``-th largest survivor, else the top-p threshold), clamped to ``>=
   t1``.  With ``list_half``, also a listing's lower end: sample rank
-  ``list_rank + list_half``, found in the same search (``active`` flags: 1
-  the window, 2 the listing; each row computes both)."""
+  ``list_rank + list_half``, found in the same search (each active row
+  computes both)."""
   row = pl.program_id(0)
 
   @pl.when(active_ref[row] != 0)
@@ -846,10 +846,8 @@ def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
   is ``inf``: ``_listing_width``), found in the last search at no extra
   pass; ``t1`` must be the rows' min-p threshold."""
   batch = sample.shape[0]
-  flags = active.astype(jnp.int32)
   listing = list_rows is not None
-  if listing:
-    flags = flags + 2 * list_rows.astype(jnp.int32)
+  rows = active | list_rows if listing else active
   kernel = functools.partial(
       _window_kernel, half=_window_half(capacity), by_count=by_count,
       list_rank=list_width // _SAMPLE_STRIDE,
@@ -862,7 +860,7 @@ def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
                                            num_stages=1),
       interpret=interpret, name="jaxsample_threshold_window")(
           params.temperature, sample, row_max, t1, params.top_k,
-          params.top_p, mass, flags)
+          params.top_p, mass, rows.astype(jnp.int32))
 
 
 # ---------------------------------------------------------------------------
