@@ -33,55 +33,81 @@ def cond(pred: jax.Array, true_fn, false_fn, *, unknown=None):
   return true_fn() if taken else false_fn()
 
 
+def _is_row_word(x, batch: int) -> bool:
+  """Whether ``x`` is a ``[B]`` array that ``_pack_rows`` packs (32-bit or
+  bool elements: one word each)."""
+  return (x.ndim == 1 and x.shape[0] == batch and
+          (x.dtype == jnp.bool_ or x.dtype.itemsize == 4))
+
+
+def _pack_rows(values, batch: int) -> jax.Array:
+  """``[B]`` arrays of 32-bit or bool dtypes stacked as int32 ``[F, B]``
+  (bitcast; bool as 0/1)."""
+  if not values:
+    return jnp.zeros((0, batch), jnp.int32)
+  return jnp.stack([v.astype(jnp.int32) if v.dtype == jnp.bool_ else
+                    jax.lax.bitcast_convert_type(v, jnp.int32)
+                    for v in values])
+
+
+def _unpack_rows(block: jax.Array, dtypes) -> list[jax.Array]:
+  """The inverse of ``_pack_rows``: its rows as arrays of ``dtypes``."""
+  return [block[i] != 0 if d == jnp.bool_ else
+          jax.lax.bitcast_convert_type(block[i], d)
+          for i, d in enumerate(dtypes)]
+
+
 def only_if(needed: jax.Array, fn, *, pack: bool = True):
   """``fn()`` if any of ``needed``, else zeros of its shapes (``cond``).
 
+  The values ``fn`` closes over enter the cond with every ``[B]`` array of
+  32-bit or bool dtype packed into one ``[F, B]`` operand (``_pack_rows``):
+  an operand must exist in memory, so each would otherwise cost a launch
+  on a GPU wherever XLA would fuse it into its other users.
   ``fn`` returns a pytree of ``[B]`` and ``[B, W]`` arrays of 32- or 64-bit
-  or bool dtypes.  With ``pack``, the branches exchange the ``[B]`` leaves as
-  one int32 ``[B, F]`` array (side by side, bitcast) and each ``[B, W]`` leaf
-  as it is, so the zeros branch is one fill per wide leaf and one for the
-  rest rather than one per leaf (each a launch on a GPU), and XLA's fusions
-  of the ``[B]`` leaves read a narrow array; pass ``pack=False`` for large
-  outputs of a branch that usually runs.
+  or bool dtypes.  With ``pack``, the branches exchange the ``[B]`` leaves
+  of 32-bit or bool dtypes as one ``[F, B]`` array too and the other leaves
+  as they are, so the zeros branch is one fill per other leaf and one for
+  the rest rather than one per leaf; pass ``pack=False`` for large outputs
+  of a branch that usually runs.
   """
+  batch = needed.shape[0]
   # One trace of fn (eval_shape and then the cond's own trace would trace it
   # twice, and nested calls 2^depth times): the cond branch replays its jaxpr.
   traced, shapes = jax.make_jaxpr(fn, return_shape=True)()
-  replay = jax.extend.core.jaxpr_as_fun(traced)
-  fn = lambda: jax.tree.unflatten(jax.tree.structure(shapes), replay())
+  consts = list(traced.consts)
+  rows = [i for i, c in enumerate(consts) if _is_row_word(c, batch)]
+  # The barrier keeps the packed operand one array: XLA would fold the
+  # branch's slices of the stack back into the stack's operands.
+  inputs = jax.lax.optimization_barrier(
+      _pack_rows([consts[i] for i in rows], batch))
+
+  def replay():
+    values = list(consts)
+    for i, v in zip(rows, _unpack_rows(inputs, [consts[i].dtype
+                                                for i in rows])):
+      values[i] = v
+    return jax.tree.unflatten(jax.tree.structure(shapes), jax.extend.core.
+                              jaxpr_as_fun(traced.replace(consts=values))())
+
   zeros = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
   if not pack:
-    return cond(jnp.any(needed), fn, zeros)
+    return cond(jnp.any(needed), replay, zeros)
   leaves, tree = jax.tree.flatten(shapes)
-  batch = leaves[0].shape[0]
-  wide = [s.ndim > 1 for s in leaves]
-  # int32 words per row of each [B] leaf (bool: one word per element).
-  words = [max(s.dtype.itemsize // 4, 1) for s in leaves]
+  narrow = [_is_row_word(s, batch) for s in leaves]
 
   def packed():
-    values = jax.tree.leaves(fn())
-    block = jnp.concatenate([jnp.zeros((batch, 0), jnp.int32)] + [
-        (leaf.astype(jnp.int32) if leaf.dtype == jnp.bool_ else
-         jax.lax.bitcast_convert_type(leaf, jnp.int32)).reshape(batch, -1)
-        for leaf, w in zip(values, wide) if not w], axis=1)
-    return block, [v for v, w in zip(values, wide) if w]
+    values = jax.tree.leaves(replay())
+    return _pack_rows([v for v, n in zip(values, narrow) if n], batch), [
+        v for v, n in zip(values, narrow) if not n]
 
   def empty():
-    narrow = sum(n for n, w in zip(words, wide) if not w)
-    return jnp.zeros((batch, narrow), jnp.int32), [
-        jnp.zeros(s.shape, s.dtype) for s, w in zip(leaves, wide) if w]
+    return jnp.zeros((sum(narrow), batch), jnp.int32), [
+        jnp.zeros(s.shape, s.dtype) for s, n in zip(leaves, narrow) if not n]
 
-  block, wide_values = cond(jnp.any(needed), packed, empty)
-  out, start, wide_values = [], 0, iter(wide_values)
-  for s, size, w in zip(leaves, words, wide):
-    if w:
-      out.append(next(wide_values))
-      continue
-    column = block[:, start:start + size]
-    start += size
-    if s.dtype == jnp.bool_:
-      out.append(column[:, 0] != 0)
-    else:
-      out.append(jax.lax.bitcast_convert_type(
-          column.reshape(s.shape + ((2,) if size == 2 else ())), s.dtype))
-  return jax.tree.unflatten(tree, out)
+  block, others = cond(jnp.any(needed), packed, empty)
+  columns = iter(_unpack_rows(block, [s.dtype for s, n in zip(leaves, narrow)
+                                      if n]))
+  others = iter(others)
+  return jax.tree.unflatten(tree, [next(columns) if n else next(others)
+                                   for n in narrow])

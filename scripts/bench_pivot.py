@@ -38,7 +38,6 @@ def main() -> None:
           for i in range(2)]
     params = SamplingParams.make(batch, top_k=args.vocab // 2,
                                  top_p=0.9).canonical(args.vocab)
-    t = jnp.ones((batch,))
     floor = jnp.full((batch,), -jnp.inf)
     row_max = jnp.full((batch,), 8.0)  # above every x (max ~4.5)
     for warps, by_count, rows in itertools.product(
@@ -47,8 +46,8 @@ def main() -> None:
       active = jnp.full((batch,), rows == "active")
       config = SamplerConfig(num_warps=warps or None)
       fn = jax.jit(lambda x, active=active, by_count=by_count, config=config:
-                   threshold.pivot_threshold(x, t, active, floor, row_max,
-                                             params, config,
+                   threshold.pivot_threshold(x, params, active, floor,
+                                             row_max, config,
                                              by_count=by_count))
       timing = bench.time_op(fn, xs, args.iters, args.repeats)
       name = "count" if by_count else "mass"

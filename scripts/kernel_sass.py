@@ -56,7 +56,8 @@ def f(x, t):
                                  threshold._segment_size(V, plan.chunk), 1024)
   if name == "compact":
     return threshold.collect_candidates(
-        x, t, rows > -1, rows, rows, rows, None, SamplerConfig(),
+        x, SamplingParams(t, rows.astype(jnp.int32), rows + 1, rows),
+        rows > -1, rows, rows, rows, None, SamplerConfig(),
         upper=rows + 1, capacity=8192)
   streams = rng.RowStreams(*(jnp.zeros((B,), jnp.uint32),) * 4)
   return gumbel.gumbel_partials(x, t, streams, SamplerConfig())

@@ -5,7 +5,8 @@
 Inputs: randn logits scaled x1 and x5 in turn (``FLAT=1``: x1 only).
 ``SETTINGS``: the filter settings, e.g. ``top_p=0.95;top_k=50,top_p=0.9``
 (default: top-k 50 + top-p 0.9, top-p 0.9, min-p 0.05); ``MASK_IDS``: the
-``K_cap`` values of the mask profiles (default 1024).
+``K_cap`` values of the mask profiles (default 1024); ``HLO_DIR``: also
+write each profiled function's optimized HLO there.
 
 For each setting: the truncated kernels alone, ``jaxsample.sample`` and
 ``jaxsample.sample(..., return_mask=True)`` per ``K_cap``; the ``TOP``
@@ -38,6 +39,10 @@ xs = [(jax.random.normal(jax.random.key(i), (batch, vocab)) * s).astype(dtype)
 
 
 def profile(label, fn):
+  if os.environ.get("HLO_DIR"):
+    name = "".join(c if c.isalnum() else "_" for c in label)
+    with open(os.path.join(os.environ["HLO_DIR"], f"{name}.hlo"), "w") as f:
+      f.write(fn.func.lower(xs[0], **fn.keywords).compile().as_text())
   for x in xs:
     jax.block_until_ready(fn(x))
   with tempfile.TemporaryDirectory() as d:

@@ -39,13 +39,31 @@ def test_only_if_returns_the_branch_or_zeros(pack, needed):
   assert_trees_equal(got, want)
 
 
-def test_only_if_packs_64_bit_leaves():
+def test_only_if_passes_64_bit_leaves():
   with jax.enable_x64(True):
     fn = lambda: (jnp.arange(BATCH, dtype=jnp.float64) / 3,
                   jnp.arange(BATCH, dtype=jnp.int64) - 2**40,
                   jnp.ones((BATCH, 2), jnp.float64) / 7)
     assert_trees_equal(
         jax.jit(lambda n: rowwise.only_if(n, fn))(jnp.ones(BATCH, bool)), fn())
+
+
+def test_only_if_packs_the_rows_it_closes_over():
+  """Closed-over ``[B]`` arrays of 32-bit and bool dtypes enter the cond as
+  one operand, others as they are; the results do not change."""
+  def outer(x, k, needed, wide):
+    return rowwise.only_if(needed, lambda: (
+        x * 2, jnp.where(needed, k, -1), wide.sum(axis=1)))
+
+  args = (jnp.array([0.5, -jnp.inf, 3.0]), jnp.array([4, -5, 6], jnp.int32),
+          jnp.array([True, False, True]), jnp.ones((BATCH, 4)))
+  x, k, needed, wide = args
+  assert_trees_equal(jax.jit(outer)(*args),
+                     (x * 2, jnp.where(needed, k, -1), wide.sum(axis=1)))
+  jaxpr = jax.make_jaxpr(outer)(*args).jaxpr
+  [cond] = [e for e in jaxpr.eqns if e.primitive.name == "cond"]
+  operands = [v.aval.shape for v in cond.invars[1:]]  # after the index
+  assert sorted(operands) == [(3, BATCH), (BATCH, 4)], operands
 
 
 def test_only_if_with_known_rows_takes_one_branch():

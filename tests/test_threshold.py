@@ -435,8 +435,8 @@ def test_pivot_threshold_matches_oracle(vocab):
   params = SamplingParams.make(batch, top_k=ks, top_p=ps).canonical(vocab)
   config = SamplerConfig(block_size=16 if vocab < 100 else None)
   search = jax.jit(lambda y, lower, by_count: threshold.pivot_threshold(
-      y, jnp.ones((batch,)), jnp.ones((batch,), bool), jnp.asarray(floor),
-      jnp.asarray(row_max), params, config, by_count=by_count, lower=lower),
+      y, params, jnp.ones((batch,), bool), jnp.asarray(floor),
+      jnp.asarray(row_max), config, by_count=by_count, lower=lower),
                    static_argnums=2)
   found = {by_count: np.asarray(search(jnp.asarray(y), None, by_count))
            for by_count in (True, False)}

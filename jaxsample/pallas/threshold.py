@@ -169,22 +169,21 @@ def _segment_size(vocab: int, chunk: int) -> int:
   return min(chunk, max(_MIN_SEGMENT, _pow2_ceil(-(-vocab // _SEGMENTS_PER_ROW))))
 
 
-def _row_flags(row, param_refs, capacity: int):
+def _row_flags(row, param_ref, capacity: int):
   """``(active, sampled)`` of a row: sampled with a filter on (canonical
   params), and also without top-k or with ``k > C / 2``, so that its kept
   set may be large and its sample is written."""
-  params = SamplingParams(*(ref[row] for ref in param_refs))
+  params, _ = _row_params(param_ref, row)
   active = (params.temperature > 0) & params.truncates()
   return active, active & (
       (params.top_k == 0) | (params.top_k > capacity // 2))
 
 
-def _stats_kernel(temp_ref, k_ref, p_ref, m_ref, x_ref, max_ref, sumexp_ref,
-                  finite_ref, segment_ref, sample_ref, *,
-                  plan: common.KernelPlan, vocab: int, segment: int,
-                  capacity: int):
+def _stats_kernel(param_ref, x_ref, max_ref, sumexp_ref, finite_ref,
+                  segment_ref, sample_ref, *, plan: common.KernelPlan,
+                  vocab: int, segment: int, capacity: int):
   row, split = pl.program_id(0), pl.program_id(1)
-  active, sampled = _row_flags(row, (temp_ref, k_ref, p_ref, m_ref), capacity)
+  active, sampled = _row_flags(row, param_ref, capacity)
 
   @pl.when(active)
   def _():
@@ -214,16 +213,33 @@ def _stats_kernel(temp_ref, k_ref, p_ref, m_ref, x_ref, max_ref, sumexp_ref,
 
     top, sumexp, finite = common.split_sumexp(
         plan, math, split * plan.split_len, vocab,
-        common.row_chunk_loader(x_ref, row, plan.chunk), temp_ref[row],
+        common.row_chunk_loader(x_ref, row, plan.chunk),
+        _row_params(param_ref, row)[0].temperature,
         fold=(jnp.zeros((plan.chunk,), jnp.int32), fold))
     max_ref[row, split] = top
     sumexp_ref[row, split] = sumexp
     finite_ref[row, split] = jnp.sum(finite)
 
 
-def _params(params: SamplingParams) -> tuple:
-  """The kernels' parameter inputs, in ``SamplingParams``' field order."""
-  return (params.temperature, params.top_k, params.top_p, params.min_p)
+_PARAM_DTYPES = (jnp.float32, jnp.int32, jnp.float32, jnp.float32,
+                 jnp.float32)
+
+
+def _param_table(params: SamplingParams) -> jax.Array:
+  """The kernels' per-row parameters as one ``common.row_table``:
+  ``SamplingParams``' fields, then ``log(min_p)`` (-inf where min-p is off).
+  Every kernel takes the same table, so XLA makes it once (one op where
+  one input per field cost a launch each)."""
+  log_min_p = jnp.where(params.min_p > 0, jnp.log(params.min_p), -jnp.inf)
+  return common.row_table(params.temperature, params.top_k, params.top_p,
+                          params.min_p, log_min_p)
+
+
+def _row_params(param_ref, row) -> tuple[SamplingParams, jax.Array]:
+  """Row ``row``'s ``SamplingParams`` (scalars) and ``log(min_p)``, read in
+  a kernel from a ``_param_table``."""
+  *fields, log_min_p = common.table_row(param_ref, row, _PARAM_DTYPES)
+  return SamplingParams(*fields), log_min_p
 
 
 @jax.tree_util.register_dataclass
@@ -261,21 +277,21 @@ def _stats_pass(logits, params: SamplingParams, plan, segment,
                                       jnp.float32)],
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_row_stats")(
-          *_params(params), logits))
+          _param_table(params), logits))
 
 
-def _bound_kernel(temp_ref, k_ref, p_ref, m_ref, log_min_p_ref, top_ref,
-                  sumexp_ref, finite_ref, segment_ref, sample_ref, row_max_out,
-                  safe_max_out, mass_out, finite_out, t1_out, bound_out,
-                  listed_out, listed_count_out, narrow_out, gather_out,
-                  large_out, *, splits: int, segments: int, capacity: int,
-                  interpret: bool):
+def _bound_kernel(param_ref, top_ref, sumexp_ref, finite_ref, segment_ref,
+                  sample_ref, row_max_out, safe_max_out, mass_out, finite_out,
+                  t1_out, bound_out, listed_out, listed_count_out, narrow_out,
+                  gather_out, large_out, *, splits: int, segments: int,
+                  capacity: int, interpret: bool):
   """One row's stats combined across splits, its bound and its route
   (``row_bounds``)."""
   row = pl.program_id(0)
   math = common.KernelMath(interpret)
-  active, sampled = _row_flags(row, (temp_ref, k_ref, p_ref, m_ref), capacity)
-  t = jnp.where(active, temp_ref[row], 1.0)
+  active, sampled = _row_flags(row, param_ref, capacity)
+  params, log_min_p = _row_params(param_ref, row)
+  t = jnp.where(active, params.temperature, 1.0)
   split = jnp.arange(_pow2_ceil(splits), dtype=jnp.int32)
   use = active & (split < splits)
   top = plgpu.load(top_ref.at[row, split], mask=use, other=-jnp.inf)
@@ -286,7 +302,7 @@ def _bound_kernel(temp_ref, k_ref, p_ref, m_ref, log_min_p_ref, top_ref,
   ref = jnp.where(jnp.isfinite(x_max), x_max, 0.0)
   mass = jnp.sum(jnp.where(top > -jnp.inf,
                            sumexp * jnp.exp((top - ref) * (1.0 / t)), 0.0))
-  t1 = safe_max + log_min_p_ref[row]
+  t1 = safe_max + log_min_p
   row_max_out[row] = row_max
   safe_max_out[row] = safe_max
   mass_out[row] = mass
@@ -304,11 +320,11 @@ def _bound_kernel(temp_ref, k_ref, p_ref, m_ref, log_min_p_ref, top_ref,
 
   @pl.when(active)
   def _():
-    k = k_ref[row]
+    k = params.top_k
     lanes = jnp.arange(_pow2_ceil(segments), dtype=jnp.int32)
     y = math.temper(plgpu.load(segment_ref.at[row, lanes],
                                mask=lanes < segments, other=-jnp.inf), t)
-    bound, _ = _bound(y, safe_max, t1, k, p_ref[row],
+    bound, _ = _bound(y, safe_max, t1, k, params.top_p,
                       mass * (1 + _BOUND_MARGIN), 0.0, _BOUND_KEY_BITS)
     listed = _list_reaching(y, bound, row, listed_out.shape[1], listed_out)
     valid = jnp.isfinite(row_max)
@@ -388,7 +404,6 @@ def row_bounds(logits, params: SamplingParams, config: SamplerConfig, *,
   segment = _segment_size(vocab, plan.chunk)
   if stats is None:
     stats = _stats_pass(logits, params, plan, segment, config.max_candidates)
-  log_min_p = jnp.where(params.min_p > 0, jnp.log(params.min_p), -jnp.inf)
   kernel = functools.partial(_bound_kernel, splits=plan.num_splits,
                              segments=stats.segment_max.shape[1],
                              capacity=config.max_candidates,
@@ -405,7 +420,7 @@ def row_bounds(logits, params: SamplingParams, config: SamplerConfig, *,
        compiler_params=plgpu.CompilerParams(num_warps=_BOUND_WARPS,
                                             num_stages=1),
        interpret=plan.interpret, name="jaxsample_row_bounds")(
-           *_params(params), log_min_p, stats.top, stats.sumexp, stats.finite,
+           _param_table(params), stats.top, stats.sumexp, stats.finite,
            stats.segment_max, stats.sample)
   return RowBounds(row_max, safe_max, mass, row_max + jnp.log(mass), finite,
                    t1, bound, listed, listed_count, narrow, gather, large,
@@ -563,7 +578,7 @@ def _rank_plan(n: int, interpret: bool) -> tuple[list[int], int]:
       _RANK_STEP)
 
 
-def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref, *refs,
+def _select_kernel(y_ref, row_max_ref, t1_ref, param_ref, mass_ref, *refs,
                    bound: bool, has_above: bool, has_active: bool,
                    has_window: bool, width: int, bits: int, interpret: bool):
   """One row's thresholds (``select_threshold``).
@@ -587,8 +602,8 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, k_ref, p_ref, mass_ref, *refs,
   row = pl.program_id(0)
   row_max = row_max_ref[row]
   t1 = t1_ref[row]
-  k = k_ref[row]
-  p = p_ref[row]
+  params, _ = _row_params(param_ref, row)
+  k, p = params.top_k, params.top_p
   sizes, step = _rank_plan(y_ref.shape[1], interpret)
   if not bound:
     scan_ref, ids_ref, race_ref = refs[:3]
@@ -742,7 +757,7 @@ def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
       compiler_params=plgpu.CompilerParams(
           num_warps=num_warps or _SELECT_WARPS, num_stages=1),
       interpret=interpret, name="jaxsample_select_threshold")(
-          y, row_max, t1, params.top_k, params.top_p, mass,
+          y, row_max, t1, _param_table(params), mass,
           *([] if active is None else [active.astype(jnp.int32)]),
           *(([] if above is None else [above]) + list(window or ()) if bound
             else [scan.astype(jnp.int32), ids, race]))
@@ -771,8 +786,8 @@ def _window_half(capacity: int) -> int:
   return max(1, capacity * 11 // (16 * 2 * _SAMPLE_STRIDE))
 
 
-def _window_kernel(temp_ref, sample_ref, row_max_ref, t1_ref, k_ref, p_ref,
-                   mass_ref, active_ref, lower_ref, upper_ref, *list_lower_ref,
+def _window_kernel(param_ref, sample_ref, row_max_ref, t1_ref, mass_ref,
+                   active_ref, lower_ref, upper_ref, *list_lower_ref,
                    half: int, by_count: bool, list_rank: int, list_half: int,
                    interpret: bool):
   """One ``active`` row's window ``[lower, upper)``: sample ranks ``r +-
@@ -789,15 +804,16 @@ def _window_kernel(temp_ref, sample_ref, row_max_ref, t1_ref, k_ref, p_ref,
     lanes = jnp.arange(_pow2_ceil(width), dtype=jnp.int32)
     x = plgpu.load(sample_ref.at[row, jnp.where(lanes < width, lanes, 0)],
                    mask=lanes < width, other=-jnp.inf)
-    y = common.KernelMath(interpret).temper(_sanitize(x), temp_ref[row])
+    params, _ = _row_params(param_ref, row)
+    y = common.KernelMath(interpret).temper(_sanitize(x), params.temperature)
     t1 = t1_ref[row]
     finite = y > -jnp.inf
     survives = finite & (y >= t1)
     key = common.order_key(y)
     if by_count:
-      rank = k_ref[row] // _SAMPLE_STRIDE
+      rank = params.top_k // _SAMPLE_STRIDE
     else:
-      p = p_ref[row]
+      p = params.top_p
       e = jnp.where(finite, jnp.exp(y - row_max_ref[row]),
                     0.0) * _SAMPLE_STRIDE
       # The mass below the threshold is (1 - p) of the survivors' mass, made
@@ -859,8 +875,8 @@ def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
       compiler_params=plgpu.CompilerParams(num_warps=_WINDOW_WARPS,
                                            num_stages=1),
       interpret=interpret, name="jaxsample_threshold_window")(
-          params.temperature, sample, row_max, t1, params.top_k,
-          params.top_p, mass, rows.astype(jnp.int32))
+          _param_table(params), sample, row_max, t1, mass,
+          rows.astype(jnp.int32))
 
 
 # ---------------------------------------------------------------------------
@@ -873,7 +889,7 @@ def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
 _LISTED = 1 << 16
 
 
-def _compact_kernel(temp_ref, active_ref, bound_ref, t1_ref, row_max_ref,
+def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
                     *refs, plan: common.KernelPlan, vocab: int, capacity: int,
                     list_capacity: int, segment: int, windowed: bool,
                     gathering: bool):
@@ -904,7 +920,7 @@ def _compact_kernel(temp_ref, active_ref, bound_ref, t1_ref, row_max_ref,
   above_out, list_count_out = outs[:2 * windowed], outs[2 * windowed:]
   gather = gather_refs[0][row] != 0 if gathering else None
   math = common.KernelMath(plan.interpret)
-  inv_t = 1.0 / temp_ref[row]
+  inv_t = 1.0 / _row_params(param_ref, row)[0].temperature
   slack = lambda v: _FILTER_SLACK * jnp.abs(v)
   bound = bound_ref[row]
   t1 = t1_ref[row]
@@ -1075,13 +1091,13 @@ class Listing:
   capacity: int = dataclasses.field(metadata=dict(static=True))
 
 
-def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
-                       streams: rng.RowStreams | None, config: SamplerConfig,
-                       *, upper=None, capacity: int | None = None,
+def collect_candidates(logits, params: SamplingParams, active, lower_bound, t1,
+                       row_max, streams: rng.RowStreams | None,
+                       config: SamplerConfig, *, upper=None, capacity: int | None = None,
                        segments: Segments | None = None,
                        listing: Listing | None = None):
   """Runs the compact pass on the ``active`` rows (``[B]`` bool or int32
-  flags) and packs each row's candidates into ``C`` slots
+  flags; ``params``: their temperatures) and packs each row's candidates into ``C`` slots
   (``capacity``, default ``config.max_candidates``); with ``upper`` ``[B]``
   (``>= lower_bound``, ``>= t1``), only the window ``[lower_bound, upper)``;
   with ``segments``, its ``gather`` rows read only their listed segments
@@ -1102,6 +1118,7 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
   if listing is not None and (segments is not None or plan.chunk >= _LISTED):
     raise ValueError("a listing needs whole rows and chunks below 2^16")
   list_capacity = 0 if listing is None else listing.capacity
+  param_table = _param_table(params)
   kernel = functools.partial(_compact_kernel, plan=plan, vocab=vocab,
                              capacity=capacity, list_capacity=list_capacity,
                              segment=_segment_size(vocab, plan.chunk),
@@ -1124,10 +1141,10 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
                          split_values(jnp.int32)] * (listing is not None),
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_collect_candidates")(
-          temperature, flags, lower_bound, t1, row_max, *upper_inputs,
+          param_table, flags, lower_bound, t1, row_max, *upper_inputs,
           *list_inputs, *gather_inputs, logits)
   above, outs = outs[:2 * windowed], outs[2 * windowed:]
-  pack = functools.partial(_pack, temperature=temperature, t1=t1,
+  pack = functools.partial(_pack, param_table=param_table, t1=t1,
                            row_max=row_max, splits=plan.num_splits,
                            generator=config.rng, interpret=plan.interpret)
   candidates = pack(
@@ -1141,7 +1158,7 @@ def collect_candidates(logits, temperature, active, lower_bound, t1, row_max,
                           capacity=list_capacity, offset=capacity)
 
 
-def _pack(active, lower, x, ids, count, outside, *, temperature, t1, row_max,
+def _pack(active, lower, x, ids, count, outside, *, param_table, t1, row_max,
           splits: int, capacity: int, generator: str, interpret: bool,
           offset: int = 0, streams: rng.RowStreams | None = None, window=(),
           gather=()) -> Candidates:
@@ -1170,14 +1187,15 @@ def _pack(active, lower, x, ids, count, outside, *, temperature, t1, row_max,
               num_warps=min(16, max(_PACK_WARPS, capacity // 256)),
               num_stages=1),
           interpret=interpret, name="jaxsample_pack_candidates")(
-              temperature, active.astype(jnp.int32), lower, t1, row_max,
-              *(jax.tree.leaves(streams) if raced else ()), x, ids, count,
+              param_table, active.astype(jnp.int32), lower, t1, row_max,
+              *([common.row_table(*jax.tree.leaves(streams))] if raced
+                else []), x, ids, count,
               outside, *window, *gather))
   return Candidates(y, ids, race[0] if raced else None, count, outside,
                     inside_mass, above_count, above_mass)
 
 
-def _pack_kernel(temp_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
+def _pack_kernel(param_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
                  splits: int, capacity: int, offset: int, generator: str,
                  raced: bool, windowed: bool, gathering: bool,
                  interpret: bool):
@@ -1192,7 +1210,7 @@ def _pack_kernel(temp_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
   their ids (``raced``: inputs the row streams, output the race).
   ``gathering`` (inputs ``Segments.gather`` and ``mass``): the outside mass
   of gather rows with min-p off is the row's less the candidates'."""
-  stream_refs, refs = refs[:4 * raced], refs[4 * raced:]
+  stream_refs, refs = refs[:raced], refs[raced:]
   x_ref, id_ref, count_ref, outside_ref, *refs = refs
   window_refs, refs = refs[:3 * windowed], refs[3 * windowed:]
   gather_refs, refs = refs[:2 * gathering], refs[2 * gathering:]
@@ -1239,7 +1257,8 @@ def _pack_kernel(temp_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
     count, outside = split_sum(count_ref), split_sum(outside_ref)
     above_count, above_mass = (split_sum(ref) for ref in above_refs) if (
         windowed) else (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32))
-    y = jnp.where(x > -jnp.inf, math.temper(x, temp_ref[row]), -jnp.inf)
+    t = _row_params(param_ref, row)[0].temperature
+    y = jnp.where(x > -jnp.inf, math.temper(x, t), -jnp.inf)
     e = jnp.where(y > -jnp.inf, jnp.exp(y - row_max_ref[row]), 0.0)
     over = y >= upper
     inside = (y >= lower_ref[row]) & ~over
@@ -1250,7 +1269,8 @@ def _pack_kernel(temp_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
     y_out[row, :] = y
     id_out[row, :] = jnp.where(inside, ids, -1)
     if raced:
-      stream = rng.RowStreams(*(ref[row] for ref in stream_refs))
+      stream = rng.RowStreams(*common.table_row(stream_refs[0], row,
+                                                common.STREAM_DTYPES))
       race_out[row, :] = y + rng.gumbel(rng.uniform(rng.bits_at(
           generator, stream, ids, mulhilo=math.mulhilo)))
     count_out[row] = count
@@ -1299,7 +1319,7 @@ def _bit_length(v: jax.Array) -> jax.Array:
   return jnp.where(v != 0, n + 1, n)
 
 
-def _pivot_kernel(temp_ref, active_ref, k_ref, p_ref, floor_ref, lower_ref,
+def _pivot_kernel(param_ref, active_ref, floor_ref, lower_ref,
                   row_max_ref, x_ref, threshold_out, *,
                   plan: common.KernelPlan, vocab: int, by_count: bool):
   """One row's ``pivot_threshold``: up to ``_PIVOT_PASSES`` passes over the
@@ -1324,8 +1344,8 @@ def _pivot_kernel(temp_ref, active_ref, k_ref, p_ref, floor_ref, lower_ref,
   @pl.when(active_ref[row] != 0)
   def _():
     math = common.KernelMath(plan.interpret)
-    t = temp_ref[row]
-    k, p = k_ref[row], p_ref[row]
+    params, _ = _row_params(param_ref, row)
+    t, k, p = params.temperature, params.top_k, params.top_p
     lo = jnp.maximum(common.order_key(lower),
                      jnp.uint32(_SMALLEST_FINITE_KEY))
     hi = jnp.maximum(common.order_key(row_max), lo)
@@ -1406,8 +1426,8 @@ def _pivot_kernel(temp_ref, active_ref, k_ref, p_ref, floor_ref, lower_ref,
     threshold_out[row] = common.key_value(lo)
 
 
-def pivot_threshold(logits, temperature, active, floor, row_max,
-                    params: SamplingParams, config: SamplerConfig, *,
+def pivot_threshold(logits, params: SamplingParams, active, floor, row_max,
+                    config: SamplerConfig, *,
                     by_count: bool, lower=None):
   """Exact threshold ``[B]`` of the ``active`` rows (valid, sampled) in at
   most ``_PIVOT_PASSES`` passes over the row, whatever the data: no buffer,
@@ -1443,8 +1463,8 @@ def pivot_threshold(logits, temperature, active, floor, row_max,
       kernel, out_shape=jax.ShapeDtypeStruct((batch,), jnp.float32),
       grid=(batch,), compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_pivot_threshold")(
-          temperature, active.astype(jnp.int32), params.top_k, params.top_p,
-          floor, lower, row_max, logits)
+          _param_table(params), active.astype(jnp.int32), floor, lower,
+          row_max, logits)
 
 
 # ---------------------------------------------------------------------------
@@ -1522,7 +1542,7 @@ def sample_truncated(logits, params: SamplingParams,
   safe_max, t1, bound, mass = stats.safe_max, stats.t1, stats.bound, stats.mass
   capacity = config.max_candidates
   candidates = collect_candidates(
-      logits, params.temperature, stats.narrow, bound, t1, safe_max, streams,
+      logits, params, stats.narrow, bound, t1, safe_max, streams,
       config, segments=Segments(stats.gather, stats.listed,
                                 stats.listed_count, mass))
   (threshold, count, kept_mass, certified, token, token_y,
@@ -1690,7 +1710,7 @@ def _window_search(logits, params: SamplingParams, trunc: Truncation,
       **({} if lists is None else dict(list_rows=lists, list_width=list_width,
                                        list_capacity=list_capacity)))
   listing = list_lower and Listing(lists, list_lower[0], list_capacity)
-  found = collect_candidates(logits, params.temperature, rows, lower, floor,
+  found = collect_candidates(logits, params, rows, lower, floor,
                              _safe(trunc.row_max), None, config, upper=upper,
                              capacity=capacity, listing=listing or None)
   window, listed = found if listing else (found, None)
@@ -1738,7 +1758,6 @@ def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
   costs no pass or kernel of its own.  Returns the ``KeptSets`` and the collected listing (None without
   ``list_width``).
   """
-  t = params.temperature
   large, t1 = trunc.large != 0, trunc.t1
   row_max = _safe(trunc.row_max)
   counted = rows & (params.top_k > 0)
@@ -1759,7 +1778,7 @@ def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
         lists=lists, list_width=list_width)
     measured = windowed & held
     missed = rows & ~measured
-    exact = pivot_threshold(logits, t, missed, floor, row_max, params, config,
+    exact = pivot_threshold(logits, params, missed, floor, row_max, config,
                             by_count=by_count, lower=lower)
     return jnp.where(missed, exact, threshold), mass, measured, listed
 
@@ -1900,8 +1919,8 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
   missed = rows & ~listed_rows
 
   def row_ids():
-    last = pivot_threshold(logits, t, missed, trunc.t1, _safe(trunc.row_max),
-                           top_width, config, by_count=True)
+    last = pivot_threshold(logits, top_width, missed, trunc.t1,
+                           _safe(trunc.row_max), config, by_count=True)
     y = reference.temper(reference.sanitize(logits), t)
     return reference.top_ids(y, jnp.maximum(last, threshold), width)
 
