@@ -46,7 +46,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import itertools
+import os
 import statistics
 import sys
 
@@ -116,7 +118,7 @@ def ops(batch, k, filters, rates, config_kw) -> dict:
           target, drafts, n, params, keys, draft_logits=draft,
           synthetic_rates=rates, positions=positions, config=config)
 
-    return lambda inputs: run(inputs, rates)
+    return functools.partial(run, rates=rates)
 
   table = {"pallas": op("pallas")}
   table.update({f"pallas syn={r:g}": op("pallas", r) for r in rates})
@@ -149,6 +151,8 @@ def main(argv=None) -> int:
                         "to sweep (default: the heuristic)")
   parser.add_argument("--rng", default="philox")
   parser.add_argument("--json", default="")
+  parser.add_argument("--hlo", default="",
+                      help="a folder: also write each Pallas op's optimized HLO")
   args = parser.parse_args(argv)
 
   sweeps = {name: [int(v) for v in getattr(args, name).split(",") if v]
@@ -190,6 +194,11 @@ def main(argv=None) -> int:
           continue
         if name == "xla" and len(plans) > 1 and plan is not plans[0]:
           continue  # the reference ignores the plan
+        if args.hlo and name.startswith("pallas"):
+          label = "".join(c if c.isalnum() else "_" for c in
+                          f"{name}_{dtype}_B{batch}_k{k}_draft{with_draft}")
+          with open(os.path.join(args.hlo, f"{label}.hlo"), "w") as f:
+            f.write(fn.func.lower(inputs[0], **fn.keywords).compile().as_text())
         for triple in inputs[:2]:  # warm-up beyond time_op's single call
           jax.block_until_ready(fn(triple))
         r = bench.time_op(fn, inputs, args.iters, args.repeats)
