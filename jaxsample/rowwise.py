@@ -34,10 +34,11 @@ def cond(pred: jax.Array, true_fn, false_fn, *, unknown=None):
 
 
 def _is_row_word(x, batch: int) -> bool:
-  """Whether ``x`` is a ``[B]`` array that ``_pack_rows`` packs (32-bit or
-  bool elements: one word each)."""
+  """Whether ``x`` is a ``[B]`` array that ``_pack_rows`` packs (32-bit
+  numbers or bools: one word each; not keys)."""
   return (x.ndim == 1 and x.shape[0] == batch and
-          (x.dtype == jnp.bool_ or x.dtype.itemsize == 4))
+          (x.dtype == jnp.bool_ or (jnp.issubdtype(x.dtype, jnp.number) and
+                                    x.dtype.itemsize == 4)))
 
 
 def _pack_rows(values, batch: int) -> jax.Array:

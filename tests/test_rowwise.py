@@ -50,20 +50,25 @@ def test_only_if_passes_64_bit_leaves():
 
 def test_only_if_packs_the_rows_it_closes_over():
   """Closed-over ``[B]`` arrays of 32-bit and bool dtypes enter the cond as
-  one operand, others as they are; the results do not change."""
-  def outer(x, k, needed, wide):
+  one operand, others (wider arrays, keys) as they are; the results do not
+  change."""
+  def outer(x, k, needed, wide, keys):
     return rowwise.only_if(needed, lambda: (
-        x * 2, jnp.where(needed, k, -1), wide.sum(axis=1)))
+        x * 2, jnp.where(needed, k, -1), wide.sum(axis=1),
+        jax.random.key_data(keys)[:, 0]))
 
   args = (jnp.array([0.5, -jnp.inf, 3.0]), jnp.array([4, -5, 6], jnp.int32),
-          jnp.array([True, False, True]), jnp.ones((BATCH, 4)))
-  x, k, needed, wide = args
-  assert_trees_equal(jax.jit(outer)(*args),
-                     (x * 2, jnp.where(needed, k, -1), wide.sum(axis=1)))
+          jnp.array([True, False, True]), jnp.ones((BATCH, 4)),
+          jax.random.split(jax.random.key(0), BATCH))
+  x, k, needed, wide, keys = args
+  assert_trees_equal(jax.jit(outer)(*args), (
+      x * 2, jnp.where(needed, k, -1), wide.sum(axis=1),
+      jax.random.key_data(keys)[:, 0]))
   jaxpr = jax.make_jaxpr(outer)(*args).jaxpr
   [cond] = [e for e in jaxpr.eqns if e.primitive.name == "cond"]
-  operands = [v.aval.shape for v in cond.invars[1:]]  # after the index
-  assert sorted(operands) == [(3, BATCH), (BATCH, 4)], operands
+  operands = sorted(str(v.aval) for v in cond.invars[1:])  # after the index
+  assert operands == sorted([f"int32[3,{BATCH}]", f"float32[{BATCH},4]",
+                             f"key<fry>[{BATCH}]"]), operands
 
 
 def test_only_if_with_known_rows_takes_one_branch():
