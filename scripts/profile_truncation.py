@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python3 scripts/profile_truncation.py [B] [dtype] [KNOB=int ...]
 
-Inputs: randn logits scaled x1 and x5 in turn (``FLAT=1``: x1 only).
+Inputs: randn logits scaled x1 and x5 in turn (``FLAT=1``: x1 only;
+``DIST``: ``bench_truncation``'s distribution of that name instead).
 ``SETTINGS``: the filter settings, e.g. ``top_p=0.95;top_k=50,top_p=0.9``
 (default: top-k 50 + top-p 0.9, top-p 0.9, min-p 0.05); ``MASK_IDS``: the
 ``K_cap`` values of the mask profiles (default 1024); ``HLO_DIR``: also
@@ -36,6 +37,11 @@ TOP = int(os.environ.get("TOP", "14"))  # device ops listed per profile
 xs = [(jax.random.normal(jax.random.key(i), (batch, vocab)) * s).astype(dtype)
       for i, s in enumerate([1, 1, 1, 1] if os.environ.get("FLAT") else
                             [1, 1, 5, 5])]
+if os.environ.get("DIST"):  # one of bench_truncation's distributions
+  sys.path.insert(0, os.path.dirname(__file__))
+  import bench_truncation  # pylint: disable=g-import-not-at-top
+  xs = (bench_truncation.make_inputs(os.environ["DIST"], batch, vocab,
+                                     dtype) * 4)[:4]
 
 
 def profile(label, fn):

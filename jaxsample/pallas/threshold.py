@@ -833,7 +833,13 @@ def _window_kernel(param_ref, sample_ref, row_max_ref, t1_ref, mass_ref,
                                 for n in ranks), _BOUND_KEY_BITS)
     ranked = [jnp.where(f > _NEG_INF_KEY, common.key_value(f), -jnp.inf)
               for f in found]
-    upper = jnp.where(rank > half, ranked[0], jnp.inf)
+    # The upper end rounds up (the search's next key): rounded down, it
+    # could leave its rank's tie group above the window, and a threshold
+    # there to the pivot search (bf16 rows: groups of ~1000 equal values).
+    upper = jnp.where(
+        rank <= half, jnp.inf,
+        jnp.where(found[0] > _NEG_INF_KEY, common.key_value(
+            found[0] + jnp.uint32(1 << (32 - _BOUND_KEY_BITS))), -jnp.inf))
     lower_ref[row] = jnp.maximum(ranked[1], t1)
     # With fewer survivors in the sample than ``rank - half``, every finite
     # survivor is above the window (counted, not written).
