@@ -401,6 +401,33 @@ def test_a_misleading_sample_takes_the_pivot_search():
   np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
 
 
+def test_a_window_holds_the_tie_group_at_its_upper_rank():
+  """Sample values in groups of 16 equal bf16 values (positive and negative
+  rows): the window by count reaches above the whole group of its upper
+  rank's value, so a threshold there stays in the window (rounded down, the
+  upper end left that group above the window)."""
+  groups, size, capacity = 32, 16, 1024
+  half = threshold._window_half(capacity)
+  r = np.random.default_rng(21)
+  values = np.repeat(np.arange(groups) * 0.0625, size)
+  sample = np.stack([r.permutation(values) + 1.0,
+                     r.permutation(values) - 12.0]).astype(np.float32)
+  rank = 100  # sample rank of the k-th largest: k // _SAMPLE_STRIDE
+  params = SamplingParams.make(
+      2, top_k=rank * threshold._SAMPLE_STRIDE).canonical(
+          sample.shape[1] * threshold._SAMPLE_STRIDE)
+  row_max = jnp.asarray(sample.max(axis=1))
+  lower, upper = threshold.threshold_window(
+      jnp.asarray(sample), row_max, jnp.full((2,), -jnp.inf), params,
+      jnp.ones((2,)), capacity, jnp.ones((2,), bool), by_count=True,
+      interpret=True)
+  descending = -np.sort(-sample, axis=1)
+  # The (rank - half)-th and (rank + half)-th largest, 1-based.
+  np.testing.assert_array_less(descending[:, rank - half - 1], upper)
+  assert (np.asarray(lower) <= descending[:, rank + half - 1]).all()
+  assert (np.asarray(upper) <= descending[:, rank - half - 1] + 0.0625).all()
+
+
 def pivot_rows(vocab, r):
   """Rows for ``pivot_threshold``: random, wide (keys spanning most of the
   32-bit range), flat, a few values, ties at the top, -inf entries and one
