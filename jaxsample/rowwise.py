@@ -34,16 +34,18 @@ def cond(pred: jax.Array, true_fn, false_fn, *, unknown=None):
 
 
 def _is_row_word(x, batch: int) -> bool:
-  """Whether ``x`` is a ``[B]`` array that ``_pack_rows`` packs (32-bit
+  """Whether ``x`` is a ``[B]`` array that ``pack_rows`` packs (32-bit
   numbers or bools: one word each; not keys)."""
   return (x.ndim == 1 and x.shape[0] == batch and
           (x.dtype == jnp.bool_ or (jnp.issubdtype(x.dtype, jnp.number) and
                                     x.dtype.itemsize == 4)))
 
 
-def _pack_rows(values, batch: int) -> jax.Array:
+def pack_rows(values, batch: int) -> jax.Array:
   """``[B]`` arrays of 32-bit or bool dtypes stacked as int32 ``[F, B]``
-  (bitcast; bool as 0/1)."""
+  (bitcast; bool as 0/1): one XLA op makes it, where ``F`` arrays each in
+  memory (a cond's operands, a kernel's inputs) would cost a launch each on
+  a GPU.  Kernels read a row of it with ``pallas.common.table_row``."""
   if not values:
     return jnp.zeros((0, batch), jnp.int32)
   return jnp.stack([v.astype(jnp.int32) if v.dtype == jnp.bool_ else
@@ -51,8 +53,8 @@ def _pack_rows(values, batch: int) -> jax.Array:
                     for v in values])
 
 
-def _unpack_rows(block: jax.Array, dtypes) -> list[jax.Array]:
-  """The inverse of ``_pack_rows``: its rows as arrays of ``dtypes``."""
+def unpack_rows(block: jax.Array, dtypes) -> list[jax.Array]:
+  """The inverse of ``pack_rows``: its rows as arrays of ``dtypes``."""
   return [block[i] != 0 if d == jnp.bool_ else
           jax.lax.bitcast_convert_type(block[i], d)
           for i, d in enumerate(dtypes)]
@@ -62,7 +64,7 @@ def only_if(needed: jax.Array, fn, *, pack: bool = True):
   """``fn()`` if any of ``needed``, else zeros of its shapes (``cond``).
 
   The values ``fn`` closes over enter the cond with every ``[B]`` array of
-  32-bit or bool dtype packed into one ``[F, B]`` operand (``_pack_rows``):
+  32-bit or bool dtype packed into one ``[F, B]`` operand (``pack_rows``):
   an operand must exist in memory, so each would otherwise cost a launch
   on a GPU wherever XLA would fuse it into its other users.
   ``fn`` returns a pytree of ``[B]`` and ``[B, W]`` arrays of 32- or 64-bit
@@ -81,12 +83,12 @@ def only_if(needed: jax.Array, fn, *, pack: bool = True):
   # The barrier keeps the packed operand one array: XLA would fold the
   # branch's slices of the stack back into the stack's operands.
   inputs = jax.lax.optimization_barrier(
-      _pack_rows([consts[i] for i in rows], batch))
+      pack_rows([consts[i] for i in rows], batch))
 
   def replay():
     values = list(consts)
-    for i, v in zip(rows, _unpack_rows(inputs, [consts[i].dtype
-                                                for i in rows])):
+    for i, v in zip(rows, unpack_rows(inputs, [consts[i].dtype
+                                               for i in rows])):
       values[i] = v
     return jax.tree.unflatten(jax.tree.structure(shapes), jax.extend.core.
                               jaxpr_as_fun(traced.replace(consts=values))())
@@ -99,7 +101,7 @@ def only_if(needed: jax.Array, fn, *, pack: bool = True):
 
   def packed():
     values = jax.tree.leaves(replay())
-    return _pack_rows([v for v, n in zip(values, narrow) if n], batch), [
+    return pack_rows([v for v, n in zip(values, narrow) if n], batch), [
         v for v, n in zip(values, narrow) if not n]
 
   def empty():
@@ -107,8 +109,8 @@ def only_if(needed: jax.Array, fn, *, pack: bool = True):
         jnp.zeros(s.shape, s.dtype) for s, n in zip(leaves, narrow) if not n]
 
   block, others = cond(jnp.any(needed), packed, empty)
-  columns = iter(_unpack_rows(block, [s.dtype for s, n in zip(leaves, narrow)
-                                      if n]))
+  columns = iter(unpack_rows(block, [s.dtype for s, n in zip(leaves, narrow)
+                                     if n]))
   others = iter(others)
   return jax.tree.unflatten(tree, [next(columns) if n else next(others)
                                    for n in narrow])

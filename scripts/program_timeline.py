@@ -20,7 +20,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 import jaxsample as js
-from jaxsample import bench, rng
+from jaxsample import bench, rng, rowwise
 from jaxsample.pallas import common, gumbel
 
 
@@ -81,9 +81,10 @@ def main(out, batch, warps=None, splits=None):
 
   @jax.jit
   def run(x):
-    table = common.row_table(params.temperature,
-                             jnp.ones((batch,), jnp.int32), streams.key0,
-                             streams.key1, streams.base_hi, streams.base_lo)
+    table = rowwise.pack_rows([params.temperature,
+                               jnp.ones((batch,), jnp.int32), streams.key0,
+                               streams.key1, streams.base_hi, streams.base_lo],
+                              batch)
     return call(table, jnp.zeros((1,), jnp.int32), x)
 
   inputs = bench.rotating_inputs(batch, vocab, jnp.dtype(jnp.float32),

@@ -232,22 +232,15 @@ class Chunk:
   bits: Any
 
 
-def row_table(*columns: jax.Array) -> jax.Array:
-  """Per-row kernel scalars, ``[B]`` arrays of 32-bit types, as one ``[n, B]``
-  uint32 input (their bits): one XLA op makes it, where ``n`` inputs computed
-  by XLA cost a launch each."""
-  return jnp.stack([lax.bitcast_convert_type(c, jnp.uint32) for c in columns])
-
-
 def table_row(table_ref, row, dtypes) -> list[jax.Array]:
-  """Row ``row``'s scalars, read in a kernel from a ``row_table`` whose
-  columns have ``dtypes``."""
+  """Row ``row``'s scalars, read in a kernel from a ``rowwise.pack_rows``
+  table of per-row kernel scalars whose columns have ``dtypes`` (32-bit)."""
   return [lax.bitcast_convert_type(table_ref[i, row], d)
           for i, d in enumerate(dtypes)]
 
 
 STREAM_DTYPES = (jnp.uint32,) * 4
-"""``row_table`` dtypes of ``RowStreams``' fields."""
+"""``table_row`` dtypes of ``RowStreams``' fields."""
 
 
 @dataclasses.dataclass(frozen=True)

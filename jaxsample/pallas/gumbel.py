@@ -39,7 +39,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxsample import reference, rng
+from jaxsample import reference, rng, rowwise
 from jaxsample.pallas import common
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.reference import SampleResult
@@ -430,11 +430,11 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
                         interpret=plan.interpret, name="jaxsample_gumbel_max")
   offset = jnp.asarray(vocab_offset, jnp.int32).reshape(1)
   active = jnp.ones((batch,), bool) if active is None else active
-  table = common.row_table(
-      temperature.astype(jnp.float32), active.astype(jnp.int32), streams.key0,
-      streams.key1, streams.base_hi, streams.base_lo,
+  table = rowwise.pack_rows([
+      temperature.astype(jnp.float32), active, streams.key0, streams.key1,
+      streams.base_hi, streams.base_lo,
       *([common.logit_floor(floor, temperature)] if floored else []),
-      *([exclude.astype(jnp.int32)] if exclude is not None else []))
+      *([exclude.astype(jnp.int32)] if exclude is not None else [])], batch)
   race, index, row_max, sumexp, *rest = call(table, offset, logits)
   kept = rest.pop(0) if counted else None
   if skip:  # raced loop steps

@@ -77,7 +77,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxsample import reference, rng
+from jaxsample import reference, rng, rowwise
 from jaxsample import spec as spec_ref
 from jaxsample.pallas import common, gumbel, threshold
 from jaxsample.params import SamplerConfig, SamplingParams
@@ -419,11 +419,12 @@ def emit_partials(target2d, draft2d, temperature, req: EmitRequest,
                         compiler_params=plan.compiler_params(),
                         interpret=plan.interpret, name="jaxsample_spec_emit")
   s = req.streams
-  table = common.row_table(
+  table = rowwise.pack_rows([
       temperature.astype(jnp.float32), req.mode, req.row_t, req.row_d,
       req.exclude, s.key0, s.key1, s.base_hi, s.base_lo,
       *[a.astype(jnp.float32) for a in req.norms],
-      *[common.logit_floor(f, temperature) for f in req.floors])
+      *[common.logit_floor(f, temperature) for f in req.floors]],
+                             temperature.shape[0])
   race, index, row_max, sumexp, plain_race, plain_index, *lo = call(
       table, target2d, draft2d)
   if fp64:

@@ -226,13 +226,13 @@ _PARAM_DTYPES = (jnp.float32, jnp.int32, jnp.float32, jnp.float32,
 
 
 def _param_table(params: SamplingParams) -> jax.Array:
-  """The kernels' per-row parameters as one ``common.row_table``:
+  """The kernels' per-row parameters as one ``rowwise.pack_rows`` table:
   ``SamplingParams``' fields, then ``log(min_p)`` (-inf where min-p is off).
   Every kernel takes the same table, so XLA makes it once (one op where
   one input per field cost a launch each)."""
   log_min_p = jnp.where(params.min_p > 0, jnp.log(params.min_p), -jnp.inf)
-  return common.row_table(params.temperature, params.top_k, params.top_p,
-                          params.min_p, log_min_p)
+  return rowwise.pack_rows([params.temperature, params.top_k, params.top_p,
+                            params.min_p, log_min_p], params.batch_size)
 
 
 def _row_params(param_ref, row) -> tuple[SamplingParams, jax.Array]:
@@ -1194,7 +1194,7 @@ def _pack(active, lower, x, ids, count, outside, *, param_table, t1, row_max,
               num_stages=1),
           interpret=interpret, name="jaxsample_pack_candidates")(
               param_table, active.astype(jnp.int32), lower, t1, row_max,
-              *([common.row_table(*jax.tree.leaves(streams))] if raced
+              *([rowwise.pack_rows(jax.tree.leaves(streams), batch)] if raced
                 else []), x, ids, count,
               outside, *window, *gather))
   return Candidates(y, ids, race[0] if raced else None, count, outside,
