@@ -6,7 +6,8 @@ Captures the Triton IR that Pallas lowers KERNEL to (``gumbel``, the default:
 ``jaxsample_gumbel_max``; ``compact``: the windowed compact pass of
 ``threshold.collect_candidates``; ``stats``: the truncation's stats pass)
 for B x V fp32 logits at the default plan,
-compiles it with the installed ``triton`` for sm_90 and writes
+compiles it with the installed ``triton`` for sm_90 (with the warps of the
+kernel's launch plan) and writes
 ``KERNEL.ttir``, ``.ptx``, ``.cubin`` and ``.sass`` (nvdisasm or cuobjdump)
 to OUT_DIR, then prints the register count and the opcode histogram of the
 SASS: over the whole kernel and over its longest loops' paths that take no
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 from jax._src.pallas.triton import lowering, pallas_call_registration
 
 from jaxsample import SamplerConfig, SamplingParams, rng
-from jaxsample.pallas import gumbel, threshold
+from jaxsample.pallas import common, gumbel, threshold
 
 out = sys.argv[1]
 name = sys.argv[2] if len(sys.argv) > 2 else "gumbel"
@@ -35,6 +36,7 @@ for setting in sys.argv[5:]:  # threshold module knobs, e.g. _COMPACT_WARPS=8
   setattr(threshold, knob, int(value))
 
 captured = []
+WARPS = []  # num_warps of the captured kernel
 _lower = lowering.lower_jaxpr_to_triton_module
 
 
@@ -52,13 +54,17 @@ def f(x, t):
   if name == "stats":
     params = SamplingParams(t, rows.astype(jnp.int32), rows + 0.9, rows)
     plan = threshold._pass_plan(B, V, x.dtype, SamplerConfig())
+    WARPS.append(plan.num_warps)
     return threshold._stats_pass(x, params, plan,
                                  threshold._segment_size(V, plan.chunk), 1024)
   if name == "compact":
+    WARPS.append(threshold._COMPACT_WARPS)
     return threshold.collect_candidates(
         x, SamplingParams(t, rows.astype(jnp.int32), rows + 1, rows),
         rows > -1, rows, rows, rows, None, SamplerConfig(),
         upper=rows + 1, capacity=8192)
+  WARPS.append(common.make_plan(B, V, x.dtype, SamplerConfig(),
+                                generator="philox").num_warps)
   streams = rng.RowStreams(*(jnp.zeros((B,), jnp.uint32),) * 4)
   return gumbel.gumbel_partials(x, t, streams, SamplerConfig())
 
@@ -71,8 +77,10 @@ open(f"{out}/{name}.ttir", "w").write(ttir)
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
+warps = WARPS[0]  # the kernel's own warps (its launch plan's)
+print(f"num_warps {warps}")
 kernel = triton.compile(f"{out}/{name}.ttir", target=GPUTarget("cuda", 90, 32),
-                        options={"num_warps": 4, "num_stages": 1})
+                        options={"num_warps": warps, "num_stages": 1})
 open(f"{out}/{name}.ptx", "w").write(kernel.asm["ptx"])
 open(f"{out}/{name}.cubin", "wb").write(kernel.asm["cubin"])
 tools = [os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
@@ -90,7 +98,8 @@ else:
 open(f"{out}/{name}.sass", "w").write(sass)
 try:
   kernel._init_handles()
-  print(f"registers {kernel.n_regs}, spills {kernel.n_spills}")
+  print(f"registers {kernel.n_regs}, spills {kernel.n_spills}, shared "
+        f"{kernel.metadata.shared} bytes")
 except Exception as e:  # diagnostics only
   print("no register count:", e)
 # Instructions as (address, opcode, text); labels (".L_x_3:") name the next one.
