@@ -18,7 +18,7 @@ import pytest
 from conftest import oracle_keep, run_sample, sort_operands
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, reference, rng
-from jaxsample.pallas import common, threshold
+from jaxsample.pallas import common, gumbel, threshold
 from test_reference import KINDS, M_VALUES, oracle_grid
 
 
@@ -141,34 +141,126 @@ def test_kept_sets_match_oracle(vocab):
   check_kept_sets_match_oracle(vocab)
 
 
+def tail_rows(vocab, r):
+  """Rows on which top-p 0.999999 drops a tail: a near-flat bulk (every
+  token above 3e-6 of the mass, at V = 151936 too) and three tail tokens
+  holding 2.5e-8, 1.5e-8 and 1e-8 of it.  The crossing (the bulk's last
+  token) lies 9.6e-7 of the mass (8.1 eps) above ``p = 0.999999`` and over
+  2e-6 below it, beyond the oracle's margin (``top_p_rtol``), so the kept
+  set (the bulk) is checked exactly: ``(rows, ks, ps, ms)``, with top-k off
+  and at ``V - 1`` (which drops the smallest tail token)."""
+  rows = []
+  for _ in range(2):
+    x = r.standard_normal(vocab) * 0.1
+    tail = r.choice(vocab, 3, replace=False)
+    x[tail] = -np.inf
+    bulk = np.log(np.sum(np.exp(x)))
+    x[tail] = bulk + np.log([2.5e-8, 1.5e-8, 1e-8])
+    rows.append(x)
+  return (np.asarray(rows, np.float32), [vocab, vocab - 1], [0.999999] * 2,
+          [0.0] * 2)
+
+
+def invalid_rows(vocab, r):
+  """Invalid truncating rows (README "Bad input"): random rows with a few
+  NaNs (top-p 0.999999; top-k 50, top-p 0.9 and min-p 0.05) and with one
+  +inf (top-k 2, top-p 0.5): ``(rows, ks, ps, ms)``."""
+  x = r.standard_normal((3, vocab)) * 1.5
+  x[0, r.choice(vocab, 3, replace=False)] = np.nan
+  x[1, r.choice(vocab, 2, replace=False)] = np.nan
+  x[2, r.integers(vocab)] = np.inf
+  return (x.astype(np.float32), [vocab, 50, 2], [0.999999, 0.9, 0.5],
+          [0.0, 0.05, 0.0])
+
+
+def kept_set_batch(vocab):
+  """The oracle grid (``oracle_grid``'s rows, unchanged) followed by
+  ``tail_rows`` and ``invalid_rows``: ``(y, ks, ps, ms, kinds)``."""
+  y, ks, ps, ms, combos = oracle_grid(vocab, seed=vocab + 1,
+                                     m_values=M_VALUES[:3])
+  r = np.random.default_rng(vocab + 2)
+  kinds = [kind for kind in KINDS for _ in combos]
+  for kind, (rows, *cols) in (("tail", tail_rows(vocab, r)),
+                              ("invalid", invalid_rows(vocab, r))):
+    y = np.concatenate([y, rows])
+    ks, ps, ms = (a + list(b) for a, b in zip((ks, ps, ms), cols))
+    kinds += [kind] * len(rows)
+  return y, ks, ps, ms, np.asarray(kinds)
+
+
 def check_kept_sets_match_oracle(vocab):
   """Every kind of row x p x k x min-p: every valid truncating row is
   complete and keeps the oracle's set (an admissible one on a rounding
-  boundary), with its count and mass.  On a GPU the kernels run compiled
+  boundary, at most 2% of the rows), with its count and mass; top-p
+  0.999999 rows are checked exactly, those where it drops a tail
+  (``tail_rows``) too.  Invalid rows in the batch (``invalid_rows``) are
+  left to the Gumbel kernel (not complete, not unfinished), which gives the
+  reference's token, ``valid`` False and logprob -inf; the other rows keep
+  the oracle's sets beside them.  On a GPU the kernels run compiled
   (``test_gpu_threshold``)."""
-  y, ks, ps, ms, combos = oracle_grid(vocab, seed=vocab + 1,
-                                     m_values=M_VALUES[:3])
+  y, ks, ps, ms, kinds = kept_set_batch(vocab)
   params = SamplingParams.make(len(y), top_k=ks, top_p=ps, min_p=ms)
+  canon = params.canonical(vocab)
   tr = truncate(y, params)
-  truncating = np.asarray(params.canonical(vocab).truncates())
+  truncating = np.asarray(canon.truncates())
   assert not tr.complete[~truncating].any()
+  near, exact_top = 0, {"kept": 0, "trimmed": 0}
   for i in np.flatnonzero(tr.complete):
     o = oracle_keep(y[i], ks[i], ps[i], ms[i])
     kept = (y[i] >= tr.threshold[i]) & (y[i] > -np.inf)
-    ctx = f"row {i} kind={KINDS[i // len(combos)]} k={ks[i]} p={ps[i]} m={ms[i]}"
+    ctx = f"row {i} kind={kinds[i]} k={ks[i]} p={ps[i]} m={ms[i]}"
+    near += o.near_boundary
     if o.near_boundary:
       assert o.admits(kept), ctx
     else:
       np.testing.assert_array_equal(kept, o.kept, err_msg=ctx)
+      if ps[i] == 0.999999:  # does top-p drop a survivor of min-p and top-k?
+        trimmed = o.kept.sum() < oracle_keep(y[i], ks[i], 1.0,
+                                             ms[i]).kept.sum()
+        exact_top["trimmed" if trimmed else "kept"] += 1
     assert tr.count[i] == kept.sum(), ctx
     mass = np.sum(np.exp(y[i][kept].astype(np.float64) - y[i].max()))
     np.testing.assert_allclose(tr.log_kept[i], np.log(mass), rtol=1e-5,
                                atol=1e-5, err_msg=ctx)
     assert kept[tr.token[i]], ctx
-  kinds = np.asarray([kind for kind in KINDS for _ in combos])
-  left = truncating & ~tr.complete & np.isfinite(y.max(axis=-1))
+  valid = np.isfinite(y.max(axis=-1))
+  left = truncating & ~tr.complete & valid
   assert not left.any(), [(kinds[i], ks[i], ps[i], ms[i])
                           for i in np.flatnonzero(left)]
+  assert near <= 0.02 * valid.sum(), f"{near} of {valid.sum()} rows near"
+  # Top-p 0.999999 rows are checked exactly (9 in 10 at least), also where
+  # it drops a tail (``tail_rows``), not only where every survivor is kept.
+  top = np.sum(tr.complete & (np.asarray(ps) == 0.999999))
+  assert exact_top["trimmed"] >= 2, exact_top
+  assert sum(exact_top.values()) >= 0.9 * top, (exact_top, top)
+  check_invalid_rows(y[~valid], canon, tr, ~valid)
+
+
+def check_invalid_rows(x, canon, tr, invalid):
+  """Invalid rows ``x`` (``invalid`` of a batch of canonical params
+  ``canon`` whose truncation is ``tr``) take the Gumbel kernel, as in
+  ``jaxsample.sample``: the truncation kernels leave them (not complete,
+  not ``unfinished``: no large-set search), and the Gumbel kernel gives the
+  reference's token (the first NaN or +inf) bit for bit, ``valid`` False
+  and logprob -inf."""
+  batch, vocab = x.shape
+  assert not tr.complete[invalid].any()
+  assert not np.asarray(tr.unfinished(canon))[invalid].any()
+  assert not np.isfinite(tr.row_max[invalid]).any()
+  rows = jax.tree.map(lambda a: a[np.flatnonzero(invalid)], canon)
+  streams, _ = rng.row_streams(jax.random.key(0), None, batch, vocab)
+  got, *_ = jax.jit(lambda x: gumbel.sample_untruncated(
+      x, rows, streams, SamplerConfig()))(jnp.asarray(x))
+  want = reference.sample_reference(jnp.asarray(x), rows, streams,
+                                    generator="philox")
+  got, want = jax.tree.map(np.asarray, (got, want))
+  first = np.argmax(np.isnan(x) | (x == np.inf), axis=-1)
+  np.testing.assert_array_equal(want.tokens, first)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  assert not got.valid.any() and not want.valid.any()
+  assert ((0 <= got.tokens) & (got.tokens < vocab)).all(), got.tokens
+  np.testing.assert_array_equal(got.logprobs, -np.inf)
+  np.testing.assert_array_equal(want.logprobs, -np.inf)
 
 
 def test_small_kept_sets_are_always_certified():

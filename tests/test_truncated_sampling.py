@@ -3,18 +3,22 @@
 
 Batches mixing kernel rows, rows the candidate buffer overflows, plain,
 greedy and invalid rows; per-request keys; low-precision logits.  The kept
-sets themselves are ``test_threshold.py``'s.
+sets themselves are ``test_threshold.py``'s; their counts, masses (logZ) and
+row logsumexps, through the sampling mask, against float64 here.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jaxsample
 from conftest import oracle_keep, run_sample
-from jaxsample import SamplingParams, reference
+from jaxsample import SamplerConfig, SamplingParams, reference
 
 
 @pytest.mark.parametrize("gen,max_candidates,fp64", [
@@ -68,15 +72,174 @@ def test_per_request_keys_are_batch_invariant():
     assert alone.tokens[0] == a.tokens[row]
 
 
+# Logprobs of the kernels vs the reference on the same fp32 ``y`` and kept
+# set (bf16/fp16 widen to fp32 exactly): they differ in how the fp32 mass
+# ``S = sum_K exp(y - max)`` is summed.  ``|d log S| = |dS / S|``: a
+# tree-ordered sum of <= V terms in (0, 1] is off by ~log2(V) eps (17 eps,
+# 2e-6, at V = 151936), and on a GPU the kernels' ``ex2.approx`` (< 2^-22 per
+# term) and ``x * (1 / T)`` add < 1e-6 here, hence ``atol``; ``rtol`` (8 eps)
+# covers the rounding of the logprob itself.  Measured on CPU: at most 1 ulp
+# (<= 9.5e-7) at V = 1007 and V = 151936.
+LOGPROB_RTOL, LOGPROB_ATOL = 1e-6, 4e-6
+
+
+def low_precision_batch(vocab, dtype, seed=7):
+  """``[12, vocab]`` logits in ``dtype`` (rounded from fp32) with
+  per-request params: top-k, top-p, min-p and combined rows at several
+  temperatures on normal, zipf and mild rows (bf16 rounding ties many
+  values), greedy rows with and without a filter, a row without filters, a
+  row with -inf entries, a NaN row (invalid) and a row of 100 finite
+  entries."""
+  r = np.random.default_rng(seed)
+  x = r.standard_normal((12, vocab)) * 3
+  ranks = r.permuted(np.tile(np.arange(1, vocab + 1), (2, 1)), axis=1)
+  x[6:8] = -1.1 * np.log(ranks) + 0.1 * x[6:8]  # zipf
+  x[8] /= 3
+  x[9, :11] = -np.inf
+  x[10, 17] = np.nan
+  x[11, 100:] = -np.inf
+  params = SamplingParams.make(
+      12, temperature=[1, 0.7, 1.3, 0.5, 0, 0, 1.1, 0.9, 1, 0.8, 1, 1.2],
+      top_k=[50, 0, 0, 20, 5, 0, 0, 0, 0, 7, 10, 0],
+      top_p=[1, 0.9, 1, 0.8, 1, 1, 1, 0.9, 0.95, 0.9, 1, 0.95],
+      min_p=[0, 0, 0.05, 0.01, 0, 0, 0, 0, 0.1, 0, 0, 0])
+  return jnp.asarray(x.astype(np.float32)).astype(dtype), params
+
+
+def check_low_precision_matches_reference(vocab, dtype):
+  """The kernels read bf16/fp16 logits in their own dtype: valid flags equal
+  the XLA reference's (fed the same array), tokens bit for bit and logprobs
+  within ``LOGPROB_*`` on every row (invalid rows: -inf both) but those on an
+  fp32 rounding boundary of top-p (the oracle's ``near_boundary``), which
+  are returned."""
+  x, params = low_precision_batch(vocab, dtype)
+  key = jax.random.key(9)
+  a = run_sample(x, params, key, impl="pallas")
+  b = run_sample(x, params, key, impl="xla")
+  assert a.tokens.dtype == np.int32 and a.logprobs.dtype == np.float32
+  np.testing.assert_array_equal(a.valid, b.valid)
+  assert b.valid.sum() == len(b.valid) - 1  # the NaN row alone is invalid
+  y = np.asarray(reference.temper(reference.sanitize(x), params.temperature))
+  canon = params.canonical(vocab)
+  filtered = np.asarray(canon.truncates() & (canon.temperature > 0))
+  near = [row for row in np.flatnonzero(b.valid & filtered) if oracle_keep(
+      y[row], int(canon.top_k[row]), float(canon.top_p[row]),
+      float(canon.min_p[row])).near_boundary]
+  rows = np.setdiff1d(np.arange(len(y)), near)
+  np.testing.assert_array_equal(a.tokens[rows], b.tokens[rows])
+  np.testing.assert_allclose(a.logprobs[rows], b.logprobs[rows],
+                             rtol=LOGPROB_RTOL, atol=LOGPROB_ATOL)
+  return near
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16],
                          ids=lambda d: jnp.dtype(d).name)
 def test_low_precision_logits(dtype):
-  batch, vocab = 4, 1500
-  x = jnp.asarray(np.random.default_rng(7).standard_normal((batch, vocab)) * 2,
-                  dtype)
-  params = SamplingParams.make(batch, top_k=[5, 0, 50, 2],
-                               top_p=[1, 0.9, 0.9, 1], min_p=[0, 0, 0, 0.3])
-  key = jax.random.key(9)
-  a = run_sample(x, params, key, impl="pallas")
-  b = run_sample(x.astype(jnp.float32), params, key, impl="xla")
-  np.testing.assert_array_equal(a.tokens, b.tokens)
+  """bf16/fp16 truncated batches (V = 1007) against the XLA reference on the
+  same logits: tokens, valid flags and logprobs; no row here lies on a
+  top-p rounding boundary, so every row is compared."""
+  assert check_low_precision_matches_reference(1007, dtype) == []
+
+
+_sample_with_mask = jax.jit(
+    functools.partial(jaxsample.sample, return_mask=True),
+    static_argnames=("config",))
+
+
+def logsumexp64(y, where):
+  y = np.asarray(y, np.float64)[where]
+  return float(y.max() + np.log(np.sum(np.exp(y - y.max()))))
+
+
+def mass_batch(vocab, seed=11):
+  """``[10, vocab]`` fp32 logits with per-request params: top-k, top-p,
+  min-p and combined rows on normal, zipf and large (mean 40) rows, with -inf
+  entries in a top-p row, a greedy row with a filter and a row without
+  filters."""
+  r = np.random.default_rng(seed)
+  n = r.standard_normal((10, vocab))
+  x = n * 3
+  ranks = r.permuted(np.tile(np.arange(1, vocab + 1), (3, 1)), axis=1)
+  x[4:7] = -1.1 * np.log(ranks) + 0.1 * n[4:7]  # zipf
+  x[7] = n[7] * 2 + 40
+  x[1, :11] = -np.inf
+  x[8, :11] = -np.inf
+  params = SamplingParams.make(
+      10, temperature=[1, 0.7, 1.3, 0.5, 1, 0.9, 1.1, 1, 0, 1],
+      top_k=[50, 0, 0, 20, 0, 200, 0, 30, 5, 0],
+      top_p=[1, 0.9, 1, 0.8, 0.95, 1, 0.7, 0.9, 1, 1],
+      min_p=[0, 0, 0.05, 0.01, 0, 0, 0.001, 0.02, 0, 0])
+  return x.astype(np.float32), params
+
+
+def check_kept_mass_and_lse_match_float64(vocab):
+  """``sample(..., return_mask=True)`` on the kernels (fp32): per row the
+  kept count and ids (``{y >= threshold}``: the oracle's set, an admissible
+  one on a top-p rounding boundary), ``lse = logsumexp(y)`` over the finite
+  entries and ``logz = log sum_K softmax(y)``, against float64 numpy on the
+  fp32 tempered logits ``y``.
+
+  Tolerances, per row with ``L = |lse|``: the kernels form ``lse = row_max +
+  log S`` and ``logz = (row_max + log S_K) - lse``; each add rounds to
+  within 1/2 ulp (<= eps * L), hence ``2 eps L`` for both, plus the relative
+  error of the fp32 sums ``S``, ``S_K`` of <= V terms in (0, 1]: ~log2(V)
+  eps (2e-6 at V = 151936) for the summation, and on a GPU up to ~1e-6
+  more for the kernels' ``ex2.approx`` (< 2^-22 per term) and fp32 exponent
+  scale (``log2(e) / T``); 3e-6 for ``lse``, 4e-6 for ``logz`` (two sums,
+  their scale errors alike).  Measured on CPU: <= 1.6e-6 (<= 0.8 ulp of lse)
+  at V = 1007 and 151936.  Greedy rows: ``logz = 0`` and ``lse = max(y)``
+  exactly; rows without filters ``logz = 0`` exactly.  Returns the rows
+  near a boundary."""
+  x, params = mass_batch(vocab)
+  config = SamplerConfig(implementation="pallas")
+  res, m = jax.tree.map(np.asarray, _sample_with_mask(
+      jnp.asarray(x), params, jax.random.key(3), config=config))
+  y = np.asarray(reference.temper(reference.sanitize(jnp.asarray(x)),
+                                  params.temperature))
+  canon = params.canonical(vocab)
+  cap = config.max_mask_ids
+  eps = float(np.finfo(np.float32).eps)
+  assert res.valid.all()
+  near = []
+  for row in range(len(y)):
+    finite = y[row] > -np.inf
+    lse = logsumexp64(y[row], finite)
+    ctx = f"row {row}"
+    if canon.temperature[row] == 0:
+      assert m.count[row] == 1 and m.ids[row, 0] == res.tokens[row], ctx
+      assert m.logz[row] == 0 and m.lse[row] == y[row].max(), ctx
+      continue
+    o = oracle_keep(y[row], int(canon.top_k[row]), float(canon.top_p[row]),
+                    float(canon.min_p[row]))
+    # The kernels' kept set: the upward-closed set of their count.
+    ys = np.sort(y[row])[::-1]
+    kept = (y[row] >= ys[m.count[row] - 1]) & finite
+    assert kept.sum() == m.count[row], ctx
+    if o.near_boundary:
+      near.append(row)
+      assert o.admits(kept), ctx
+    else:
+      np.testing.assert_array_equal(kept, o.kept, err_msg=ctx)
+    assert kept[res.tokens[row]], ctx
+    order = np.lexsort((np.arange(vocab), -y[row].astype(np.float64)))
+    listed = order[kept[order]][:cap]
+    if m.truncated[row]:
+      np.testing.assert_array_equal(m.ids[row, :len(listed)], listed,
+                                    err_msg=ctx)
+    else:  # no filter removed anything
+      assert kept.sum() == finite.sum(), ctx
+    assert abs(m.lse[row] - lse) <= 2 * eps * abs(lse) + 3e-6, (
+        ctx, m.lse[row], lse)
+    logz = logsumexp64(y[row], kept) - lse
+    assert abs(m.logz[row] - logz) <= 2 * eps * abs(lse) + 4e-6, (
+        ctx, m.logz[row], logz)
+    if not canon.truncates()[row]:
+      assert m.logz[row] == 0 and not m.truncated[row], ctx
+  return near
+
+
+def test_kept_mass_and_lse_match_float64():
+  """The per-row count, kept ids, logZ and row logsumexp of the truncation
+  kernels (via the sampling mask) at V = 1007 against float64; no row here
+  lies on a rounding boundary."""
+  assert check_kept_mass_and_lse_match_float64(1007) == []
