@@ -273,3 +273,25 @@ def test_kept_count_mass_and_lse_match_float64(vocab):
   is, by the CPU's quotients)."""
   near = check_kept_mass_and_lse_match_float64(vocab)
   assert len(near) <= (vocab == VOCAB), near
+
+
+# The kernels' masks against the float64 oracle, compiled: the check of
+# ``test_mask`` (run there in interpret mode at V = 1007, K_cap 8).
+from test_mask import check_kernel_masks_match_oracle  # noqa: E402
+
+
+@pytest.mark.parametrize("cap", [8, 1024])
+@pytest.mark.parametrize("vocab", [1007, VOCAB])
+def test_kernel_masks_match_oracle(vocab, cap):
+  """Masks of the kept-set batch (``test_mask.kernel_mask_batch``: the
+  oracle grid of every row kind, incl. ties, flat, peaked and -inf rows, x
+  p in {1e-6, 0.5, 0.9, 0.999999, 1} x k in {1, 2, 50, V - 1, V} x min-p;
+  tail, NaN and +inf rows; tempered and greedy rows) against float64 per
+  row: count, kept ids by probability (the first K_cap), truncated and
+  overflow flags, ``logz`` and ``lse``; the token in the mask with the
+  logprob rebuilt from it.  By the oracle, K_cap 8 overflows on 201 rows
+  (V = 1007) and 218 (V = 151936); K_cap 1024 on 180 at V = 151936 (large
+  kept sets: listed from the K_cap window), none at V = 1007."""
+  _, overflow = check_kernel_masks_match_oracle(vocab, cap)
+  assert overflow >= (200 if cap == 8 else 150 if vocab == VOCAB else 0), (
+      overflow)

@@ -2,9 +2,10 @@
 
 Masks are checked against the numpy float64 oracle in conftest.py, and masks
 returned by ``sample(..., return_mask=True)`` against the tokens and logprobs
-drawn with them, on both backends.  ``implementation="pallas"`` runs the
-kernel only for batches where no row truncates, so those tests also draw such
-a batch.
+drawn with them, on both backends.  The kernel path's masks (truncation
+kernels, interpret mode here) are checked against the oracle on
+``test_threshold``'s kept-set batch too (``check_kernel_masks_match_oracle``,
+also compiled on a GPU: ``test_gpu_threshold``).
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ import numpy as np
 import pytest
 
 import jaxsample
-from conftest import (IMPLEMENTATIONS, STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB,
-                      assert_chi2_fits, chi2_critical, chi2_statistic,
-                      closing_over, oracle_keep, without_truncation)
+from conftest import (FP32_EPS, IMPLEMENTATIONS, STAT_CONFIGS, STAT_DRAWS,
+                      STAT_VOCAB, assert_chi2_fits, chi2_critical,
+                      chi2_statistic, closing_over, oracle_keep,
+                      without_truncation)
 from jaxsample import SamplerConfig, SamplingMask, SamplingParams
 from test_reference import KINDS, M_VALUES, P_VALUES, k_values, make_row
+from test_threshold import kept_set_batch
+from test_truncated_sampling import LOGPROB_ATOL, LOGPROB_RTOL, logsumexp64
 
 FIELDS = ("ids", "count", "logz", "lse", "truncated", "overflow")
 
@@ -204,6 +208,147 @@ def test_untruncated_rows_list_nothing():
     assert [ids for ids, _ in m.to_lists()[:6]] == [None] * 6
     assert json.dumps(m.to_json()[:6]) == "[[null], [null], [null], [null], [null], [null]]"
   np.testing.assert_array_equal(listed(m, 6), np.argsort(-x[6], kind="stable")[:4])
+
+
+# ---------------------------------------------------------------------------
+# The kernel path's masks vs the float64 oracle.
+# ---------------------------------------------------------------------------
+
+
+def kernel_mask_batch(vocab):
+  """``test_threshold.kept_set_batch`` at T = 1 (the oracle grid: every row
+  kind x p x k x min-p; tail rows; NaN and +inf rows), then each kind's grid
+  row with top-p 0.9 alone at T = 0.5 and 2 (powers of 2: ``x / T`` is
+  exact in numpy) and at T = 0 (greedy: flat and ties rows tie at the max),
+  and the NaN row at T = 0: ``(x, temps, ks, ps, ms, kinds)``."""
+  x, ks, ps, ms, kinds = kept_set_batch(vocab)
+  ks, ps, ms = map(np.asarray, (ks, ps, ms))
+  top_p = [int(np.flatnonzero((kinds == kind) & (ps == 0.9) & (ks == vocab) &
+                              (ms == 0))[0]) for kind in KINDS]
+  nan_row = int(np.flatnonzero(kinds == "invalid")[0])
+  rows = top_p * 3 + [nan_row]
+  temps = np.concatenate([np.ones(len(x)), np.repeat([0.5, 2.0, 0.0],
+                                                     len(top_p)), [0.0]])
+  x, ks, ps, ms, kinds = (np.concatenate([a, a[rows]])
+                          for a in (x, ks, ps, ms, kinds))
+  return x, temps, ks, ps, ms, kinds
+
+
+def mass_tolerance(lse, atol):
+  """``check_kept_mass_and_lse_match_float64``'s bound on the error of
+  ``lse`` (``atol`` 3e-6) and ``logz`` (4e-6) in fp32: two rounded adds of
+  magnitude ``|lse|`` and the relative error of the fp32 sums."""
+  return 2 * FP32_EPS * abs(lse) + atol
+
+
+def assert_kernel_masks_match_oracle(x, temps, ks, ps, ms, result, m, kinds):
+  """Per row of ``x`` (sampled with ``result`` and mask ``m`` under these
+  params; ``temps`` powers of 2 or 0) against the float64 oracle on
+  ``y = x / T``:
+
+  * sampled valid rows: ``count`` is the oracle's ``|K|`` and
+    ``{y >= count-th largest}`` its kept set (an admissible one near a top-p
+    rounding boundary); ``truncated == (count < #finite)``; ``overflow ==
+    truncated & (count > K_cap)``; truncated rows list the first ``min(count,
+    K_cap)`` ids of ``K`` by descending ``y``, smallest id first on ties, then
+    -1; untruncated ones list nothing, ``logz`` exactly 0 and ``to_lists``
+    ``None``; ``lse`` and ``logz`` within ``mass_tolerance`` of float64; the
+    token lies in ``K`` with ``logprob == y_token - lse - logz``;
+  * greedy rows: the argmax (smallest id on ties) alone, ``count`` 1,
+    ``logz`` 0, ``lse = max(y)``, logprob 0;
+  * invalid rows (NaN, +inf): ``valid`` False, logprob -inf, ``count`` 0,
+    ids -1, truncated, no overflow, ``logz = lse = -inf``, ``to_lists``
+    ``([], -inf)``.
+
+  Returns ``(near, overflow)``: the rows near a boundary (at most 2% of the
+  sampled valid rows) and the number of overflowing rows."""
+  batch, vocab = x.shape
+  cap = m.ids.shape[1]
+  assert_mask_types(m, batch, cap)
+  y = np.stack([tempered(x[b], temps[b]) for b in range(batch)])
+  valid = np.isfinite(y.max(axis=-1))  # NaN propagates through max
+  np.testing.assert_array_equal(result.valid, valid)
+  lists = m.to_lists()
+  near = []
+  for b in range(batch):
+    ctx = (f"row {b} kind={kinds[b]} T={temps[b]} k={ks[b]} p={ps[b]} "
+           f"m={ms[b]} count={m.count[b]} K_cap={cap}")
+    host_ids, host_logz = lists[b]
+    assert host_logz == m.logz[b], ctx
+    if not valid[b]:
+      assert m.count[b] == 0 and m.truncated[b] and not m.overflow[b], ctx
+      np.testing.assert_array_equal(m.ids[b], -1, err_msg=ctx)
+      assert m.logz[b] == -np.inf and m.lse[b] == -np.inf, ctx
+      assert host_ids == [] and result.logprobs[b] == -np.inf, ctx
+      continue
+    if temps[b] == 0:
+      argmax = int(np.argmax(y[b]))  # the first of a tie
+      assert result.tokens[b] == argmax, ctx
+      assert m.count[b] == 1 and m.truncated[b] and not m.overflow[b], ctx
+      np.testing.assert_array_equal(m.ids[b], [argmax] + [-1] * (cap - 1),
+                                    err_msg=ctx)
+      assert m.logz[b] == 0 and m.lse[b] == y[b].max(), ctx
+      assert result.logprobs[b] == 0 and host_ids == [argmax], ctx
+      continue
+    o = oracle_keep(y[b], ks[b], ps[b], ms[b])
+    finite = y[b] > -np.inf
+    count = int(m.count[b])
+    assert 0 < count <= finite.sum(), ctx
+    kept = (y[b] >= np.sort(y[b])[::-1][count - 1]) & finite
+    assert kept.sum() == count, ctx  # a whole tie group at the threshold
+    if o.near_boundary:
+      near.append(b)
+      assert o.admits(kept), ctx
+    else:
+      np.testing.assert_array_equal(kept, o.kept, err_msg=ctx)
+    assert m.truncated[b] == (count < finite.sum()), ctx
+    assert m.overflow[b] == (m.truncated[b] and count > cap), ctx
+    if m.truncated[b]:
+      ids = oracle_order(y[b], kept)[:cap]
+      np.testing.assert_array_equal(listed(m, b), ids, err_msg=ctx)
+      assert host_ids == ids.tolist(), ctx
+    else:  # no filter removed anything
+      np.testing.assert_array_equal(m.ids[b], -1, err_msg=ctx)
+      assert m.logz[b] == 0 and host_ids is None, ctx
+    lse = logsumexp64(y[b], finite)
+    assert abs(m.lse[b] - lse) <= mass_tolerance(lse, 3e-6), (
+        ctx, m.lse[b], lse)
+    logz = logsumexp64(y[b], kept) - lse
+    assert abs(m.logz[b] - logz) <= mass_tolerance(lse, 4e-6), (
+        ctx, m.logz[b], logz)
+    token = result.tokens[b]
+    assert kept[token], (ctx, token)
+    rebuilt = float(y[b, token]) - float(m.lse[b]) - float(m.logz[b])
+    assert abs(result.logprobs[b] - rebuilt) <= mass_tolerance(
+        lse, LOGPROB_ATOL) + LOGPROB_RTOL * abs(rebuilt), (
+            ctx, result.logprobs[b], rebuilt)
+  sampled = valid & (temps > 0)
+  assert len(near) <= 0.02 * sampled.sum(), (
+      f"{len(near)} of {sampled.sum()} rows near a boundary")
+  return near, int(m.overflow.sum())
+
+
+def check_kernel_masks_match_oracle(vocab, max_mask_ids):
+  """``sample(..., return_mask=True)`` on the kernels (``implementation=
+  "pallas"``; ``kernel_mask_batch``: every row kind x p in {1e-6, 0.5, 0.9,
+  0.999999, 1} x k in {1, 2, 50, V - 1, V} x min-p, tail, NaN / +inf,
+  tempered and greedy rows) against the float64 oracle
+  (``assert_kernel_masks_match_oracle``).  Returns ``(near, overflow)``."""
+  x, temps, ks, ps, ms, kinds = kernel_mask_batch(vocab)
+  params = SamplingParams.make(len(x), temperature=temps, top_k=ks, top_p=ps,
+                               min_p=ms)
+  result, m = sample_with_mask(x, params, jax.random.key(vocab),
+                               impl="pallas", max_mask_ids=max_mask_ids)
+  return assert_kernel_masks_match_oracle(x, temps, ks, ps, ms, result, m,
+                                          kinds)
+
+
+def test_kernel_masks_match_oracle():
+  """The kernels' masks against the oracle on the kept-set batch at V =
+  1007 (one interpret-mode compile, ~13 s); K_cap 8 overflows on 201 rows.
+  K_cap 1024 and V = 151936: ``test_gpu_threshold``."""
+  _, overflow = check_kernel_masks_match_oracle(1007, 8)
+  assert overflow >= 200, overflow
 
 
 # ---------------------------------------------------------------------------
