@@ -17,6 +17,7 @@ import jaxsample
 from conftest import oracle_keep, run_sample
 from jaxsample import SamplerConfig, SamplingParams, reference, rng
 from jaxsample.pallas import threshold
+from test_mask import check_kernel_masks_match_oracle
 from test_threshold import (check_kept_sets_match_oracle,
                             check_logit_floor_splits_like_the_quotient,
                             kept_set_batch)
@@ -275,15 +276,12 @@ def test_kept_count_mass_and_lse_match_float64(vocab):
   assert len(near) <= (vocab == VOCAB), near
 
 
-# The kernels' masks against the float64 oracle, compiled: the check of
-# ``test_mask`` (run there in interpret mode at V = 1007, K_cap 8).
-from test_mask import check_kernel_masks_match_oracle  # noqa: E402
-
 
 @pytest.mark.parametrize("cap", [8, 1024])
 @pytest.mark.parametrize("vocab", [1007, VOCAB])
 def test_kernel_masks_match_oracle(vocab, cap):
-  """Masks of the kept-set batch (``test_mask.kernel_mask_batch``: the
+  """``test_mask``'s check (interpret mode there, V = 1007, K_cap 8),
+  compiled.  Masks of the kept-set batch (``test_mask.kernel_mask_batch``: the
   oracle grid of every row kind, incl. ties, flat, peaked and -inf rows, x
   p in {1e-6, 0.5, 0.9, 0.999999, 1} x k in {1, 2, 50, V - 1, V} x min-p;
   tail, NaN and +inf rows; tempered and greedy rows) against float64 per
