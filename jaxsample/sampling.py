@@ -81,7 +81,8 @@ def sample(logits: jax.Array,
       ``reference.process``, or on the kernel path the truncation kernels'
       candidate buffer and threshold (the XLA path's kept set except where
       a top-p crossing lies within fp32 rounding of ``p``; ``logz``/``lse``
-      up to fp32 summation order).
+      within a few fp32 ulps: another summation order, and on a GPU
+      ``exp`` by ``ex2.approx`` of ``x * (1 / T)``).
 
   Returns:
     ``SampleResult`` with ``tokens`` ``[B]`` int32 (always in ``[0, V)``),
