@@ -170,10 +170,10 @@ def raced_fraction(inputs: list, temperature: float) -> float:
 def ops(batch: int, temperature: float, fp64: bool) -> dict[str, Callable]:
   """The ops compared, each a jitted function of one logits array.
 
-  Two of them bound what any sampler can do on these inputs: ``jnp.max``
-  reads the logits once and does nothing else (XLA's row reduction), and
-  ``jaxsample pallas greedy`` is the Gumbel kernel's launch plan, loads,
-  argmax and combine with T = 0 (no random bits, no exp).
+  Two of them show what reading the inputs costs, with no sampling:
+  ``jnp.max`` reads the logits once and does nothing else (XLA's row
+  reduction), and ``jaxsample pallas greedy`` is the Gumbel kernel's launch
+  plan, loads, argmax and combine with T = 0 (no random bits, no exp).
   """
   key = jax.random.key(1)
   params = js.SamplingParams.make(batch, temperature=temperature)

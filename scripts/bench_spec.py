@@ -23,7 +23,7 @@ Ops per (dtype, B, k, draft logits or one-hot drafts):
   the mix of ``R = 0``;
 * ``xla``: the XLA reference (``implementation="xla"``), standard mode;
 * ``jnp.max``: the target (and draft) logits read once by XLA's row max and
-  nothing else, a lower bound for any implementation.
+  nothing else: what the reads alone cost.
 
 Each op returns the whole ``SpecResult`` (tokens, counts and logprobs), and
 the synthetic rates are an argument of the jitted function: constant rates,
@@ -127,7 +127,7 @@ def ops(batch, k, filters, rates, config_kw) -> dict:
   table["xla"] = op("xla")
 
   @jax.jit
-  def read_once(inputs):  # a lower bound: the logits read once, nothing else
+  def read_once(inputs):  # the logits read once, nothing else
     target, draft, _ = inputs
     row_max = jnp.max(target, axis=-1)
     return row_max if draft is None else (row_max, jnp.max(draft, axis=-1))
