@@ -21,6 +21,8 @@ from test_mask import check_kernel_masks_match_oracle
 from test_threshold import (check_kept_sets_match_oracle,
                             check_logit_floor_splits_like_the_quotient,
                             kept_set_batch)
+from test_truncated_sampling import (check_kept_mass_and_lse_match_float64,
+                                     check_low_precision_matches_reference)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 
@@ -247,9 +249,6 @@ def test_masks_match_reference(setting, kind, cap, fp64):
 
 # fp16/bf16 truncation and the per-row masses, compiled: the checks of
 # ``test_truncated_sampling`` (run there in interpret mode at V = 1007).
-from test_truncated_sampling import (  # noqa: E402
-    check_kept_mass_and_lse_match_float64,
-    check_low_precision_matches_reference)
 
 
 @pytest.mark.parametrize("vocab", [1007, VOCAB])
