@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 
 import jaxsample
-from conftest import (FP32_EPS, IMPLEMENTATIONS, STAT_CONFIGS, STAT_DRAWS,
-                      STAT_VOCAB, assert_chi2_fits, chi2_critical,
-                      chi2_statistic, closing_over, oracle_keep,
-                      without_truncation)
+from conftest import (IMPLEMENTATIONS, STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB,
+                      assert_chi2_fits, chi2_critical, chi2_statistic,
+                      closing_over, oracle_keep, without_truncation)
 from jaxsample import SamplerConfig, SamplingMask, SamplingParams
 from test_reference import KINDS, M_VALUES, P_VALUES, k_values, make_row
 from test_threshold import kept_set_batch
-from test_truncated_sampling import LOGPROB_ATOL, LOGPROB_RTOL, logsumexp64
+from test_truncated_sampling import (LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL,
+                                     LSE_ATOL, logsumexp64, mass_tolerance)
 
 FIELDS = ("ids", "count", "logz", "lse", "truncated", "overflow")
 
@@ -234,13 +234,6 @@ def kernel_mask_batch(vocab):
   return x, temps, ks, ps, ms, kinds
 
 
-def mass_tolerance(lse, atol):
-  """``check_kept_mass_and_lse_match_float64``'s bound on the error of
-  ``lse`` (``atol`` 3e-6) and ``logz`` (4e-6) in fp32: two rounded adds of
-  magnitude ``|lse|`` and the relative error of the fp32 sums."""
-  return 2 * FP32_EPS * abs(lse) + atol
-
-
 def assert_kernel_masks_match_oracle(x, temps, ks, ps, ms, result, m, kinds):
   """Per row of ``x`` (sampled with ``result`` and mask ``m`` under these
   params; ``temps`` powers of 2 or 0) against the float64 oracle on
@@ -311,10 +304,10 @@ def assert_kernel_masks_match_oracle(x, temps, ks, ps, ms, result, m, kinds):
       np.testing.assert_array_equal(m.ids[b], -1, err_msg=ctx)
       assert m.logz[b] == 0 and host_ids is None, ctx
     lse = logsumexp64(y[b], finite)
-    assert abs(m.lse[b] - lse) <= mass_tolerance(lse, 3e-6), (
+    assert abs(m.lse[b] - lse) <= mass_tolerance(lse, LSE_ATOL), (
         ctx, m.lse[b], lse)
     logz = logsumexp64(y[b], kept) - lse
-    assert abs(m.logz[b] - logz) <= mass_tolerance(lse, 4e-6), (
+    assert abs(m.logz[b] - logz) <= mass_tolerance(lse, LOGZ_ATOL), (
         ctx, m.logz[b], logz)
     token = result.tokens[b]
     assert kept[token], (ctx, token)
