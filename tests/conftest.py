@@ -406,6 +406,24 @@ def assert_chi2_fits(tokens, probs, *, alpha: float = 1e-3):
                         f"{np.round(probs * tokens.size, 1).tolist()}")
 
 
+def assert_binned_chi2_fits(tokens, probs, *, bins: int = 16,
+                            alpha: float = 1e-3):
+  """``assert_chi2_fits`` with the tokens grouped by descending probability
+  into ``bins`` groups of about equal mass: for large supports, where most
+  tokens expect a few draws, a distortion that moves mass between likely
+  and unlikely tokens (a wrong temperature, a wrong normalizer) shows at far
+  fewer draws than on the pooled per-token bins."""
+  tokens = np.asarray(tokens)
+  probs = np.asarray(probs, np.float64)
+  assert probs[tokens].min() > 0, "samples outside the support"
+  order = np.argsort(-probs, kind="stable")
+  group = np.empty(probs.size, np.int64)
+  group[order] = np.minimum((np.cumsum(probs[order]) - probs[order]) * bins,
+                            bins - 1).astype(np.int64)
+  assert_chi2_fits(group[tokens], np.bincount(group, probs, minlength=bins),
+                   alpha=alpha)
+
+
 # Shared statistical settings: one row of STAT_VOCAB tokens drawn STAT_DRAWS
 # times per configuration (chi-square against the exact distribution).
 STAT_VOCAB = 16

@@ -21,9 +21,11 @@ import pytest
 
 import jaxsample
 from conftest import (IMPLEMENTATIONS, STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB,
-                      assert_chi2_fits, chi2_critical, chi2_statistic,
-                      closing_over, oracle_keep, without_truncation)
+                      assert_binned_chi2_fits, assert_chi2_fits,
+                      chi2_critical, chi2_statistic, closing_over,
+                      oracle_keep, without_truncation)
 from jaxsample import SamplerConfig, SamplingMask, SamplingParams
+from jaxsample.pallas import threshold
 from test_reference import KINDS, M_VALUES, P_VALUES, k_values, make_row
 from test_threshold import kept_set_batch
 from test_truncated_sampling import (LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL,
@@ -498,6 +500,64 @@ def test_tokens_follow_the_rebuilt_distribution(impl, name):
   full = np.exp(y - logsumexp_np(y, y > -np.inf))
   stat, df = chi2_statistic(np.bincount(result.tokens, minlength=STAT_VOCAB), full)
   assert (stat > chi2_critical(df, 1e-3)) == m.truncated[0]
+
+
+# Kept sets too large for a 16-slot candidate buffer, one V = 1007 row each:
+# (params, sampled every 32nd logit at -30 (a misleading sample), found by a
+# window search).
+LARGE_STAT_ROWS = {
+    "window_top_p": (dict(temperature=1.0, top_p=0.9), False, True),
+    "window_top_k": (dict(temperature=0.8, top_k=300), False, True),
+    "pivot_top_p": (dict(temperature=1.0, top_p=0.9), True, False),
+}
+
+
+@pytest.mark.parametrize("name", list(LARGE_STAT_ROWS))
+def test_large_kept_sets_follow_the_rebuilt_distribution(name):
+  """The kernel path's large-set routes (``sample_large``: a window search,
+  or the pivot search where the row's sample misleads the window), checked
+  as ``test_tokens_follow_the_rebuilt_distribution`` checks the candidate
+  buffer's: chi-square at alpha = 1e-3 over 1024 draws, 16 bins of about
+  equal mass (``assert_binned_chi2_fits``), against ``exp(y_i - lse -
+  logz)`` on the mask (equal to the oracle's truncated distribution), and
+  the same draws reject the untruncated one (their count outside the kept
+  set).  Resolution: a temperature 30% off (total variation 0.12) fails the
+  fit by a wide margin (chi-square 116-128 against 37.8), 10% off (0.04)
+  does not at this draw count."""
+  cfg, misleading, windowed = LARGE_STAT_ROWS[name]
+  vocab, draws = 1007, 1024
+  logits = (np.random.default_rng(43).standard_normal(vocab) * 1.2).astype(
+      np.float32)
+  if misleading:
+    logits[::32] = -30.0
+  config = dict(max_candidates=16, max_mask_ids=vocab)
+  sets = jax.jit(functools.partial(
+      threshold.kept_sets, config=SamplerConfig(**config)))(
+          jnp.asarray(logits[None]),
+          SamplingParams.make(1, **cfg).canonical(vocab))
+  assert bool(sets.measured[0]) == windowed  # measured: a window found it
+  x = np.broadcast_to(logits, (draws, vocab))
+  params = SamplingParams.make(draws, **cfg)
+  result, m = sample_with_mask(x, params, jax.random.key(4321), impl="pallas",
+                               **config)
+  assert_masks_equal(m, jax.tree.map(lambda a: np.broadcast_to(a[:1], a.shape),
+                                     m), exact_floats=False)
+  y = tempered(logits, cfg["temperature"])
+  kept = mask_kept(m, 0, y)
+  assert 16 < kept.sum() < vocab and not m.overflow[0]
+  probs = np.where(kept, np.exp(y.astype(np.float64) - m.lse[0] - m.logz[0]),
+                   0.0)
+  o = oracle_keep(y, cfg.get("top_k", 0), cfg.get("top_p", 1.0), 0.0)
+  assert not o.near_boundary
+  np.testing.assert_allclose(probs, o.probs(y), rtol=1e-5, atol=1e-7)
+  assert_binned_chi2_fits(result.tokens, probs)
+  # Kept against dropped tokens: the untruncated distribution expects
+  # (1 - kept mass) of the draws outside the kept set.
+  full = np.exp(y - logsumexp_np(y, y > -np.inf))
+  outside = np.sum(~kept[result.tokens])
+  stat, df = chi2_statistic([draws - outside, outside],
+                            [full[kept].sum(), full[~kept].sum()])
+  assert stat > chi2_critical(df, 1e-3)
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
