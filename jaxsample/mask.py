@@ -53,9 +53,10 @@ from jaxsample.params import SamplerConfig, SamplingParams
 @dataclasses.dataclass(frozen=True)
 class SamplingMask:
   """Kept sets of a batch (module doc); every field may carry a leading token
-  axis ``[T, B, ...]`` (one mask per emitted token, e.g. from ``jax.vmap`` over
-  speculative-decoding target rows, or ``jax.tree.map(lambda *a:
-  jnp.stack(a), *masks)`` for a list of masks)."""
+  axis ``[T, B, ...]`` (one mask per token slot, e.g.
+  ``spec.rejection_sample(..., return_mask=True)``'s, ``jax.vmap`` over
+  target rows, or ``jax.tree.map(lambda *a: jnp.stack(a), *masks)`` for a
+  list of masks)."""
 
   ids: jax.Array
   count: jax.Array
@@ -64,32 +65,54 @@ class SamplingMask:
   truncated: jax.Array
   overflow: jax.Array
 
-  def to_lists(self) -> list:
+  def to_lists(self, num_tokens=None) -> list:
     """Per request, in request order, ``(ids, logz)``: the kept ids as a list
     of ints (``None`` where not truncated; the first ``K_cap`` on overflow) and
     ``logz`` as a float.  With a leading token axis: per request, a list of
-    ``T`` such pairs."""
+    ``T`` such pairs, or of its first ``num_tokens[b]`` (``[B]`` integers in
+    ``[0, T]``, e.g. ``SpecResult.num_accepted + 1``).
+
+    Raises:
+      ValueError: ``num_tokens`` for a mask without a token axis, or not
+        ``[B]`` integers in ``[0, T]``.
+    """
     host = jax.tree.map(np.asarray, jax.device_get(self))
     if host.count.ndim == 1:
+      if num_tokens is not None:
+        raise ValueError("num_tokens needs a mask with a leading token axis "
+                         f"[T, B, ...]; got count of shape {host.count.shape}")
       return [(host.ids[b, :host.count[b]].tolist()
                if host.truncated[b] else None, float(host.logz[b]))
               for b in range(host.count.shape[0])]
-    steps = [jax.tree.map(lambda a, t=t: a[t], host).to_lists()
-             for t in range(host.count.shape[0])]
-    return [[step[b] for step in steps] for b in range(host.count.shape[1])]
+    steps, batch = host.count.shape
+    num_tokens = (np.full(batch, steps) if num_tokens is None else
+                  np.asarray(num_tokens))
+    if (num_tokens.shape != (batch,) or
+        not np.issubdtype(num_tokens.dtype, np.integer) or
+        np.any((num_tokens < 0) | (num_tokens > steps))):
+      raise ValueError(f"num_tokens must be [{batch}] integers in [0, "
+                       f"{steps}]; got {num_tokens!r}")
+    per_step = [jax.tree.map(lambda a, t=t: a[t], host).to_lists()
+                for t in range(steps)]
+    return [[step[b] for step in per_step[:num_tokens[b]]]
+            for b in range(batch)]
 
-  def to_json(self) -> list:
+  def to_json(self, num_tokens=None) -> list:
     """FastDeploy's OpenAI-style ``sampling_mask`` field of each request.
 
     Per request, in request order, a list with one entry per generated token:
     the kept ids (a list of ints, ``to_lists``'s) or ``None`` (JSON ``null``)
     where not truncated.  A one-step mask gives one entry per request; a mask
-    with a leading token axis gives ``T`` (speculative decoding: keep request
-    ``b``'s first ``num_emitted[b]``).  Extend each response's list with its
-    request's entries; ``json.dumps`` serializes them.  ``logz`` is not part
-    of the field (see ``to_lists``).
+    with a leading token axis gives ``T``, or request ``b``'s first
+    ``num_tokens[b]`` (speculative decoding: ``num_tokens =
+    SpecResult.num_accepted + 1``, the emitted tokens).  Extend each
+    response's list with its request's entries; ``json.dumps`` serializes
+    them.  ``logz`` is not part of the field (see ``to_lists``).
+
+    Raises:
+      ValueError: as ``to_lists``.
     """
-    pairs = self.to_lists()
+    pairs = self.to_lists(num_tokens)
     if self.count.ndim == 1:
       pairs = [[pair] for pair in pairs]
     return [[ids for ids, _ in steps] for steps in pairs]

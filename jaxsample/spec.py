@@ -66,6 +66,19 @@ tokens).  With an invalid target row at ``j`` the request emits that row's
 reference token (its first NaN/+inf index, or 0) with logprob -inf and stops;
 invalid rows after the stop are never read.
 
+With ``return_mask``, also a ``SamplingMask`` (``jaxsample.mask``) with a
+leading token axis: fields ``[k + 1, B, ...]``, ``ids`` ``[k + 1, B, K_cap]``
+(``K_cap = SamplerConfig.max_mask_ids``).  Slot ``i <= j`` of request ``b``
+(an emitted token) holds the mask of target row ``i``, row ``b`` of
+``extract_sampling_mask(target_logits[:, i], params, config=config)`` (on
+the kernel path ``sample``'s, to its precision): the kept set ``tokens[b,
+i]`` was scored in.  A valid row's token lies in it, with ``logprobs[b, i] =
+y_t - lse - logz`` at the token ``t`` (0 for greedy rows), except a
+synthetic-mode accepted draft outside it (logprob -inf).  Slots ``i > j``
+are blank, defined like an invalid row's mask: ``ids`` all -1, ``count`` 0,
+``truncated`` True, ``overflow`` False, ``logz = lse = -inf``;
+``to_json(num_tokens=num_accepted + 1)`` lists the emitted slots alone.
+
 Randomness
 ----------
 Request keys: the ``b``-th of ``[B]`` per-request keys, or
@@ -102,9 +115,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsample import reference, rng, rowwise
+from jaxsample import mask, reference, rng, rowwise
 from jaxsample.params import SamplerConfig, SamplingParams
-from jaxsample.sampling import use_pallas, x64_scope
+from jaxsample.sampling import sample, use_pallas, x64_scope
 
 
 @jax.tree_util.register_dataclass
@@ -183,12 +196,18 @@ def _at(a: jax.Array, j: jax.Array) -> jax.Array:
   return jnp.take_along_axis(a, j, axis=1)[:, 0]
 
 
-def _process(logits, params):
-  """``reference.process`` and ``log_probs`` of ``[B, m, V]`` rows, in one
-  batch (equal target and draft rows get equal results)."""
+def _per_row(params: SamplingParams, m: int) -> SamplingParams:
+  """The params of the ``B * m`` rows of ``[B, m, V]`` logits, request-major."""
+  return jax.tree.map(lambda a: jnp.repeat(a, m), params)
+
+
+def _process(logits, params, order_width: int = 0):
+  """``reference.process`` (with ``order_width``) and ``log_probs`` of ``[B,
+  m, V]`` rows, in one batch (equal target and draft rows get equal results)."""
   batch, m, vocab = logits.shape
-  rows = jax.tree.map(lambda a: jnp.repeat(a, m), params)
-  proc = reference.process(logits.reshape(batch * m, vocab), rows)
+  rows = _per_row(params, m)
+  proc = reference.process(logits.reshape(batch * m, vocab), rows,
+                           order_width=order_width)
   lq = reference.log_probs(proc, rows)
   return jax.tree.map(lambda a: a.reshape((batch, m) + a.shape[1:]),
                       (proc, lq))
@@ -244,8 +263,27 @@ def assemble(d, j, token, lt_d, lp_token) -> SpecResult:
                     jnp.where(emitted, logprobs, 0.0).astype(jnp.float32))
 
 
+def _slot_masks(rows: mask.SamplingMask, j: jax.Array,
+                k1: int) -> mask.SamplingMask:
+  """``[k + 1, B, ...]`` masks from ``rows``, those of the ``B * (k + 1)``
+  target rows (request-major), blank past slot ``j`` ``[B]`` (module doc)."""
+  batch = j.shape[0]
+  emitted = jnp.arange(k1)[:, None] <= j
+  blank = mask.SamplingMask(ids=-1, count=0, logz=-jnp.inf, lse=-jnp.inf,
+                            truncated=True, overflow=False)
+
+  def by_slot(a, fill):
+    a = jnp.swapaxes(a.reshape((batch, k1) + a.shape[1:]), 0, 1)
+    return jnp.where(emitted.reshape(emitted.shape + (1,) * (a.ndim - 2)), a,
+                     fill)
+
+  return jax.tree.map(by_slot, rows, blank)
+
+
 def _reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,
-                synthetic_rates, positions, generator, fp64) -> SpecResult:
+                synthetic_rates, positions, generator, fp64, mask_ids: int):
+  """The reference: ``(SpecResult, the target rows' masks)``, the masks
+  ``mask_ids`` wide, or None for ``mask_ids = 0``."""
   batch, k1, vocab = target_logits.shape
   k = k1 - 1
   d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
@@ -256,12 +294,12 @@ def _reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,
   one_hot = jnp.where(jnp.arange(vocab) == d[..., None], jnp.float32(0),
                       jnp.float32(-jnp.inf))
   if draft_logits is None:
-    target, lt = _process(target_logits, params)
+    target, lt = _process(target_logits, params, mask_ids)
     ld = one_hot
   else:
     both, lq = _process(jnp.concatenate([target_logits.astype(jnp.float32),
                                          draft_logits.astype(jnp.float32)],
-                                        axis=1), params)
+                                        axis=1), params, mask_ids)
     target, lt = jax.tree.map(lambda a: a[:, :k1], (both, lq))
     valid_d = jnp.isfinite(both.row_max[:, k1:])
     ld = jnp.where(valid_d[..., None], lq[:, k1:], one_hot)
@@ -286,7 +324,23 @@ def _reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,
   use_residual = ((j < n) & ~greedy & jnp.isfinite(target_j.row_max) &
                   jnp.any(w > -jnp.inf, axis=-1))
   token = jnp.where(use_residual, residual, plain).astype(jnp.int32)
-  return assemble(d, j, token, lt_d, _gather(lt_j[:, None], token[:, None])[:, 0])
+  result = assemble(d, j, token, lt_d,
+                    _gather(lt_j[:, None], token[:, None])[:, 0])
+  if not mask_ids:
+    return result, None
+  rows = jax.tree.map(lambda a: a.reshape((batch * k1,) + a.shape[2:]), target)
+  return result, mask.from_processed(rows, _per_row(params, k1), mask_ids)
+
+
+def _target_masks(target_logits, params, config) -> mask.SamplingMask:
+  """The kernel path's masks of the ``B * (k + 1)`` target rows: ``sample``'s
+  (its tokens unused; zero keys, as the mask does not depend on the key)."""
+  batch, k1, vocab = target_logits.shape
+  _, rows = sample(target_logits.reshape(batch * k1, vocab),
+                   _per_row(params, k1),
+                   jnp.zeros((batch * k1, 2), jnp.uint32), return_mask=True,
+                   config=config)
+  return rows
 
 
 def rejection_sample(target_logits: jax.Array,
@@ -298,7 +352,9 @@ def rejection_sample(target_logits: jax.Array,
                      draft_logits: jax.Array | None = None,
                      synthetic_rates: jax.Array | None = None,
                      positions: jax.Array | None = None,
-                     config: SamplerConfig | None = None) -> SpecResult:
+                     config: SamplerConfig | None = None,
+                     return_mask: bool = False
+                     ) -> SpecResult | tuple[SpecResult, mask.SamplingMask]:
   """Verifies draft tokens against the target model (module doc: exact math).
 
   Args:
@@ -325,9 +381,18 @@ def rejection_sample(target_logits: jax.Array,
       GPU and the reference elsewhere.
       ``block_size`` / ``num_splits`` / ``num_warps`` / ``num_stages`` shape
       both kernel passes (``jaxsample.pallas.spec``).
+    return_mask: static; also return the ``SamplingMask`` of every slot
+      (module doc, Outputs; ``[k + 1, B, ...]``, ``config.max_mask_ids``
+      wide): target row ``i``'s mask for the emitted slots ``i <=
+      num_accepted``, blank past them.  The XLA path builds it from the
+      processing it verifies with; the kernel path runs
+      ``jaxsample.sample(..., return_mask=True)`` over the ``B * (k + 1)``
+      target rows and keeps its masks: one more truncated-sampling run over
+      the target rows (not fused into the passes yet).
 
   Returns:
-    ``SpecResult``.
+    ``SpecResult``; with ``return_mask``, the pair ``(SpecResult,
+    SamplingMask)``.
   """
   config = config or SamplerConfig()
   arrays = [jnp.asarray(a) if a is not None else None
@@ -340,8 +405,14 @@ def rejection_sample(target_logits: jax.Array,
   batch, k1, vocab = target_logits.shape
   if batch == 0:
     stream_keys(key, 0)  # validates the key
-    return SpecResult(jnp.zeros((0, k1), jnp.int32), jnp.zeros((0,), jnp.int32),
-                      jnp.zeros((0, k1), jnp.float32))
+    result = SpecResult(jnp.zeros((0, k1), jnp.int32),
+                        jnp.zeros((0,), jnp.int32),
+                        jnp.zeros((0, k1), jnp.float32))
+    if not return_mask:
+      return result
+    rows = mask.extract_sampling_mask(target_logits.reshape(0, vocab), params,
+                                      config=config)
+    return result, _slot_masks(rows, result.num_accepted, k1)
   if positions is None:
     positions = jnp.zeros((batch,), jnp.int32)
   n = jnp.clip(num_draft, 0, k1 - 1).astype(jnp.int32)
@@ -350,22 +421,28 @@ def rejection_sample(target_logits: jax.Array,
     truncating = jnp.any(params.truncates() & (params.temperature > 0))
   with x64_scope(config.use_fp64_gumbel, target_logits, key, positions,
                  *jax.tree.leaves(params)):
-    xla = lambda: _reject_xla(target_logits, draft_tokens, n, params, key,
-                              draft_logits, synthetic_rates, positions,
-                              config.rng, config.use_fp64_gumbel)
     if not use_pallas(config):
-      return xla()
-    from jaxsample.pallas import spec as kernels  # pylint: disable=g-import-not-at-top
-    noise_keys, accept_keys = stream_keys(key, batch)
-    d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
-    fused = lambda floors: kernels.reject(
-        target_logits, d, n, params, noise_keys, accept_keys,
-        positions.astype(jnp.uint32), draft_logits, synthetic_rates, config,
-        floors)
-    # With traced params a lax.cond (its predicate's trip on every call): the
-    # threshold kernels of an untruncated batch would cost more, idle
-    # (scripts/measure_host_gaps.py).
-    return rowwise.cond(
-        truncating, lambda: fused(kernels.kept_floors(
-            target_logits, draft_logits, n, params, config)),
-        lambda: fused(None))
+      result, rows = _reject_xla(
+          target_logits, draft_tokens, n, params, key, draft_logits,
+          synthetic_rates, positions, config.rng, config.use_fp64_gumbel,
+          config.max_mask_ids * return_mask)
+    else:
+      from jaxsample.pallas import spec as kernels  # pylint: disable=g-import-not-at-top
+      noise_keys, accept_keys = stream_keys(key, batch)
+      d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
+      fused = lambda floors: kernels.reject(
+          target_logits, d, n, params, noise_keys, accept_keys,
+          positions.astype(jnp.uint32), draft_logits, synthetic_rates, config,
+          floors)
+      # With traced params a lax.cond (its predicate's trip on every call):
+      # the threshold kernels of an untruncated batch would cost more, idle
+      # (scripts/measure_host_gaps.py).
+      result = rowwise.cond(
+          truncating, lambda: fused(kernels.kept_floors(
+              target_logits, draft_logits, n, params, config)),
+          lambda: fused(None))
+      rows = (_target_masks(target_logits, params, config) if return_mask
+              else None)
+  if not return_mask:
+    return result
+  return result, _slot_masks(rows, result.num_accepted, k1)

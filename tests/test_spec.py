@@ -36,6 +36,8 @@ import jaxsample
 from conftest import (IMPLEMENTATIONS, assert_chi2_fits, closing_over,
                       make_params, oracle_keep, run_sample, without_truncation)
 from jaxsample import SamplerConfig, SamplingParams, rng, spec
+from test_mask import (assert_mask_types, assert_masks_equal, extract,
+                       mask_kept, rebuilt_logprob, tempered)
 
 B, K, V = 64, 3, 16  # the shared workhorse shape
 PALLAS_SLICE = 1024
@@ -44,22 +46,24 @@ PALLAS_SLICE = 1024
 # clamping): on CPU they run the reference alone, as a kernel-path compile
 # in interpret mode (threshold kernels included) costs ~30 s.
 REFERENCE_ONLY = ("xla",)
-_jitted = jax.jit(spec.rejection_sample, static_argnames=("config",))
+_jitted = jax.jit(spec.rejection_sample,
+                  static_argnames=("config", "return_mask"))
 
 
 def run(target, drafts, num_draft, params, key, *, draft_logits=None,
         rates=None, positions=None, gen="philox", jit=True, impl="xla",
-        **config_kw):
+        return_mask=False, **config_kw):
   """``rejection_sample`` as numpy; jitted with explicit positions (default
   0) unless ``jit=False`` (kernel runs of batches without filters close over
   the params: ``conftest.closing_over``).  Pallas batches of per-request keys
   larger than ``PALLAS_SLICE`` run slice by slice (the last slice padded by
-  wrapping)."""
+  wrapping), unless ``return_mask``."""
   batch = len(num_draft)
   if jit and positions is None:
     positions = np.zeros(batch)
   per_request = rng.key_words(key).ndim == 2
-  if impl == "pallas" and jit and per_request and batch > PALLAS_SLICE:
+  if (impl == "pallas" and jit and per_request and batch > PALLAS_SLICE and
+      not return_mask):
     parts = []
     for start in range(0, batch, PALLAS_SLICE):
       idx = np.arange(start, start + PALLAS_SLICE) % batch
@@ -72,11 +76,13 @@ def run(target, drafts, num_draft, params, key, *, draft_logits=None,
     return jax.tree.map(lambda *a: np.concatenate(a), *parts)
   config = SamplerConfig(rng=gen, implementation=impl, **config_kw)
   fn = functools.partial(_jitted if jit else spec.rejection_sample,
-                         config=config)
+                         config=config, return_mask=return_mask)
   if jit and impl == "pallas" and without_truncation(params,
                                                      np.shape(target)[-1]):
     closed = closing_over(params, lambda p: lambda t, d, n, k, **kw: (
-        spec.rejection_sample(t, d, n, p, k, config=config, **kw)), config)
+        spec.rejection_sample(t, d, n, p, k, config=config,
+                              return_mask=return_mask, **kw)), config,
+                          return_mask)
     fn = lambda t, d, n, p, k, **kw: closed(t, d, n, k, **kw)
   out = fn(jnp.asarray(target), jnp.asarray(drafts, jnp.int32),
            jnp.asarray(num_draft, jnp.int32), params, key,
@@ -404,6 +410,115 @@ def test_acceptance_uniforms_follow_the_documented_stream(gen, impl):
 
 
 # ---------------------------------------------------------------------------
+# Sampling masks: one per slot (return_mask).
+# ---------------------------------------------------------------------------
+
+MB, MV = 4, 256  # the mask batch: [MB, K + 1, MV]
+MASK_PARAMS = dict(temperature=[0.8, 1.2, 0.0, 1.0], top_k=[5, 0, 3, 0],
+                   top_p=[1.0, 0.8, 1.0, 1.0], min_p=[0.05, 0.0, 0.0, 0.0])
+
+
+@pytest.fixture(scope="module",
+                params=[("draft_logits", "xla"), ("one_hot", "xla"),
+                        ("synthetic", "xla"), ("draft_logits", "pallas")],
+                ids=lambda p: "-".join(p))
+def masked(request):
+  """``rejection_sample(..., return_mask=True)`` on a batch of a top-k +
+  min-p, a top-p, a greedy (top-k ignored) and an untruncated request (-inf
+  entries): ``(mode, impl, target, params, out, mask)``.  Drafts: the draft
+  logits' argmax; in synthetic mode the target's argmin, outside the kept
+  sets.  Pallas: draft logits (interpret mode is slow; the mask is
+  ``sample``'s whatever the drafts)."""
+  mode, impl = request.param
+  target = logits(23, MB, K + 1, MV, scale=2.0)
+  target[3, :, ::7] = -np.inf
+  draft = target[:, :K] + logits(24, MB, K, MV)
+  synthetic = mode == "synthetic"
+  params = SamplingParams.make(MB, **MASK_PARAMS)
+  n = np.array([K, 2, K, 1])
+  verify = functools.partial(
+      run, target, np.argmin(target[:, :K], axis=-1) if synthetic else
+      np.argmax(draft, axis=-1), n, params, keys(MB, 23),
+      draft_logits=None if mode == "one_hot" else draft,
+      rates=[0.9, 0.6, 0.3] if synthetic else None, impl=impl)
+  out, m = verify(return_mask=True)
+  if impl == "xla":  # the mask shares its processing (the kernels: unchanged)
+    assert_same(out, verify())
+  assert 0 < out.num_accepted.sum() < n.sum()  # accepted and rejected drafts
+  return mode, impl, target, params, out, m
+
+
+def slot(m, i):
+  """Slot ``i`` of a mask with a token axis: a mask of ``[B, ...]`` fields."""
+  return jax.tree.map(lambda a: a[i], m)
+
+
+def test_slot_masks_are_the_target_rows_masks(masked):
+  """Slot i of request b: ``extract_sampling_mask(target[:, i])``'s row b
+  while emitted (i <= num_accepted[b]), blank after."""
+  _, impl, target, params, out, m = masked
+  for i in range(K + 1):
+    assert_mask_types(slot(m, i), MB, SamplerConfig().max_mask_ids)
+    emitted = i <= out.num_accepted
+    got, want = (jax.tree.map(lambda a: a[emitted], mi)
+                 for mi in (slot(m, i), extract(target[:, i], params)))
+    assert_masks_equal(got, want, exact_floats=False)
+    if impl == "xla":  # the same processing, in another program: an ulp
+      for f in ("logz", "lse"):
+        np.testing.assert_allclose(getattr(got, f), getattr(want, f),
+                                   rtol=1e-6, atol=1e-6, err_msg=f)
+    blank = jax.tree.map(lambda a: a[~emitted], slot(m, i))
+    assert np.all(blank.ids == -1) and np.all(blank.count == 0)
+    assert blank.truncated.all() and not blank.overflow.any()
+    assert np.all(blank.logz == -np.inf) and np.all(blank.lse == -np.inf)
+  listing = m.truncated[0] & (m.count[0] > 1)  # top-k + min-p, top-p
+  np.testing.assert_array_equal(listing, [True, True, False, False])
+  assert m.truncated[0, 2] and m.count[0, 2] == 1  # greedy
+  assert not m.truncated[0, 3]
+  assert m.count[0, 3] == (target[3, 0] > -np.inf).sum()
+
+
+def test_emitted_tokens_lie_in_their_slot_masks(masked):
+  """Every emitted token lies in its slot's kept set with logprob ``y_t -
+  lse - logz`` (0 for greedy rows, ``y = x``); in synthetic mode an accepted
+  draft may lie outside it, with logprob -inf."""
+  mode, _, target, params, out, m = masked
+  temps = np.asarray(params.temperature)
+  outside = 0
+  for b in range(MB):
+    for i in range(out.num_accepted[b] + 1):
+      y, token = tempered(target[b, i], temps[b]), out.tokens[b, i]
+      if mask_kept(slot(m, i), b, y)[token]:
+        np.testing.assert_allclose(rebuilt_logprob(slot(m, i), b, y, token),
+                                   out.logprobs[b, i], rtol=1e-5, atol=1e-5,
+                                   err_msg=f"request {b} slot {i}")
+      else:
+        outside += 1
+        assert mode == "synthetic" and out.logprobs[b, i] == -np.inf, (b, i)
+  assert (outside > 0) == (mode == "synthetic")
+
+
+def test_to_json_keeps_the_emitted_tokens(masked):
+  """``to_json(num_tokens=num_accepted + 1)``: request b's first
+  num_accepted[b] + 1 slots; ``ValueError`` for bad ``num_tokens``."""
+  _, _, _, _, out, m = masked
+  num_tokens = out.num_accepted + 1
+  js = m.to_json(num_tokens=num_tokens)
+  assert [len(e) for e in js] == num_tokens.tolist()
+  every = m.to_json()
+  assert all(len(e) == K + 1 for e in every)
+  assert js == [e[:n] for e, n in zip(every, num_tokens)]
+  assert m.to_lists(num_tokens) == [e[:n] for e, n in zip(m.to_lists(),
+                                                          num_tokens)]
+  for bad in (num_tokens[:-1], np.full(MB, K + 2), np.full(MB, -1),
+              num_tokens.astype(np.float32)):
+    with pytest.raises(ValueError, match="num_tokens"):
+      m.to_json(num_tokens=bad)
+  with pytest.raises(ValueError, match="token axis"):
+    slot(m, 0).to_json(num_tokens=num_tokens)
+
+
+# ---------------------------------------------------------------------------
 # Edge cases.
 # ---------------------------------------------------------------------------
 
@@ -530,15 +645,17 @@ def test_k0_is_plain_sampling(impl):
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_empty_batch(impl):
   for key in (jax.random.key(0), keys(0)):
-    out = spec.rejection_sample(jnp.zeros((0, 3, 8)),
-                                jnp.zeros((0, 2), jnp.int32),
-                                jnp.zeros((0,), jnp.int32),
-                                SamplingParams.make(0), key,
-                                draft_logits=jnp.zeros((0, 2, 8)),
-                                config=SamplerConfig(implementation=impl))
+    out, m = spec.rejection_sample(
+        jnp.zeros((0, 3, 8)), jnp.zeros((0, 2), jnp.int32),
+        jnp.zeros((0,), jnp.int32), SamplingParams.make(0), key,
+        draft_logits=jnp.zeros((0, 2, 8)), return_mask=True,
+        config=SamplerConfig(implementation=impl, max_mask_ids=5))
     assert out.tokens.shape == (0, 3) and out.tokens.dtype == jnp.int32
     assert out.num_accepted.shape == (0,)
     assert out.logprobs.shape == (0, 3) and out.logprobs.dtype == jnp.float32
+    for i in range(3):
+      assert_mask_types(slot(m, i), 0, 5)
+    assert m.to_json() == [] and m.to_json(num_tokens=np.zeros(0, int)) == []
 
 
 @pytest.mark.parametrize("impl", REFERENCE_ONLY)
