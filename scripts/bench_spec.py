@@ -21,6 +21,8 @@ Ops per (dtype, B, k, draft logits or one-hot drafts):
   the plain target (one row), so the mix of ``num_accepted`` matters: on
   random logits the standard mode rejects at slot 0 almost always, which is
   the mix of ``R = 0``;
+* ``pallas +mask K_cap=N`` (``--mask-caps``): the standard mode with
+  ``return_mask=True`` and ``max_mask_ids = N``;
 * ``xla``: the XLA reference (``implementation="xla"``), standard mode;
 * ``jnp.max``: the target (and draft) logits read once by XLA's row max and
   nothing else: what the reads alone cost.
@@ -98,17 +100,20 @@ def make_inputs(batch, k, vocab, dtype, with_draft, dist, seed):
            drafts[i % len(draft)]) for i in range(count)]
 
 
-def ops(batch, k, filters, rates, config_kw) -> dict:
+def ops(batch, k, filters, rates, config_kw, mask_caps=()) -> dict:
   """The timed ops, each a jitted function of one ``make_inputs`` triple;
   ``filters``: ``SamplingParams.make``'s keywords, the same for every
-  request."""
+  request; ``mask_caps``: ``K_cap`` values of ``pallas +mask`` ops (the
+  standard mode with ``return_mask=True``)."""
   r = np.random.default_rng(batch * 100 + k)
   params = js.SamplingParams.make(batch, **filters)
   keys = jax.random.split(jax.random.key(3), batch)
   positions = jnp.asarray(r.integers(0, 2**20, batch), jnp.int32)
   n = jnp.full((batch,), k, jnp.int32)
-  def op(impl, rate=None):
-    config = js.SamplerConfig(implementation=impl, **config_kw)
+  def op(impl, rate=None, mask_cap=0):
+    config = js.SamplerConfig(implementation=impl, **config_kw,
+                              **(dict(max_mask_ids=mask_cap) if mask_cap
+                                 else {}))
     # The rates are an argument, as a harness sweeping them passes them:
     # constants would let XLA fold the acceptance test.
     rates = None if rate is None else jnp.full((k,), rate, jnp.float32)
@@ -118,11 +123,14 @@ def ops(batch, k, filters, rates, config_kw) -> dict:
       target, draft, drafts = inputs
       return js.spec.rejection_sample(
           target, drafts, n, params, keys, draft_logits=draft,
-          synthetic_rates=rates, positions=positions, config=config)
+          synthetic_rates=rates, positions=positions, config=config,
+          return_mask=bool(mask_cap))
 
     return functools.partial(run, rates=rates)
 
   table = {"pallas": op("pallas")}
+  table.update({f"pallas +mask K_cap={c}": op("pallas", mask_cap=c)
+                for c in mask_caps})
   table.update({f"pallas syn={r:g}": op("pallas", r) for r in rates})
   table["xla"] = op("xla")
 
@@ -150,6 +158,9 @@ def main(argv=None) -> int:
   parser.add_argument("--min-p", type=float, default=0.0)
   parser.add_argument("--rates", default="0.8,0",
                       help="synthetic acceptance rates per slot to time")
+  parser.add_argument("--mask-caps", default="",
+                      help="K_cap values: also time the standard mode with "
+                      "return_mask=True")
   parser.add_argument("--ops", default="",
                       help="comma-separated substrings selecting ops")
   parser.add_argument("--iters", type=int, default=32)
@@ -180,7 +191,7 @@ def main(argv=None) -> int:
         f"top_p={args.top_p:g}, min_p={args.min_p:g}, rng={args.rng}, "
         f"dist={args.dist}; floor = target (+ draft) logits bytes / copy "
         "bandwidth")
-  print(f"{'op':17s} {'plan':24s} {'dtype':8s} {'B':>4s} {'k':>2s} "
+  print(f"{'op':23s} {'plan':24s} {'dtype':8s} {'B':>4s} {'k':>2s} "
         f"{'draft':5s} {'us':>8s} {'wall':>8s} {'floor':>7s} {'x_floor':>7s} "
         f"{'pass1':>7s} {'pass2':>7s} {'other':>7s} {'kern':>5s}")
   rows = []
@@ -198,7 +209,8 @@ def main(argv=None) -> int:
                      top_p=args.top_p, min_p=args.min_p)
       table = ops(batch, k, filters,
                   [float(v) for v in args.rates.split(",") if v],
-                  dict(config_kw, rng=args.rng))
+                  dict(config_kw, rng=args.rng),
+                  [int(c) for c in args.mask_caps.split(",") if c])
       for name, fn in table.items():
         if selected and not any(s in name for s in selected):
           continue
@@ -222,7 +234,7 @@ def main(argv=None) -> int:
         part = lambda key: (f"{row[key]:7.1f}" if key in row else f"{'':7s}")
         kern = (f"{row['kernels_per_call']:5.1f}" if "kernels_per_call" in row
                 else "")
-        print(f"{name:17s} {plan_s:24s} {dtype:8s} {batch:4d} {k:2d} "
+        print(f"{name:23s} {plan_s:24s} {dtype:8s} {batch:4d} {k:2d} "
               f"{'yes' if with_draft else 'no':5s} {r['us']:8.1f} "
               f"{r['wall_us']:8.1f} {floor_us:7.1f} {row['x_floor']:7.2f} "
               f"{part('pass1_us')} {part('pass2_us')} {part('other_us')} "
@@ -230,7 +242,8 @@ def main(argv=None) -> int:
     del inputs
 
   # Summary: synthetic vs standard, kernels vs reference.
-  print("\n# device time ratios: synthetic / standard, xla / pallas")
+  print("\n# device time ratios: synthetic / standard, with masks / "
+        "standard, xla / pallas")
   index = {(r["op"], str(r["plan"]), r["dtype"], r["batch"], r["k"],
             r["draft"]): r["us"] for r in rows}
   ratios = collections.defaultdict(list)
@@ -239,11 +252,14 @@ def main(argv=None) -> int:
       continue
     line = (f"{dtype:8s} B={batch:<4d} k={k} draft={'yes' if draft else 'no ':3s}"
             f" plan={plan:20s}")
-    for other, syn_us in index.items():
-      if other[0].startswith("pallas syn=") and other[1:] == (
-          plan, dtype, batch, k, draft):
-        ratios[other[0]].append(syn_us / us)
-        line += f" {other[0][7:]}/std={syn_us / us:.3f}"
+    for other, other_us in index.items():
+      if other[1:] != (plan, dtype, batch, k, draft):
+        continue
+      if other[0].startswith("pallas syn="):
+        ratios[other[0]].append(other_us / us)
+        line += f" {other[0][7:]}/std={other_us / us:.3f}"
+      elif other[0].startswith("pallas +mask"):
+        line += f" {other[0][13:]}/std={other_us / us:.2f}"
     xla = index.get(("xla", str({}), dtype, batch, k, draft))
     if xla is not None:
       line += f" xla/pallas={xla / us:.2f}"

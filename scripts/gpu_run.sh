@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks, in one call (run from the repo root there):
-#   bash scripts/gpu_run.sh [smoke] [tests] [alltests] [sweep] [bench] [spec]
+#   bash scripts/gpu_run.sh [smoke] [tests] [alltests] [sweep] [bench] [spec] [mask]
 #   (default: smoke tests bench).  tests: tests/test_gpu.py; alltests: every
-#   GPU test file; spec: scripts/bench_spec.py with $SPEC_ARGS.
+#   GPU test file; spec: scripts/bench_spec.py with $SPEC_ARGS; mask: issue
+#   5's table (sample + mask against sample alone, bench_truncation.py).
 # Logs and JSON go to $OUT (the device tool's output folder) or ./gpu-out.
 # GPU_TEST_WORKERS: pytest-xdist workers for the GPU tests (default 6; 0: none).
 # SWEEP_BASELINE: a gumbel.py to compare against in the sweep (optional).
@@ -25,6 +26,11 @@ for step in "${steps[@]}"; do
            tail -n 3 "$out/gpu-alltests.log" ;;
     spec) python3 scripts/bench_spec.py ${SPEC_ARGS:-} --json "$out/spec.json" 2>&1 | quiet \
              | tee "$out/spec.log"
+           status=$((status | ${PIPESTATUS[0]})) ;;
+    mask) python3 scripts/bench_truncation.py --batch 1,32,128,256 --dtypes float32 \
+             --settings top_k50+top_p0.9,top_p0.95 --distributions randn_x1 \
+             --mask-caps 64,1024,4096 --peers "" --iters 16 --repeats 3 \
+             --json "$out/mask.json" 2>&1 | quiet | tee "$out/mask.log"
            status=$((status | ${PIPESTATUS[0]})) ;;
     sweep) python3 scripts/sweep_gumbel.py ${SWEEP_BASELINE:+--baseline "$SWEEP_BASELINE"} \
              2>&1 | quiet | tee "$out/sweep.log"

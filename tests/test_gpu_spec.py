@@ -17,6 +17,7 @@ import pytest
 
 from conftest import sort_operands
 from jaxsample import SamplerConfig, SamplingParams, spec
+from test_mask import assert_masks_equal
 from test_spec import assert_same, keys, logits, run
 from test_spec_kernels import edge_case_batch
 
@@ -110,6 +111,31 @@ def test_truncating_requests_match_reference(dtype, with_draft):
   args, kw = cast((target, drafts, n, params, key), kw, dtype)
   out = both(*args, **kw)
   assert 0 < out.num_accepted.sum() < n.sum()
+
+
+@pytest.mark.parametrize("with_draft", [True, False], ids=["draft", "one_hot"])
+def test_slot_masks_match_reference(with_draft):
+  """``return_mask=True`` on the device: the result equals the reference's,
+  and so does each slot's mask (top-k, top-k + min-p, top-p, greedy and
+  untruncated requests; K_cap 64 overflows on the top-p rows): ids, counts
+  and flags exactly, logz and lse within 1e-5."""
+  batch, k = 16, 3
+  args, kw = random_case(31, batch, k, with_draft=with_draft)
+  target, drafts, n, _, key = args
+  params = SamplingParams.make(
+      batch, temperature=np.tile([0.7, 1.0, 0.0, 1.3], 4),
+      top_k=np.tile([50, 20, 10, 0, 0, 0, 5, 0], 2),
+      top_p=np.tile([1.0, 1.0, 1.0, 0.9, 0.95, 1.0, 1.0, 1.0], 2),
+      min_p=np.tile([0.0, 0.05, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], 2))
+  a, a_mask = run(target, drafts, n, params, key, impl="pallas",
+                  return_mask=True, max_mask_ids=64, **kw)
+  b, b_mask = run(target, drafts, n, params, key, impl="xla",
+                  return_mask=True, max_mask_ids=64, **kw)
+  assert_same(a, b)
+  assert_masks_equal(a_mask, b_mask, exact_floats=False)
+  emitted = np.arange(k + 1)[:, None] <= a.num_accepted
+  assert a_mask.overflow[emitted].any() and (~a_mask.truncated).any()
+  assert (a_mask.count[~emitted] == 0).all()
 
 
 @pytest.mark.parametrize("with_draft", [True, False], ids=["draft", "one_hot"])
