@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import sort_operands
+from conftest import oracle_keep, sort_operands
 from jaxsample import SamplerConfig, SamplingParams, spec
-from test_mask import assert_masks_equal
+from test_mask import assert_masks_equal, tempered
 from test_spec import assert_same, keys, logits, run
 from test_spec_kernels import edge_case_batch
 
@@ -118,22 +118,33 @@ def test_slot_masks_match_reference(with_draft):
   """``return_mask=True`` on the device: the result equals the reference's,
   and so does each slot's mask (top-k, top-k + min-p, top-p, greedy and
   untruncated requests; K_cap 64 overflows on the top-p rows): ids, counts
-  and flags exactly, logz and lse within 1e-5."""
+  and flags exactly, logz and lse within 1e-5, except on top-p rows whose
+  crossing lies within fp32 rounding of ``p`` (kept sets of ~20000-60000
+  ids): there the kernel's count must be one of the oracle's admissible
+  sets (the 64 listed ids still equal)."""
   batch, k = 16, 3
   args, kw = random_case(31, batch, k, with_draft=with_draft)
   target, drafts, n, _, key = args
-  params = SamplingParams.make(
-      batch, temperature=np.tile([0.7, 1.0, 0.0, 1.3], 4),
-      top_k=np.tile([50, 20, 10, 0, 0, 0, 5, 0], 2),
-      top_p=np.tile([1.0, 1.0, 1.0, 0.9, 0.95, 1.0, 1.0, 1.0], 2),
-      min_p=np.tile([0.0, 0.05, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], 2))
+  filters = dict(top_k=np.tile([50, 20, 10, 0, 0, 0, 5, 0], 2),
+                 top_p=np.tile([1.0, 1.0, 1.0, 0.9, 0.95, 1.0, 1.0, 1.0], 2),
+                 min_p=np.tile([0.0, 0.05, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], 2))
+  temps = np.tile([0.7, 1.0, 0.0, 1.3], 4)
+  params = SamplingParams.make(batch, temperature=temps, **filters)
   a, a_mask = run(target, drafts, n, params, key, impl="pallas",
                   return_mask=True, max_mask_ids=64, **kw)
   b, b_mask = run(target, drafts, n, params, key, impl="xla",
                   return_mask=True, max_mask_ids=64, **kw)
   assert_same(a, b)
-  assert_masks_equal(a_mask, b_mask, exact_floats=False)
   emitted = np.arange(k + 1)[:, None] <= a.num_accepted
+  near = a_mask.count != b_mask.count
+  for i, r in np.argwhere(near):
+    y = np.sort(tempered(target[r, i], temps[r]))[::-1]
+    o = oracle_keep(y, *(f[r] for f in filters.values()))
+    assert o.near_boundary and o.admits(y >= y[a_mask.count[i, r] - 1]), (i, r)
+  assert near.sum() <= 4
+  assert_masks_equal(*(jax.tree.map(lambda f: f[~near], m)
+                       for m in (a_mask, b_mask)), exact_floats=False)
+  np.testing.assert_array_equal(a_mask.ids, b_mask.ids)
   assert a_mask.overflow[emitted].any() and (~a_mask.truncated).any()
   assert (a_mask.count[~emitted] == 0).all()
 
