@@ -196,7 +196,7 @@ def _at(a: jax.Array, j: jax.Array) -> jax.Array:
   return jnp.take_along_axis(a, j, axis=1)[:, 0]
 
 
-def _per_row(params: SamplingParams, m: int) -> SamplingParams:
+def per_row_params(params: SamplingParams, m: int) -> SamplingParams:
   """The params of the ``B * m`` rows of ``[B, m, V]`` logits, request-major."""
   return jax.tree.map(lambda a: jnp.repeat(a, m), params)
 
@@ -205,7 +205,7 @@ def _process(logits, params, order_width: int = 0):
   """``reference.process`` (with ``order_width``) and ``log_probs`` of ``[B,
   m, V]`` rows, in one batch (equal target and draft rows get equal results)."""
   batch, m, vocab = logits.shape
-  rows = _per_row(params, m)
+  rows = per_row_params(params, m)
   proc = reference.process(logits.reshape(batch * m, vocab), rows,
                            order_width=order_width)
   lq = reference.log_probs(proc, rows)
@@ -329,7 +329,8 @@ def _reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,
   if not mask_ids:
     return result, None
   rows = jax.tree.map(lambda a: a.reshape((batch * k1,) + a.shape[2:]), target)
-  return result, mask.from_processed(rows, _per_row(params, k1), mask_ids)
+  return result, mask.from_processed(rows, per_row_params(params, k1),
+                                     mask_ids)
 
 
 def _target_masks(target_logits, params, config) -> mask.SamplingMask:
@@ -337,7 +338,7 @@ def _target_masks(target_logits, params, config) -> mask.SamplingMask:
   (its tokens unused; zero keys, as the mask does not depend on the key)."""
   batch, k1, vocab = target_logits.shape
   _, rows = sample(target_logits.reshape(batch * k1, vocab),
-                   _per_row(params, k1),
+                   per_row_params(params, k1),
                    jnp.zeros((batch * k1, 2), jnp.uint32), return_mask=True,
                    config=config)
   return rows
