@@ -163,11 +163,14 @@ def from_processed(proc: reference.Processed, params: SamplingParams,
 
 def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
                           config: SamplerConfig | None = None) -> SamplingMask:
-  """The sampling mask of ``logits`` ``[B, V]`` under ``params``, no sampling.
+  """The sampling mask of ``logits`` ``[B, V]`` under ``params``, no token.
 
-  Equal to the mask of ``jaxsample.sample(logits, params, key,
-  return_mask=True, config=config)`` for any key (on the kernel path, up to
-  fp32 rounding: see ``sample``).  Only ``config.max_mask_ids`` is read.
+  Equivalent to ``jaxsample.sample(logits, params, key, return_mask=True,
+  config=config)[1]`` for any key, on the backend ``config.implementation``
+  picks: the XLA path is ``reference.process`` (a sort of each row); the
+  kernel path is the kernels' mask (its race runs on zero keys, unused),
+  with fp32 noise whatever ``use_fp64_gumbel`` says (the FP64 path's mask
+  equals it up to fp32 rounding of ``logz``/``lse``: see ``sample``).
 
   Raises:
     ValueError: for logits that ``jaxsample.sample`` rejects.
@@ -177,6 +180,12 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   config = config or SamplerConfig()
   logits = jnp.asarray(logits)
   sampling.check_logits(logits, params)
+  if sampling.use_pallas(config) and logits.shape[0]:
+    _, kept = sampling.sample(
+        logits, params, jnp.zeros((logits.shape[0], 2), jnp.uint32),
+        return_mask=True,
+        config=dataclasses.replace(config, use_fp64_gumbel=False))
+    return kept
   params = params.canonical(logits.shape[1])
   return from_processed(
       reference.process(logits, params, order_width=config.max_mask_ids),

@@ -130,7 +130,11 @@ def top_ids(y: jax.Array, last: jax.Array, width: int) -> jax.Array:
   # Slots no entry filled (fewer than ``width`` reach ``last``) sort last.
   filled = jnp.arange(width) < jnp.sum(reach, axis=-1, keepdims=True)
   values = jnp.where(filled, jnp.take_along_axis(y, top, axis=-1), -jnp.inf)
-  _, order = jax.lax.sort((-values, top), num_keys=1, is_stable=True)
+  # Equal values sit in vocab order, so (value, id) keys order them as a
+  # stable sort would; an unstable sort of two operands is cheaper than a
+  # stable one (XLA adds a third, an iota): 36 against 50 us for [B, 4096]
+  # on an H200.
+  _, order = jax.lax.sort((-values, top), num_keys=2, is_stable=False)
   return order
 
 

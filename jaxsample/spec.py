@@ -70,14 +70,14 @@ With ``return_mask``, also a ``SamplingMask`` (``jaxsample.mask``) with a
 leading token axis: fields ``[k + 1, B, ...]``, ``ids`` ``[k + 1, B, K_cap]``
 (``K_cap = SamplerConfig.max_mask_ids``).  Slot ``i <= j`` of request ``b``
 (an emitted token) holds the mask of target row ``i``, row ``b`` of
-``extract_sampling_mask(target_logits[:, i], params, config=config)`` (on
-the kernel path ``sample``'s, to its precision): the kept set ``tokens[b,
-i]`` was scored in.  A valid row's token lies in it, with ``logprobs[b, i] =
-y_t - lse - logz`` at the token ``t`` (0 for greedy rows), except a
-synthetic-mode accepted draft outside it (logprob -inf).  Slots ``i > j``
-are blank, defined like an invalid row's mask: ``ids`` all -1, ``count`` 0,
-``truncated`` True, ``overflow`` False, ``logz = lse = -inf``;
-``to_json(num_tokens=num_accepted + 1)`` lists the emitted slots alone.
+``extract_sampling_mask(target_logits[:, i], params, config=config)``: the
+kept set ``tokens[b, i]`` was scored in.  A valid row's token lies in it,
+with ``logprobs[b, i] = y_t - lse - logz`` at the token ``t`` (0 for greedy
+rows), except a synthetic-mode accepted draft outside it (logprob -inf).
+Slots ``i > j`` are blank, defined like an invalid row's mask: ``ids`` all
+-1, ``count`` 0, ``truncated`` True, ``overflow`` False, ``logz = lse =
+-inf``; ``to_json(num_tokens=num_accepted + 1)`` lists the emitted slots
+alone.
 
 Randomness
 ----------
@@ -333,17 +333,6 @@ def _reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,
                                      mask_ids)
 
 
-def _target_masks(target_logits, params, config) -> mask.SamplingMask:
-  """The kernel path's masks of the ``B * (k + 1)`` target rows: ``sample``'s
-  (its tokens unused; zero keys, as the mask does not depend on the key)."""
-  batch, k1, vocab = target_logits.shape
-  _, rows = sample(target_logits.reshape(batch * k1, vocab),
-                   per_row_params(params, k1),
-                   jnp.zeros((batch * k1, 2), jnp.uint32), return_mask=True,
-                   config=config)
-  return rows
-
-
 def rejection_sample(target_logits: jax.Array,
                      draft_tokens: jax.Array,
                      num_draft: jax.Array,
@@ -387,9 +376,9 @@ def rejection_sample(target_logits: jax.Array,
       wide): target row ``i``'s mask for the emitted slots ``i <=
       num_accepted``, blank past them.  The XLA path builds it from the
       processing it verifies with; the kernel path runs
-      ``jaxsample.sample(..., return_mask=True)`` over the ``B * (k + 1)``
-      target rows and keeps its masks: one more truncated-sampling run over
-      the target rows (not fused into the passes yet).
+      ``extract_sampling_mask``'s kernels over the ``B * (k + 1)`` target
+      rows: one more truncated-sampling run over them (not fused into the
+      passes yet).
 
   Returns:
     ``SpecResult``; with ``return_mask``, the pair ``(SpecResult,
@@ -442,8 +431,9 @@ def rejection_sample(target_logits: jax.Array,
           truncating, lambda: fused(kernels.kept_floors(
               target_logits, draft_logits, n, params, config)),
           lambda: fused(None))
-      rows = (_target_masks(target_logits, params, config) if return_mask
-              else None)
+      rows = (mask.extract_sampling_mask(
+          target_logits.reshape(batch * k1, vocab),
+          per_row_params(params, k1), config=config) if return_mask else None)
   if not return_mask:
     return result
   return result, _slot_masks(rows, result.num_accepted, k1)

@@ -43,6 +43,9 @@ def to_np(tree):
 
 
 def extract(logits, params, **config_kw):
+  """``extract_sampling_mask``, jitted; the XLA reference unless
+  ``implementation`` says otherwise."""
+  config_kw.setdefault("implementation", "xla")
   return to_np(_extract(jnp.asarray(logits), params,
                         config=SamplerConfig(**config_kw)))
 
@@ -457,10 +460,15 @@ def test_sampled_token_in_mask_with_consistent_logprob(impl, truncating):
   x, temps, params = mixed_batch(8, batch, vocab, truncating=truncating)
   expected = extract(x, params)
   assert expected.truncated.sum() >= (batch // 2 if truncating else 5)
+  # extract_sampling_mask on the backend: sample's mask, with no token.
+  alone = extract(x, params, implementation=impl)
+  assert_masks_equal(alone, expected, exact_floats=impl == "xla")
   for seed in range(8):
     result, m = sample_with_mask(x, params, jax.random.key(seed), impl=impl)
-    # One kept set per row, whatever the key.
-    assert_masks_equal(m, expected, exact_floats=impl == "xla")
+    # One kept set per row, whatever the key (the kernels' masses in
+    # another compiled program: a batch without filters takes the Gumbel
+    # route alone when closed over).
+    assert_masks_equal(m, alone, exact_floats=impl == "xla")
     assert result.valid.all()
     for b in range(batch):
       y, token = tempered(x[b], temps[b]), result.tokens[b]
@@ -542,6 +550,10 @@ def test_large_kept_sets_follow_the_rebuilt_distribution(name):
                                **config)
   assert_masks_equal(m, jax.tree.map(lambda a: np.broadcast_to(a[:1], a.shape),
                                      m), exact_floats=False)
+  # extract_sampling_mask on the kernels takes the same route.
+  assert_masks_equal(extract(logits[None], SamplingParams.make(1, **cfg),
+                             implementation="pallas", **config),
+                     jax.tree.map(lambda a: a[:1], m), exact_floats=False)
   y = tempered(logits, cfg["temperature"])
   kept = mask_kept(m, 0, y)
   assert 16 < kept.sum() < vocab and not m.overflow[0]
@@ -706,7 +718,8 @@ def test_bf16_logits_equal_their_fp32_upcast(impl):
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_empty_batch(impl):
   x, params = jnp.zeros((0, 1007), jnp.float32), SamplingParams.make(0)
-  outs = [jaxsample.extract_sampling_mask(x, params, config=SamplerConfig(max_mask_ids=7)),
+  outs = [jaxsample.extract_sampling_mask(
+      x, params, config=SamplerConfig(implementation=impl, max_mask_ids=7)),
           jaxsample.sample(x, params, jax.random.key(0), return_mask=True,
                            config=SamplerConfig(implementation=impl,
                                                 max_mask_ids=7))[1],

@@ -43,6 +43,9 @@ def test_order_key_is_monotone_and_invertible():
   keys = np.asarray(common.order_key(jnp.asarray(values)))
   assert np.all(np.diff(keys.astype(np.int64)) >= 0)
   assert keys[4] == keys[5]  # -0.0 == +0.0
+  # Compiled too (XLA folds ``y + 0.0`` away: it kept -0.0's key apart).
+  np.testing.assert_array_equal(
+      jax.jit(common.order_key)(jnp.asarray(values)), keys)
   back = np.asarray(common.key_value(jnp.asarray(keys)))
   np.testing.assert_array_equal(back, values + np.float32(0.0))
 

@@ -394,7 +394,8 @@ def xla_temper(x, t):
 
 def order_key(y: jax.Array) -> jax.Array:
   """uint32 keys ordered like the fp32 values (-0.0 and +0.0 share a key)."""
-  bits = lax.bitcast_convert_type(y + 0.0, jnp.uint32)
+  # A select, not ``y + 0.0``: XLA folds that add away, and -0.0 stays.
+  bits = lax.bitcast_convert_type(jnp.where(y == 0, 0.0, y), jnp.uint32)
   negative = (bits >> jnp.uint32(31)) != 0
   return jnp.where(negative, ~bits, bits | jnp.uint32(0x80000000))
 
