@@ -5,7 +5,8 @@
 Rows: jaxsample's kernels (``implementation="pallas"``), the XLA reference
 (sorting), ``lax.top_k`` + categorical, sort + cumsum top-p, and a torch
 sort-based top-k/top-p sampler (vLLM's fallback style) timed with CUDA events
-on the same GPU; then sample + mask vs sample alone.  Device time as in
+on the same GPU; then sample + mask vs sample alone (``--extract``: and
+``extract_sampling_mask`` on the kernels and on XLA).  Device time as in
 ``jaxsample.bench`` (profiler-summed kernels, medians, rotating inputs); HBM
 floor = bytes of logits / measured copy bandwidth.
 """
@@ -72,7 +73,7 @@ def make_inputs(kind, batch, vocab, dtype, seed=0):
   return out
 
 
-def jax_ops(batch, setting, with_mask_caps, peers):
+def jax_ops(batch, setting, with_mask_caps, peers, extract=False):
   key = jax.random.key(1)
   params = js.SamplingParams.make(batch, temperature=1.0, **SETTINGS[setting])
   k = SETTINGS[setting].get("top_k", 0)
@@ -99,6 +100,12 @@ def jax_ops(batch, setting, with_mask_caps, peers):
           lambda x: _sort_top_p(key, x, p))
   for cap in with_mask_caps:
     table[f"jaxsample pallas +mask K_cap={cap}"] = sampler("pallas", cap)
+    for impl in ("pallas", "xla") if extract else ():
+      cfg = js.SamplerConfig(implementation=impl, max_mask_ids=cap)
+      fn = jax.jit(lambda x, params, cfg=cfg: js.extract_sampling_mask(
+          x, params, config=cfg))
+      table[f"extract_sampling_mask {impl} K_cap={cap}"] = (
+          lambda x, fn=fn: fn(x, params))
   return table
 
 
@@ -183,6 +190,8 @@ def main(argv=None) -> int:
   parser.add_argument("--torch", action="store_true")
   parser.add_argument("--peers", default="1,32,128,256",
                       help="batch sizes at which the peers run too")
+  parser.add_argument("--extract", action="store_true",
+                      help="also time extract_sampling_mask (kernels, XLA)")
   parser.add_argument("--json", default="")
   args = parser.parse_args(argv)
 
@@ -203,7 +212,7 @@ def main(argv=None) -> int:
           peers = str(batch) in args.peers.split(",")
           timed = {name: bench.time_op(fn, inputs, args.iters, args.repeats)["us"]
                    for name, fn in jax_ops(batch, setting, mask_caps,
-                                           peers).items()}
+                                           peers, args.extract).items()}
           if args.torch and peers:
             torch_us = torch_time_us(inputs, setting)
             if torch_us is not None:

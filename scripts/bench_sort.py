@@ -4,7 +4,7 @@ XLA's sort against two Pallas kernels: a bitonic network in one program per
 row (pairs exchanged through reshapes and size-2 reductions) and a rank by
 comparison (grid (B, N / tile), each element counts the elements before it).
 
-  PYTHONPATH=. python3 scripts/exp_sort.py [--interpret]
+  PYTHONPATH=. python3 scripts/bench_sort.py [--interpret] [--xla-only]
 """
 
 import functools
@@ -23,6 +23,7 @@ from jaxsample.pallas import common
 
 warnings.filterwarnings("ignore")
 INTERPRET = "--interpret" in sys.argv
+XLA_ONLY = "--xla-only" in sys.argv
 
 
 def _halves(v, j: int):
@@ -134,11 +135,11 @@ def main():
              "xla unstable(-y,ids)": jax.jit(functools.partial(xla_sort, stable=False)),
              "xla unstable 2 keys": jax.jit(functools.partial(
                  xla_sort, stable=False, num_keys=2))}
-    for w in (4, 8, 16) if not INTERPRET else (4,):
+    for w in () if XLA_ONLY else (4, 8, 16) if not INTERPRET else (4,):
       cands[f"bitonic w{w}"] = jax.jit(functools.partial(pallas_bitonic, warps=w))
     for tile, chunk, w in ((64, 256, 4), (128, 256, 4), (128, 512, 8),
                            (32, 512, 4)):
-      if tile <= n and chunk <= n and b * n * n <= 2**27:
+      if tile <= n and chunk <= n and b * n * n <= 2**27 and not XLA_ONLY:
         cands[f"rank t{tile} c{chunk} w{w}"] = jax.jit(functools.partial(
             pallas_rank, tile=tile, chunk=chunk, warps=w))
     for name, fn in cands.items():
