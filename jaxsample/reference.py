@@ -115,7 +115,6 @@ def top_ids(y: jax.Array, last: jax.Array, width: int) -> jax.Array:
   ``[B, width]`` pairs are sorted.
   """
   batch = y.shape[0]
-  y = y + 0.0  # -0.0 and +0.0 are one value
   last = last[:, None]
   reach = y >= last
   above = y > last

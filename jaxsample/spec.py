@@ -117,7 +117,7 @@ import numpy as np
 
 from jaxsample import mask, reference, rng, rowwise
 from jaxsample.params import SamplerConfig, SamplingParams
-from jaxsample.sampling import sample, use_pallas, x64_scope
+from jaxsample.sampling import use_pallas, x64_scope
 
 
 @jax.tree_util.register_dataclass
