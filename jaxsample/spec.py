@@ -196,9 +196,16 @@ def _at(a: jax.Array, j: jax.Array) -> jax.Array:
   return jnp.take_along_axis(a, j, axis=1)[:, 0]
 
 
-def per_row_params(params: SamplingParams, m: int) -> SamplingParams:
-  """The params of the ``B * m`` rows of ``[B, m, V]`` logits, request-major."""
-  return jax.tree.map(lambda a: jnp.repeat(a, m), params)
+def per_row_params(params: SamplingParams, m: int,
+                   live: jax.Array | None = None) -> SamplingParams:
+  """The params of the ``B * m`` rows of ``[B, m, V]`` logits, request-major;
+  ``live`` ``[B, m]``: rows outside it are greedy (no filter runs on them:
+  rows no output reads)."""
+  rows = jax.tree.map(lambda a: jnp.repeat(a, m), params)
+  if live is None:
+    return rows
+  return dataclasses.replace(rows, temperature=jnp.where(
+      live.reshape(-1), rows.temperature, 0.0))
 
 
 def _process(logits, params, order_width: int = 0):
@@ -431,9 +438,12 @@ def rejection_sample(target_logits: jax.Array,
           truncating, lambda: fused(kernels.kept_floors(
               target_logits, draft_logits, n, params, config)),
           lambda: fused(None))
+      # Slots past num_draft are never emitted: greedy, their masks cost an
+      # argmax (and are blanked).
       rows = (mask.extract_sampling_mask(
           target_logits.reshape(batch * k1, vocab),
-          per_row_params(params, k1), config=config) if return_mask else None)
+          per_row_params(params, k1, jnp.arange(k1) <= n[:, None]),
+          config=config) if return_mask else None)
   if not return_mask:
     return result
   return result, _slot_masks(rows, result.num_accepted, k1)

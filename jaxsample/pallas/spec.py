@@ -473,9 +473,7 @@ def kept_floors(target_logits, draft_logits, n, params: SamplingParams,
 
   def kept(logits, live):
     m = live.shape[1]
-    rows = spec_ref.per_row_params(params, m)
-    rows = dataclasses.replace(rows, temperature=jnp.where(
-        live.reshape(-1), rows.temperature, 0.0))  # greedy rows: no floor
+    rows = spec_ref.per_row_params(params, m, live)  # greedy rows: no floor
     sets = threshold.kept_sets(logits.reshape(batch * m, vocab), rows, config)
     return jax.tree.map(lambda a: a.reshape(batch, m), sets)
 
