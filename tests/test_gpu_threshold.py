@@ -19,7 +19,6 @@ from conftest import oracle_keep, run_sample
 from jaxsample import SamplerConfig, SamplingParams, reference, rng
 from jaxsample.pallas import threshold
 from test_mask import check_kernel_masks_match_oracle
-from test_order import check_listing_order
 from test_threshold import (check_kept_sets_match_oracle,
                             check_logit_floor_splits_like_the_quotient,
                             kept_set_batch)
@@ -253,14 +252,6 @@ def test_masks_match_reference(setting, kind, cap, fp64):
                                     err_msg=f)
     np.testing.assert_allclose(got.logz, want.logz, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got.lse, want.lse, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("size,width", [(16384, 4096), (4096, 1024),
-                                        (256, 100)])
-def test_listing_order_matches_oracle(size, width):
-  """The listing's ordering kernels, compiled (atomic bucket slots), at the
-  listing sizes of K_cap 4096 and 1024."""
-  check_listing_order(size, width, seed=size)
 
 
 # fp16/bf16 truncation and the per-row masses, compiled: the checks of

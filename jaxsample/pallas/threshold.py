@@ -94,7 +94,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxsample import reference, rng, rowwise
-from jaxsample.pallas import common, gumbel, order
+from jaxsample.pallas import common, gumbel
 from jaxsample.params import SamplerConfig, SamplingParams
 
 _LOG2E = 1.4426950408889634
@@ -1728,12 +1728,10 @@ def _window_search(logits, params: SamplingParams, trunc: Truncation,
 def _listing_width(width: int, config: SamplerConfig) -> bool:
   """Whether a mask of ``width`` ids lists large kept sets from a ``Listing``
   (``large_thresholds``): ``width > C / 2`` (narrower masks come from the
-  candidate buffer of top-k = ``width``), within half a window of the top,
-  so that the window has no upper end, and in a buffer
-  ``order.listing_top_ids`` orders."""
-  capacity = _listing_capacity(width, config)
-  return (width > config.max_candidates // 2 and order.fits(capacity) and
-          width // _SAMPLE_STRIDE <= _window_half(capacity))
+  candidate buffer of top-k = ``width``) and within half a window of the top,
+  so that the window has no upper end."""
+  return (width > config.max_candidates // 2 and width // _SAMPLE_STRIDE
+          <= _window_half(_listing_capacity(width, config)))
 
 
 def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
@@ -1916,13 +1914,14 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
         finish_large=False, stats=trunc.stats)
     ids, listed_rows = listing.ordered_ids, rows & listing.complete
   elif listed is not None:
-    window, listing = listed.window, listed.listing
-    fitted = rows & listing.rows & (window.count <= listing.capacity)
-    ids, finite = order.listing_top_ids(window.y, window.ids, window.count,
-                                        fitted, width)
-    # The listing holds the row's ``width`` largest survivors, or all of
-    # them (its window reaches down to ``t1``).
-    listed_rows = fitted & ((finite >= width) | (listing.lower <= trunc.t1))
+    window, lower = listed.window, listed.listing.lower
+    last, _, held = _window_threshold(
+        window, top_width, listed.listing.rows, trunc.t1, lower,
+        jnp.full_like(lower, jnp.inf), trunc.row_max,
+        listed.listing.capacity, by_count=True)
+    ids = jnp.take_along_axis(window.ids, reference.top_ids(
+        window.y, jnp.maximum(last, threshold), width), axis=-1)
+    listed_rows = rows & listed.listing.rows & held
   missed = rows & ~listed_rows
 
   def row_ids():
