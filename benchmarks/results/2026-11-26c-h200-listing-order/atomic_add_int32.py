@@ -7,7 +7,8 @@ is an ``IntegerType``; a vector's type is a ``RankedTensorType``, so int32
 vectors get ``FADD``: small counts are denormal floats, flushed to 0.
 Scalars (an ``IntegerType``) add correctly; ``atomic_xchg`` is unaffected;
 ``atomic_max`` on an int32 vector fails to lower (the float path).
-Seen on the H200 (counters start at 5; lanes 0..255 add 1 to bucket lane % 8):
+Seen on the H200 with the session's longer variant script, of which this is
+the core (counters start at 5; lanes 0..255 add 1 to bucket lane % 8):
     vector int32 add: counters [0 0 0 0 0 0 0 0 5 ...], old values 5 (first lane per bucket) then 0
     scalar int32 add: counter 5 -> 6, old value 5
     vector fp32 add (the workaround): exact counts and old values (the listing kernels' GPU tests)
