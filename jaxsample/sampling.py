@@ -100,10 +100,9 @@ def sample(logits: jax.Array,
   if batch == 0:
     result = SampleResult(jnp.zeros((0,), jnp.int32),
                           jnp.zeros((0,), jnp.float32), jnp.zeros((0,), bool))
-    empty = mask.from_processed(
-        reference.process(logits, params, order_width=config.max_mask_ids),
-        params, config.max_mask_ids)
-    return (result, empty) if return_mask else result
+    if not return_mask:
+      return result
+    return result, mask.extract_sampling_mask(logits, params, config=config)
   with x64_scope(config.use_fp64_gumbel, logits, key, positions,
                  *jax.tree.leaves(params)):
     if use_pallas(config):
