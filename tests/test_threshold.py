@@ -415,6 +415,47 @@ def test_window_searched_kept_sets_come_measured():
                                  atol=1e-5, err_msg=str(i))
 
 
+def test_large_rows_list_their_top_ids_in_the_narrow_pass():
+  """With ``order_width <= C / 2``, the narrow pass (its bound, compact,
+  pack and select launches) also takes the ``large`` rows, as top-k =
+  ``order_width`` rows with min-p kept: their ``ordered_ids`` are their
+  ``order_width`` largest survivors by descending ``y`` (smallest id first
+  on ties), flagged ``top_listed`` and not ``complete``; the other rows'
+  kept sets are unchanged."""
+  batch, vocab, width = 6, 20000, 16
+  r = np.random.default_rng(5)
+  x = (r.standard_normal((batch, vocab)) * 1.5).astype(np.float32)
+  x[1, r.choice(vocab, 40, replace=False)] = 5.0  # ties across the width
+  params = SamplingParams.make(
+      batch, temperature=[1, 0.7, 1.3, 1, 1, 0.9], top_k=[0, 0, 300, 0, 5, 0],
+      top_p=[0.95, 0.9, 1, 1, 1, 0.5], min_p=[0, 0, 0, 0.001, 0, 0.2]
+  ).canonical(vocab)
+  config = SamplerConfig(max_candidates=64)
+  streams, _ = rng.row_streams(jax.random.key(0), None, batch, vocab)
+  tr = jax.tree.map(np.asarray, jax.jit(lambda x: threshold.sample_truncated(
+      x, params, streams, config, order_width=width, finish_large=False))(
+          jnp.asarray(x)))
+  plain = jax.tree.map(np.asarray, jax.jit(lambda x: threshold.sample_truncated(
+      x, params, streams, config, finish_large=False))(jnp.asarray(x)))
+  large = [True, True, True, True, False, False]
+  np.testing.assert_array_equal(tr.large != 0, large)
+  np.testing.assert_array_equal(tr.top_listed, large)
+  np.testing.assert_array_equal(tr.complete, np.logical_not(large))
+  np.testing.assert_array_equal(plain.top_listed, False)
+  y = np.asarray(reference.temper(jnp.asarray(x), params.temperature))
+  for i in range(batch):
+    kept = (y[i] >= tr.t1[i]) if large[i] else (y[i] >= tr.threshold[i])
+    order = np.flatnonzero(kept)[np.lexsort((np.flatnonzero(kept),
+                                             -y[i][kept]))]
+    n = min(width, order.size)
+    np.testing.assert_array_equal(tr.ordered_ids[i, :n], order[:n],
+                                  err_msg=str(i))
+    if not large[i]:
+      np.testing.assert_array_equal(tr.ordered_ids[i, n:], -1)
+      assert tr.threshold[i] == plain.threshold[i] and (
+          tr.token[i] == plain.token[i]), i
+
+
 def test_masks_of_large_sets_list_in_the_first_search_pass():
   """A mask wider than ``C / 2`` lists large kept sets from the compact pass
   of each row's first window search (top-k's; top-p's without top-k; a pass

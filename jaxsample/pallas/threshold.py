@@ -225,11 +225,14 @@ _PARAM_DTYPES = (jnp.float32, jnp.int32, jnp.float32, jnp.float32,
                  jnp.float32)
 
 
-def _param_table(params: SamplingParams) -> jax.Array:
+def _param_table(params: SamplingParams | jax.Array) -> jax.Array:
   """The kernels' per-row parameters as one ``rowwise.pack_rows`` table:
   ``SamplingParams``' fields, then ``log(min_p)`` (-inf where min-p is off).
   Every kernel takes the same table, so XLA makes it once (one op where
-  one input per field cost a launch each)."""
+  one input per field cost a launch each).  A table (``RowBounds.
+  pass_table``, written by a kernel) passes through."""
+  if not isinstance(params, SamplingParams):
+    return params
   log_min_p = jnp.where(params.min_p > 0, jnp.log(params.min_p), -jnp.inf)
   return rowwise.pack_rows([params.temperature, params.top_k, params.top_p,
                             params.min_p, log_min_p], params.batch_size)
@@ -247,9 +250,7 @@ def _row_params(param_ref, row) -> tuple[SamplingParams, jax.Array]:
 class RowStats:
   """The stats pass's results on the rows it read: per-split ``top`` (max
   of ``x``), ``sumexp`` and ``finite`` count ``[B, S]``, raw segment maxima
-  ``segment_max`` ``[B, N]`` and ``sample`` ``[B, M]`` (``RowBounds``).
-  Independent of the filters: ``row_bounds`` reuses them for other filters
-  at the same temperatures on those rows."""
+  ``segment_max`` ``[B, N]`` and ``sample`` ``[B, M]`` (``RowBounds``)."""
 
   top: jax.Array
   sumexp: jax.Array
@@ -283,10 +284,12 @@ def _stats_pass(logits, params: SamplingParams, plan, segment,
 def _bound_kernel(param_ref, top_ref, sumexp_ref, finite_ref, segment_ref,
                   sample_ref, row_max_out, safe_max_out, mass_out, finite_out,
                   t1_out, bound_out, listed_out, listed_count_out, narrow_out,
-                  gather_out, large_out, *, splits: int, segments: int,
-                  capacity: int, interpret: bool):
+                  gather_out, large_out, *pass_outs, splits: int,
+                  segments: int, capacity: int, top_width: int,
+                  interpret: bool):
   """One row's stats combined across splits, its bound and its route
-  (``row_bounds``)."""
+  (``row_bounds``; ``top_width``: outputs ``pass_bound`` and the narrow
+  pass's param table too)."""
   row = pl.program_id(0)
   math = common.KernelMath(interpret)
   active, sampled = _row_flags(row, param_ref, capacity)
@@ -309,6 +312,10 @@ def _bound_kernel(param_ref, top_ref, sumexp_ref, finite_ref, segment_ref,
   finite_out[row] = jnp.sum(plgpu.load(finite_ref.at[row, split], mask=use,
                                        other=0))
   t1_out[row] = t1
+  if top_width:
+    pass_bound_out, pass_table_out = pass_outs
+    for field in range(param_ref.shape[0]):
+      pass_table_out[field, row] = param_ref[field, row]
 
   @pl.when(~active)
   def _():  # rows the truncation kernels skip: no search, no route
@@ -317,6 +324,8 @@ def _bound_kernel(param_ref, top_ref, sumexp_ref, finite_ref, segment_ref,
     narrow_out[row] = 0
     gather_out[row] = 0
     large_out[row] = 0
+    if top_width:
+      pass_bound_out[row] = t1
 
   @pl.when(active)
   def _():
@@ -326,15 +335,26 @@ def _bound_kernel(param_ref, top_ref, sumexp_ref, finite_ref, segment_ref,
                                mask=lanes < segments, other=-jnp.inf), t)
     bound, _ = _bound(y, safe_max, t1, k, params.top_p,
                       mass * (1 + _BOUND_MARGIN), 0.0, _BOUND_KEY_BITS)
-    listed = _list_reaching(y, bound, row, listed_out.shape[1], listed_out)
     valid = jnp.isfinite(row_max)
     # The sample's estimate is too noisy to trust a top-k row (k > C / 2)
     # with the buffer.
     large = valid & sampled & ((k > 0) | (_estimate_reaching(
         bound, row, sample_ref.shape[1], interpret, t, sampled,
         sample_ref) > capacity // 2))
-    narrow = valid & ~large
     bound_out[row] = bound
+    large_out[row] = jnp.where(large, 1, 0)
+    pass_bound, pass_k = bound, k
+    if top_width:  # large rows: the bound of their top_width largest
+      pass_bound = lax.cond(large, lambda: _bound(
+          y, safe_max, t1, jnp.int32(top_width), 1.0, mass * (1 + _BOUND_MARGIN), 0.0,
+          _BOUND_KEY_BITS)[0], lambda: bound)
+      pass_k = jnp.where(large, top_width, k)
+      pass_bound_out[row] = pass_bound
+      pass_table_out[1, row] = pass_k  # _PARAM_DTYPES: top-k, then top-p
+      pass_table_out[2, row] = jnp.where(large, _ONE_BITS, param_ref[2, row])
+    narrow = valid if top_width else valid & ~large
+    listed = _list_reaching(y, pass_bound, row, listed_out.shape[1],
+                            listed_out)
     listed_count_out[row] = listed
     narrow_out[row] = jnp.where(narrow, 1, 0)
     # Rows whose outside mass is 0 (top-k on: unused; bound == t1: no
@@ -342,8 +362,7 @@ def _bound_kernel(param_ref, top_ref, sumexp_ref, finite_ref, segment_ref,
     # min-p).
     gather_out[row] = jnp.where(
         narrow & (listed <= _LIST_CAP) & (
-            (k > 0) | (bound == t1) | (t1 == -jnp.inf)), 1, 0)
-    large_out[row] = jnp.where(large, 1, 0)
+            (pass_k > 0) | (pass_bound == t1) | (t1 == -jnp.inf)), 1, 0)
 
 
 @jax.tree_util.register_dataclass
@@ -356,16 +375,21 @@ class RowBounds:
   ``mass = sum exp(y - row_max)``, ``lse = logsumexp(y)``, ``finite`` the
   number of finite entries, ``t1`` the min-p threshold (``safe_max +
   log(min_p)``), ``bound`` the lower bound ``L`` of the kept set's threshold
-  (``>= t1``); ``listed`` ``[B, _LIST_CAP]`` the segments (``_segment_size``
-  contiguous ids each) whose maximum reaches ``L`` (ascending; their number
-  ``listed_count`` may exceed ``_LIST_CAP``); ``sample`` ``[B, M]``: every
-  ``_SAMPLE_STRIDE``-th sanitized logit ``x`` of the rows that may be large
-  (-inf padded past V; undefined on other rows).  The route, int32 flags:
-  valid rows are ``large`` (``k > C / 2``, or top-k off and the sample
-  estimates more than ``C / 2`` elements reaching ``L``) or ``narrow``
-  (their candidates go to the buffer);
-  ``gather`` narrow rows read only their listed segments (``Segments``).
-  ``stats``: the stats pass's ``RowStats``.
+  (``>= t1``); ``pass_bound`` and ``pass_table`` the narrow pass's bound
+  and ``_param_table``: ``L`` and the params, but on ``large`` rows with
+  ``row_bounds``' ``top_width`` the bound of their ``top_width`` largest
+  survivors (``y >= t1``) and top-k = ``top_width``, top-p off; ``listed`` ``[B, _LIST_CAP]`` the
+  segments (``_segment_size`` contiguous ids each) whose maximum reaches
+  ``pass_bound`` (ascending; their number ``listed_count`` may exceed
+  ``_LIST_CAP``); ``sample`` ``[B, M]``: every ``_SAMPLE_STRIDE``-th
+  sanitized logit ``x`` of the rows that may be large (-inf padded past V;
+  undefined on other rows).  The route, int32 flags: valid rows are
+  ``large`` (``k > C / 2``, or top-k off and the sample estimates more than
+  ``C / 2`` elements reaching ``L``) or not; ``narrow`` rows' candidates
+  (``{y >= pass_bound}``) go to the buffer: the rows not ``large``, and
+  with ``top_width`` every valid row; ``gather`` narrow rows read only
+  their listed segments (``Segments``).  ``stats``: the stats pass's
+  ``RowStats``.
   """
 
   row_max: jax.Array
@@ -375,6 +399,8 @@ class RowBounds:
   finite: jax.Array
   t1: jax.Array
   bound: jax.Array
+  pass_bound: jax.Array
+  pass_table: jax.Array
   listed: jax.Array
   listed_count: jax.Array
   narrow: jax.Array
@@ -388,43 +414,45 @@ class RowBounds:
 
 
 def row_bounds(logits, params: SamplingParams, config: SamplerConfig, *,
-               stats: RowStats | None = None) -> RowBounds:
+               top_width: int = 0) -> RowBounds:
   """Runs the stats pass and the bound select on the rows of canonical
   ``params`` that are sampled with a filter on; rows without top-k or with
-  ``k > C / 2`` may be routed ``large`` (they write their sample).  With
-  ``stats`` (a stats pass over a superset of those rows at the same
-  temperatures), the bound select alone.
+  ``k > C / 2`` may be routed ``large`` (they write their sample).
+  ``top_width`` (``<= C / 2``): the narrow pass also lists the
+  ``top_width`` largest survivors of ``large`` rows (``RowBounds``).
 
   The bound select combines each row's per-split stats, searches its
-  segment maxima (``_bound``) and routes it: one program per row,
+  segment maxima (``_bound``; on ``large`` rows with ``top_width``, a
+  second search by count) and routes it: one program per row,
   ``_BOUND_WARPS`` warps.
   """
   batch, vocab = logits.shape
   plan = _pass_plan(batch, vocab, logits.dtype, config)
   segment = _segment_size(vocab, plan.chunk)
-  if stats is None:
-    stats = _stats_pass(logits, params, plan, segment, config.max_candidates)
+  stats = _stats_pass(logits, params, plan, segment, config.max_candidates)
   kernel = functools.partial(_bound_kernel, splits=plan.num_splits,
                              segments=stats.segment_max.shape[1],
                              capacity=config.max_candidates,
-                             interpret=plan.interpret)
+                             top_width=top_width, interpret=plan.interpret)
   f32, i32 = (jax.ShapeDtypeStruct((batch,), d) for d in (jnp.float32,
                                                           jnp.int32))
+  table = _param_table(params)
   (row_max, safe_max, mass, finite, t1, bound, listed, listed_count, narrow,
-   gather, large) = pl.pallas_call(
+   gather, large, *narrow_pass) = pl.pallas_call(
        kernel,
        out_shape=[f32, f32, f32, i32, f32, f32,
                   jax.ShapeDtypeStruct((batch, _LIST_CAP), jnp.int32), i32,
-                  i32, i32, i32],
+                  i32, i32, i32] + [f32, jax.ShapeDtypeStruct(
+                      table.shape, table.dtype)] * bool(top_width),
        grid=(batch,),
        compiler_params=plgpu.CompilerParams(num_warps=_BOUND_WARPS,
                                             num_stages=1),
        interpret=plan.interpret, name="jaxsample_row_bounds")(
-           _param_table(params), stats.top, stats.sumexp, stats.finite,
-           stats.segment_max, stats.sample)
+           table, stats.top, stats.sumexp, stats.finite, stats.segment_max,
+           stats.sample)
   return RowBounds(row_max, safe_max, mass, row_max + jnp.log(mass), finite,
-                   t1, bound, listed, listed_count, narrow, gather, large,
-                   stats)
+                   t1, bound, *(narrow_pass or (bound, table)), listed,
+                   listed_count, narrow, gather, large, stats)
 
 
 def _pow2_ceil(n: int) -> int:
@@ -441,6 +469,7 @@ def _pow2_ceil(n: int) -> int:
 # round each bound down by less than 2^-11 of its magnitude.
 _BOUND_KEY_BITS = 20
 _NEG_INF_KEY = 0x007FFFFF  # order_key(-inf); smaller keys are NaN patterns
+_ONE_BITS = 0x3F800000  # fp32 1.0 as int32 (a param table's top-p off)
 
 
 def _largest_keys(reaches: tuple, bits: int, start=None) -> tuple:
@@ -700,13 +729,15 @@ def _list_reaching(y, threshold, row, cap: int, listed_ref):
   return jnp.sum(flag)
 
 
-def select_threshold(y, row_max, t1, params: SamplingParams, mass, *,
+def select_threshold(y, row_max, t1, params: SamplingParams | jax.Array,
+                     mass, *,
                      bound: bool, interpret: bool, ids=None, race=None,
                      scan=None, order_width: int = 0, above=None,
                      bits: int = _BOUND_KEY_BITS,
                      num_warps: int | None = None, active=None,
                      window=None):
-  """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded), no sort.
+  """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded), no sort,
+  under ``params`` (or their ``_param_table``).
 
   Bound mode searches order keys bit by bit (``_bound_thresholds``: one
   search of ``bits`` block reductions, counting ``above`` ``[B]`` (default
@@ -1097,13 +1128,14 @@ class Listing:
   capacity: int = dataclasses.field(metadata=dict(static=True))
 
 
-def collect_candidates(logits, params: SamplingParams, active, lower_bound, t1,
+def collect_candidates(logits, params: SamplingParams | jax.Array, active,
+                       lower_bound, t1,
                        row_max, streams: rng.RowStreams | None,
                        config: SamplerConfig, *, upper=None, capacity: int | None = None,
                        segments: Segments | None = None,
                        listing: Listing | None = None):
   """Runs the compact pass on the ``active`` rows (``[B]`` bool or int32
-  flags; ``params``: their temperatures) and packs each row's candidates into ``C`` slots
+  flags; ``params`` or their ``_param_table``: their temperatures) and packs each row's candidates into ``C`` slots
   (``capacity``, default ``config.max_candidates``); with ``upper`` ``[B]``
   (``>= lower_bound``, ``>= t1``), only the window ``[lower_bound, upper)``;
   with ``segments``, its ``gather`` rows read only their listed segments
@@ -1491,6 +1523,9 @@ class Truncation:
   ``log_kept`` = ``log sum_K exp(y - row_max)``; ``candidates`` holds ``K``
   (``y >= threshold`` entries); ``ordered_ids`` ``[B, W]`` (when asked for):
   ``K``'s ids by descending ``y``, smallest id first on ties, -1 padded;
+  where ``top_listed`` (``large`` rows, with ``order_width <= C / 2``),
+  instead the row's ``order_width`` largest survivors (``y >= t1``) in that
+  order: the first ids of any kept set of the row (it is upward closed);
   ``finite``: the row's number of finite entries; ``gathered``: the row's
   candidates came from its listed segments (``Segments``); ``large`` (int32
   flags, ``RowBounds.large``): the row's kept set is left to
@@ -1508,6 +1543,7 @@ class Truncation:
   log_kept: jax.Array
   candidates: Candidates
   ordered_ids: jax.Array | None
+  top_listed: jax.Array
   finite: jax.Array
   gathered: jax.Array
   large: jax.Array
@@ -1530,44 +1566,52 @@ class Truncation:
 
 def sample_truncated(logits, params: SamplingParams,
                      streams: rng.RowStreams, config: SamplerConfig, *,
-                     order_width: int = 0, finish_large: bool = True,
-                     stats: RowStats | None = None) -> Truncation:
+                     order_width: int = 0,
+                     finish_large: bool = True) -> Truncation:
   """Truncated Gumbel-max (fp32 noise) of the rows of canonical ``params``
   that are sampled with a filter on (other rows: not ``complete``); with
   ``order_width``, also the kept ids in probability order (``min(order_width,
-  C)`` wide).  ``stats``: ``row_bounds``' (no stats pass).
+  C)`` wide; with ``order_width <= C / 2`` also the first ids of ``large``
+  rows: ``Truncation.top_listed``).
 
   Rows with ``k > C / 2``, and rows without top-k whose candidates ``{y >=
   L}`` would overflow the buffer (estimated from ``RowBounds.sample``), are
   ``large``: ``sample_large`` samples them and the rows whose candidates
   overflowed (``Truncation.unfinished``), here (``finish_large``, without
-  ``order_width``) or by the caller (the rows stay incomplete).
+  ``order_width``) or by the caller (the rows stay incomplete).  With
+  ``order_width <= C / 2``, the narrow pass (compact, pack, select) takes
+  ``large`` rows too, as top-k = ``order_width`` rows (min-p kept): the
+  launches that skip them otherwise list their ids for the mask.
   """
   interpret = jax.default_backend() != "gpu"
-  stats = row_bounds(logits, params, config, stats=stats)
-  safe_max, t1, bound, mass = stats.safe_max, stats.t1, stats.bound, stats.mass
   capacity = config.max_candidates
+  top_width = order_width if order_width <= capacity // 2 else 0
+  stats = row_bounds(logits, params, config, top_width=top_width)
+  safe_max, t1, mass = stats.safe_max, stats.t1, stats.mass
+  large = stats.large != 0
   candidates = collect_candidates(
-      logits, params, stats.narrow, bound, t1, safe_max, streams,
-      config, segments=Segments(stats.gather, stats.listed,
-                                stats.listed_count, mass))
+      logits, stats.pass_table, stats.narrow, stats.pass_bound, t1, safe_max,
+      streams, config, segments=Segments(stats.gather, stats.listed,
+                                         stats.listed_count, mass))
   (threshold, count, kept_mass, certified, token, token_y,
    *ordered) = select_threshold(
-      candidates.y, safe_max, t1, params, candidates.outside_mass, bound=False,
-      interpret=interpret, ids=candidates.ids, race=candidates.race,
+      candidates.y, safe_max, t1, stats.pass_table, candidates.outside_mass,
+      bound=False, interpret=interpret, ids=candidates.ids,
+      race=candidates.race,
       scan=candidates.count,  # rows that overflow the buffer are not ranked
       order_width=min(order_width, capacity), active=stats.narrow)
   log_kept = jnp.log(kept_mass)
   logprob = (token_y - safe_max) - log_kept
   # Exact iff every kept element and every top-k survivor is a candidate
-  # (bound == t1: the candidates are all min-p survivors).
-  complete = ((stats.narrow != 0) & (candidates.count <= capacity) &
-              (threshold >= bound) & ((certified != 0) | (bound == t1)))
-  trunc = Truncation(token, logprob, complete, stats.row_max, stats.lse,
+  # (pass_bound == t1: the candidates are all min-p survivors).
+  exact = ((stats.narrow != 0) & (candidates.count <= capacity) &
+           (threshold >= stats.pass_bound) &
+           ((certified != 0) | (stats.pass_bound == t1)))
+  trunc = Truncation(token, logprob, exact & ~large, stats.row_max, stats.lse,
                      threshold, count, log_kept, candidates,
-                     ordered[0] if ordered else None, stats.finite,
-                     stats.gather != 0, stats.large, t1, bound, mass,
-                     stats.stats)
+                     ordered[0] if ordered else None, exact & large,
+                     stats.finite, stats.gather != 0, stats.large, t1,
+                     stats.bound, mass, stats.stats)
   if not finish_large or order_width:
     return trunc
   left = trunc.unfinished(params)
@@ -1575,7 +1619,7 @@ def sample_truncated(logits, params: SamplingParams,
   found = rowwise.where_rows(
       left, rowwise.only_if(left, lambda: sample_large(
           logits, params, trunc, streams, config, left)),
-      (token, logprob, complete, threshold, count, log_kept))
+      (token, logprob, trunc.complete, threshold, count, log_kept))
   return dataclasses.replace(trunc, **dict(zip(
       ("token", "logprob", "complete", "threshold", "count", "log_kept"),
       found)))
@@ -1885,17 +1929,17 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
   v}`` or lies inside it.  Either way the ids listed from ``last = max(v,
   threshold)`` start with the kept set's.
 
-  With ``width <= C / 2``, the truncated sampler's passes for top-k =
-  ``width`` (min-p kept) on the row's stats (``trunc.stats``: no stats
-  pass) list the kept set of ``v``, ``{y >= max(t1, v)}``, by descending
-  ``y`` from the candidate buffer (``sample_truncated``'s ``ordered_ids``);
-  those ids start with the kept set's.  Wider masks take ``listed``
+  With ``width <= C / 2``, ``trunc`` (from ``sample_truncated(...,
+  order_width=width)``) holds them: its narrow pass listed the ``width``
+  largest survivors of its ``large`` rows (``Truncation.top_listed``).
+  Wider masks take ``listed``
   (``large_thresholds``' listing for ``list_width = width``, whose window
   holds every ``y >= lower`` of its rows in vocab order): a bound-mode
   search by count finds ``v`` in it, and the ids come from
   ``reference.top_ids`` on that buffer, not the ``[B, V]`` row.  Rows left
-  (candidates overflowing the buffer, a listing window that missed ``v`` or
-  overflowed, rows without a sample, masks too wide for a listing) take
+  (candidates overflowing the buffer, rows not ``large`` in ``trunc``, a
+  listing window that missed ``v`` or overflowed, rows without a sample,
+  masks too wide for a listing) take
   ``v`` from ``pivot_threshold`` (by count) and ``reference.top_ids`` on the
   whole row, behind a ``lax.cond``.  (Callers run this function behind a
   cond of its own: its XLA listing, over every row, would cost more on
@@ -1906,13 +1950,7 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
   ids = jnp.zeros((logits.shape[0], width), jnp.int32)
   listed_rows = jnp.zeros_like(rows)
   if width <= config.max_candidates // 2:
-    zeros = jnp.zeros((logits.shape[0],), jnp.uint32)
-    listing = sample_truncated(
-        logits, dataclasses.replace(top_width,
-                                    temperature=jnp.where(rows, t, 0.0)),
-        rng.RowStreams(*(zeros,) * 4), config, order_width=width,
-        finish_large=False, stats=trunc.stats)
-    ids, listed_rows = listing.ordered_ids, rows & listing.complete
+    ids, listed_rows = trunc.ordered_ids[:, :width], rows & trunc.top_listed
   elif listed is not None:
     window, lower = listed.window, listed.listing.lower
     last, _, held = _window_threshold(
