@@ -158,61 +158,74 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     truncating = params.truncates() & sampled
     any_truncating = jnp.any(truncating)
 
+  width = config.max_mask_ids if return_mask else 0
+
+  def with_mask(result, kept):
+    """``(result, mask)``: one ``mask.assemble`` of the routes' per-row
+    facts ``kept`` (its keyword arguments but ``valid``, ``greedy`` and
+    ``token``, which come from ``result``; ``ordered_ids`` may be narrower
+    than ``K_cap``), or ``(result, None)`` without ``return_mask``."""
+    if not return_mask:
+      return result, None
+    return result, mask.assemble(valid=result.valid, greedy=~sampled,
+                                 token=result.tokens, max_ids=width, **kept)
+
   def gumbel_rows(active=None):
+    """``(SampleResult, per-row mask facts or None)`` of rows raced with no
+    filter: their kept set is every finite entry."""
     result, row_max, lse, *finite = gumbel.sample_untruncated(
         logits, params, streams, config, active=active,
         count_finite=return_mask)
-    if not return_mask:
-      return result, None
-    return result, mask.assemble(
-        valid=result.valid, greedy=~sampled, token=result.tokens,
+    return result, dict(
         count=finite[0], finite=finite[0], logz=jnp.zeros_like(lse), lse=lse,
-        row_max=row_max, ordered_ids=jnp.zeros((batch, 1), jnp.int32),
-        max_ids=config.max_mask_ids)
+        row_max=row_max, ordered_ids=jnp.zeros((batch, width), jnp.int32)
+    ) if return_mask else None
 
-  def truncation_mask(valid, token, count, log_kept, ordered_ids, rows):
-    """The mask of kept sets ``ordered_ids``; ``rows`` (a ``Truncation`` or
-    ``KeptSets``) gives each row's ``finite``, ``row_max`` and ``lse``."""
-    return mask.assemble(
-        valid=valid, greedy=~sampled, token=token, count=count,
-        finite=rows.finite, logz=(rows.row_max + log_kept) - rows.lse,
-        lse=rows.lse, row_max=rows.row_max, ordered_ids=ordered_ids,
-        max_ids=config.max_mask_ids)
+  def kept_facts(count, log_kept, ordered_ids, rows):
+    """Mask facts of kept sets ``ordered_ids`` (None without
+    ``return_mask``); ``rows`` (a ``Truncation`` or ``KeptSets``) gives each
+    row's ``finite``, ``row_max`` and ``lse``."""
+    if not return_mask:
+      return None
+    return dict(count=count, finite=rows.finite,
+                logz=(rows.row_max + log_kept) - rows.lse, lse=rows.lse,
+                row_max=rows.row_max, ordered_ids=ordered_ids)
+
+  def choose(where, a, b):
+    """Per row, route ``a``'s or ``b``'s ``(SampleResult, facts)``."""
+    if not return_mask:
+      return rowwise.where_rows(where, a[0], b[0]), None
+    pad = lambda ids: jnp.pad(ids, ((0, 0), (0, width - ids.shape[1])),
+                              constant_values=-1)
+    a, b = ((r, dict(f, ordered_ids=pad(f["ordered_ids"]))) for r, f in (a, b))
+    return rowwise.where_rows(where, a, b)
 
   def floored_fp64_batch():
     """FP64 noise: the kept sets (with their ids by probability, for the
     mask), then one FP64 race per row, which also counts the kept set and
     sums its mass."""
-    sets = threshold.kept_sets(
-        logits, params, config,
-        order_width=config.max_mask_ids if return_mask else 0)
+    sets = threshold.kept_sets(logits, params, config, order_width=width)
     floor = sets.threshold
     floored = floor > -jnp.inf  # a threshold of -inf keeps every finite y
     result, count, log_kept = threshold.floored_race(
         logits, params, streams, config, floored, floor, sets.row_max)
-    rows = (result, None)
-    if return_mask:
-      rows = (result, truncation_mask(floored, result.tokens, count, log_kept,
-                                      sets.ordered_ids, sets))
-    return rowwise.where_rows(floored, rows, gumbel_rows(~floored))
+    return choose(floored, (result, kept_facts(
+        count, log_kept, sets.ordered_ids, sets)), gumbel_rows(~floored))
 
   if config.use_fp64_gumbel:
-    result, result_mask = rowwise.cond(any_truncating, floored_fp64_batch,
-                                       gumbel_rows)
+    result, kept = rowwise.cond(any_truncating, floored_fp64_batch,
+                                gumbel_rows)
+    result, result_mask = with_mask(result, kept)
     return (result, result_mask) if return_mask else result
 
   def any_batch():
     """Every row, by its route (rows skip the kernels of other routes)."""
     trunc = threshold.sample_truncated(
-        logits, params, streams, config,
-        order_width=config.max_mask_ids if return_mask else 0,
+        logits, params, streams, config, order_width=width,
         finish_large=False)
     done = trunc.complete
-    rows = (SampleResult(trunc.token, trunc.logprob, done), None)
-    if return_mask:
-      rows = (rows[0], truncation_mask(done, trunc.token, trunc.count,
-                                       trunc.log_kept, trunc.ordered_ids,
-                                       trunc))
+    rows = (SampleResult(trunc.token, trunc.logprob, done),
+            kept_facts(trunc.count, trunc.log_kept, trunc.ordered_ids, trunc))
     # invalid rows: the argmax, as without a filter
     plain = ~truncating | ~jnp.isfinite(trunc.row_max)
     unfinished = trunc.unfinished(params)
@@ -222,16 +235,15 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     token, logprob, _, _, count, log_kept, *ordered = rowwise.only_if(
         unfinished, lambda: threshold.sample_large(
             logits, params, trunc, streams, config, unfinished,
-            order_width=config.max_mask_ids if return_mask else 0))
+            order_width=width))
     large = (SampleResult(token, logprob, unfinished),
-             truncation_mask(unfinished, token, count, log_kept, ordered[0],
-                             trunc) if return_mask else None)
-    return rowwise.where_rows(done, rows, rowwise.where_rows(
-        unfinished, large, gumbel_rows(plain)))
+             kept_facts(count, log_kept, ordered[0] if ordered else None,
+                        trunc))
+    return choose(done, rows, choose(unfinished, large, gumbel_rows(plain)))
 
   # Params known while tracing (closed over by the caller's jit) compile
   # one route; otherwise every route's kernels run, skipping the rows of
   # other routes, rather than a cond on the batch.
-  result, result_mask = rowwise.cond(any_truncating, any_batch, gumbel_rows,
-                                     unknown=any_batch)
+  result, result_mask = with_mask(*rowwise.cond(
+      any_truncating, any_batch, gumbel_rows, unknown=any_batch))
   return (result, result_mask) if return_mask else result
