@@ -1,6 +1,7 @@
 """Experiment: ordering [B, N] (value, id) pairs on the GPU.
 
-XLA's sort against two Pallas kernels: a bitonic network in one program per
+XLA's sort (two operands, or a uint32 key with the ids as values) against
+two Pallas kernels: a bitonic network in one program per
 row (pairs exchanged through reshapes and size-2 reductions) and a rank by
 comparison (grid (B, N / tile), each element counts the elements before it).
 
@@ -110,6 +111,13 @@ def xla_sort(y, ids, stable=True, num_keys=1):
   return lax.sort((-y, ids), num_keys=num_keys, is_stable=stable)[1]
 
 
+def xla_key_sort(y, ids):
+  """One uint32 key (descending order key), ids as values, stable: XLA may
+  hand a sort of unsigned keys with one value operand to CUB's radix
+  sort (above its size threshold)."""
+  return lax.sort((~common.order_key(y), ids), num_keys=1, is_stable=True)[1]
+
+
 def oracle(y, ids):
   y, ids = np.asarray(y), np.asarray(ids)
   out = np.empty_like(ids)
@@ -119,7 +127,7 @@ def oracle(y, ids):
 
 
 def main():
-  sizes = [(1, 1024), (1, 4096), (128, 1024), (128, 4096)]
+  sizes = [(b, n) for b in (1, 32, 128, 256) for n in (1024, 4096)]
   if INTERPRET:
     sizes = [(2, 64), (3, 256)]
   for b, n in sizes:
@@ -134,7 +142,8 @@ def main():
     cands = {"xla stable": jax.jit(xla_sort),
              "xla unstable(-y,ids)": jax.jit(functools.partial(xla_sort, stable=False)),
              "xla unstable 2 keys": jax.jit(functools.partial(
-                 xla_sort, stable=False, num_keys=2))}
+                 xla_sort, stable=False, num_keys=2)),
+             "xla uint32 key stable": jax.jit(xla_key_sort)}
     for w in () if XLA_ONLY else (4, 8, 16) if not INTERPRET else (4,):
       cands[f"bitonic w{w}"] = jax.jit(functools.partial(pallas_bitonic, warps=w))
     for tile, chunk, w in ((64, 256, 4), (128, 256, 4), (128, 512, 8),

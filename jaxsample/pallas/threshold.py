@@ -62,8 +62,12 @@ order-key interval that holds it at ``_PIVOTS`` pivots, in one kernel (one
 program per row; rows without a miss skip it, so no ``lax.cond`` guards
 any of these searches).  The window search
 also measures the kept mass (the spec sampler's normalizer).  The sampling
-mask of a large kept set (``large_kept_ids``) rides on the row's first
-window search: its window kernel also places a listing window by count
+mask of a large kept set (``large_kept_ids``) rides on launches the row
+runs anyway: a mask of ``K_cap <= C / 2`` ids on the narrow pass, which
+takes large rows as top-k = ``K_cap`` rows (the bound select searches their
+``K_cap``-th largest segment maximum and writes the pass's param table), so
+its candidate buffer lists their ``K_cap`` largest values by rank; a wider
+mask on the row's first window search: its window kernel also places a listing window by count
 (the ``K_cap``-th largest value's, with no upper end) and its compact pass
 also fills the listing's buffer, from the same loads; a search by count in
 that buffer finds the ``K_cap``-th largest value and the ids are sorted as
