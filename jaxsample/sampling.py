@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -125,6 +127,86 @@ def _sample_xla(logits, params: SamplingParams, streams: rng.RowStreams,
   return result, mask.from_processed(proc, params, config.max_mask_ids)
 
 
+# The kernel path's mask is assembled once, from per-row facts: ``mask.
+# assemble``'s keyword arguments but ``valid``, ``greedy``, ``token`` (the
+# route's ``SampleResult``) and ``max_ids`` (``width`` = K_cap, or 0 without
+# a mask: then the facts are None).
+
+
+def _untruncated_rows(logits, params: SamplingParams, streams: rng.RowStreams,
+                      config: SamplerConfig, width: int, active=None):
+  """``(SampleResult, facts)`` of ``active`` rows raced with no filter
+  (``gumbel.sample_untruncated``): their kept set is every finite entry."""
+  from jaxsample.pallas import gumbel  # pylint: disable=g-import-not-at-top
+  result, row_max, lse, *finite = gumbel.sample_untruncated(
+      logits, params, streams, config, active=active, count_finite=bool(width))
+  return result, dict(
+      count=finite[0], finite=finite[0], logz=jnp.zeros_like(lse), lse=lse,
+      row_max=row_max,
+      ordered_ids=jnp.zeros((logits.shape[0], width), jnp.int32)
+  ) if width else None
+
+
+def _kept_facts(count, log_kept, ordered_ids, rows, width: int):
+  """Facts of kept sets ``ordered_ids``; ``rows`` (a ``Truncation`` or
+  ``KeptSets``) gives each row's ``finite``, ``row_max`` and ``lse``."""
+  if not width:
+    return None
+  return dict(count=count, finite=rows.finite,
+              logz=(rows.row_max + log_kept) - rows.lse, lse=rows.lse,
+              row_max=rows.row_max, ordered_ids=ordered_ids)
+
+
+def _choose(where, a, b, width: int):
+  """Per row, route ``a``'s or ``b``'s ``(SampleResult, facts)``."""
+  if not width:
+    return rowwise.where_rows(where, a[0], b[0]), None
+  pad = lambda ids: jnp.pad(ids, ((0, 0), (0, width - ids.shape[1])),
+                            constant_values=-1)
+  a, b = ((r, dict(f, ordered_ids=pad(f["ordered_ids"]))) for r, f in (a, b))
+  return rowwise.where_rows(where, a, b)
+
+
+def _with_mask(result, facts, params: SamplingParams, width: int):
+  """``(result, mask)``: one ``mask.assemble`` of ``facts``, or ``(result,
+  None)`` without a mask."""
+  if not width:
+    return result, None
+  return result, mask.assemble(valid=result.valid,
+                               greedy=params.temperature == 0,
+                               token=result.tokens, max_ids=width, **facts)
+
+
+def kept_set_masks(logits, params: SamplingParams, sets,
+                   config: SamplerConfig) -> mask.SamplingMask:
+  """The masks of ``logits`` ``[B, V]`` under canonical ``params`` from
+  their kept sets ``sets`` (``threshold.kept_sets(logits, params, config,
+  order_width=config.max_mask_ids)``'s, in 32 bits), equal to
+  ``extract_sampling_mask``'s.  Kept sets not measured (``KeptSets.
+  measured``) are counted by a floored Gumbel pass, behind a cond; rows
+  without one (threshold -inf: greedy, no filter, invalid) by the Gumbel
+  kernel.  The spec sampler's masks: its ``kept_floors`` found the sets."""
+  from jaxsample.pallas import threshold  # pylint: disable=g-import-not-at-top
+  width = config.max_mask_ids
+  config = dataclasses.replace(config, use_fp64_gumbel=False)
+  zeros = jnp.zeros((logits.shape[0],), jnp.uint32)
+  streams = rng.RowStreams(*(zeros,) * 4)
+  kept = sets.threshold > -jnp.inf
+  counted = kept & ~sets.measured
+  with jax.enable_x64(False):
+    count, log_kept = rowwise.only_if(counted, lambda: threshold.floored_race(
+        logits, params, streams, config, counted, sets.threshold,
+        sets.row_max)[1:])
+    facts = _kept_facts(jnp.where(counted, count, sets.count),
+                        jnp.where(counted, log_kept, sets.log_kept),
+                        sets.ordered_ids, sets, width)
+    return _with_mask(*_choose(
+        kept, (SampleResult(zeros.astype(jnp.int32),
+                            jnp.zeros(zeros.shape, jnp.float32), kept), facts),
+        _untruncated_rows(logits, params, streams, config, width, ~kept),
+        width), params, width)[1]
+
+
 def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
                    config: SamplerConfig, return_mask: bool):
   """The kernel path (``sample``'s result, with the mask if asked).
@@ -150,55 +232,13 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   FP64 noise (one more pass, which also counts the set and sums its mass).
   No path sorts the vocabulary.
   """
-  # pylint: disable=g-import-not-at-top
-  from jaxsample.pallas import gumbel, threshold
-  batch = logits.shape[0]
+  from jaxsample.pallas import threshold  # pylint: disable=g-import-not-at-top
   with jax.ensure_compile_time_eval():  # known for concrete params
-    sampled = params.temperature > 0
-    truncating = params.truncates() & sampled
+    truncating = params.truncates() & (params.temperature > 0)
     any_truncating = jnp.any(truncating)
-
   width = config.max_mask_ids if return_mask else 0
-
-  def with_mask(result, kept):
-    """``(result, mask)``: one ``mask.assemble`` of the routes' per-row
-    facts ``kept`` (its keyword arguments but ``valid``, ``greedy`` and
-    ``token``, which come from ``result``; ``ordered_ids`` may be narrower
-    than ``K_cap``), or ``(result, None)`` without ``return_mask``."""
-    if not return_mask:
-      return result, None
-    return result, mask.assemble(valid=result.valid, greedy=~sampled,
-                                 token=result.tokens, max_ids=width, **kept)
-
-  def gumbel_rows(active=None):
-    """``(SampleResult, per-row mask facts or None)`` of rows raced with no
-    filter: their kept set is every finite entry."""
-    result, row_max, lse, *finite = gumbel.sample_untruncated(
-        logits, params, streams, config, active=active,
-        count_finite=return_mask)
-    return result, dict(
-        count=finite[0], finite=finite[0], logz=jnp.zeros_like(lse), lse=lse,
-        row_max=row_max, ordered_ids=jnp.zeros((batch, width), jnp.int32)
-    ) if return_mask else None
-
-  def kept_facts(count, log_kept, ordered_ids, rows):
-    """Mask facts of kept sets ``ordered_ids`` (None without
-    ``return_mask``); ``rows`` (a ``Truncation`` or ``KeptSets``) gives each
-    row's ``finite``, ``row_max`` and ``lse``."""
-    if not return_mask:
-      return None
-    return dict(count=count, finite=rows.finite,
-                logz=(rows.row_max + log_kept) - rows.lse, lse=rows.lse,
-                row_max=rows.row_max, ordered_ids=ordered_ids)
-
-  def choose(where, a, b):
-    """Per row, route ``a``'s or ``b``'s ``(SampleResult, facts)``."""
-    if not return_mask:
-      return rowwise.where_rows(where, a[0], b[0]), None
-    pad = lambda ids: jnp.pad(ids, ((0, 0), (0, width - ids.shape[1])),
-                              constant_values=-1)
-    a, b = ((r, dict(f, ordered_ids=pad(f["ordered_ids"]))) for r, f in (a, b))
-    return rowwise.where_rows(where, a, b)
+  untruncated_rows = functools.partial(_untruncated_rows, logits, params,
+                                       streams, config, width)
 
   def floored_fp64_batch():
     """FP64 noise: the kept sets (with their ids by probability, for the
@@ -209,14 +249,9 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     floored = floor > -jnp.inf  # a threshold of -inf keeps every finite y
     result, count, log_kept = threshold.floored_race(
         logits, params, streams, config, floored, floor, sets.row_max)
-    return choose(floored, (result, kept_facts(
-        count, log_kept, sets.ordered_ids, sets)), gumbel_rows(~floored))
-
-  if config.use_fp64_gumbel:
-    result, kept = rowwise.cond(any_truncating, floored_fp64_batch,
-                                gumbel_rows)
-    result, result_mask = with_mask(result, kept)
-    return (result, result_mask) if return_mask else result
+    return _choose(floored, (result, _kept_facts(
+        count, log_kept, sets.ordered_ids, sets, width)),
+                   untruncated_rows(~floored), width)
 
   def any_batch():
     """Every row, by its route (rows skip the kernels of other routes)."""
@@ -225,7 +260,8 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
         finish_large=False)
     done = trunc.complete
     rows = (SampleResult(trunc.token, trunc.logprob, done),
-            kept_facts(trunc.count, trunc.log_kept, trunc.ordered_ids, trunc))
+            _kept_facts(trunc.count, trunc.log_kept, trunc.ordered_ids, trunc,
+                        width))
     # invalid rows: the argmax, as without a filter
     plain = ~truncating | ~jnp.isfinite(trunc.row_max)
     unfinished = trunc.unfinished(params)
@@ -237,13 +273,19 @@ def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
             logits, params, trunc, streams, config, unfinished,
             order_width=width))
     large = (SampleResult(token, logprob, unfinished),
-             kept_facts(count, log_kept, ordered[0] if ordered else None,
-                        trunc))
-    return choose(done, rows, choose(unfinished, large, gumbel_rows(plain)))
+             _kept_facts(count, log_kept, ordered[0] if ordered else None,
+                         trunc, width))
+    return _choose(done, rows, _choose(unfinished, large,
+                                       untruncated_rows(plain), width), width)
 
   # Params known while tracing (closed over by the caller's jit) compile
   # one route; otherwise every route's kernels run, skipping the rows of
-  # other routes, rather than a cond on the batch.
-  result, result_mask = with_mask(*rowwise.cond(
-      any_truncating, any_batch, gumbel_rows, unknown=any_batch))
+  # other routes, rather than a cond on the batch (the FP64 path: a cond).
+  if config.use_fp64_gumbel:
+    routes = rowwise.cond(any_truncating, floored_fp64_batch,
+                          untruncated_rows)
+  else:
+    routes = rowwise.cond(any_truncating, any_batch, untruncated_rows,
+                          unknown=any_batch)
+  result, result_mask = _with_mask(*routes, params, width)
   return (result, result_mask) if return_mask else result

@@ -115,7 +115,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsample import mask, reference, rng, rowwise
+from jaxsample import mask, reference, rng, rowwise, sampling
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.sampling import use_pallas, x64_scope
 
@@ -382,10 +382,11 @@ def rejection_sample(target_logits: jax.Array,
       (module doc, Outputs; ``[k + 1, B, ...]``, ``config.max_mask_ids``
       wide): target row ``i``'s mask for the emitted slots ``i <=
       num_accepted``, blank past them.  The XLA path builds it from the
-      processing it verifies with; the kernel path runs
-      ``extract_sampling_mask``'s kernels over the ``B * (k + 1)`` target
-      rows: one more truncated-sampling run over them (not fused into the
-      passes yet).
+      processing it verifies with; the kernel path from the kept sets its
+      threshold kernels found (``kept_floors``, which also orders the
+      target rows' kept ids), with the Gumbel kernel over the target rows
+      without one and a floored counting pass (behind a cond) over kept
+      sets no window search measured (``sampling.kept_set_masks``).
 
   Returns:
     ``SpecResult``; with ``return_mask``, the pair ``(SpecResult,
@@ -427,6 +428,14 @@ def rejection_sample(target_logits: jax.Array,
       from jaxsample.pallas import spec as kernels  # pylint: disable=g-import-not-at-top
       noise_keys, accept_keys = stream_keys(key, batch)
       d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
+      width = config.max_mask_ids if return_mask else 0
+
+      def floored():
+        floors = kernels.kept_floors(target_logits, draft_logits, n, params,
+                                     config, order_width=width)
+        return fused(floors), dataclasses.replace(
+            floors.target, ordered_ids=floors.target_ids) if width else None
+
       fused = lambda floors: kernels.reject(
           target_logits, d, n, params, noise_keys, accept_keys,
           positions.astype(jnp.uint32), draft_logits, synthetic_rates, config,
@@ -434,16 +443,16 @@ def rejection_sample(target_logits: jax.Array,
       # With traced params a lax.cond (its predicate's trip on every call):
       # the threshold kernels of an untruncated batch would cost more, idle
       # (scripts/measure_host_gaps.py).
-      result = rowwise.cond(
-          truncating, lambda: fused(kernels.kept_floors(
-              target_logits, draft_logits, n, params, config)),
-          lambda: fused(None))
+      result, sets = rowwise.cond(
+          truncating, floored, lambda: (fused(None), kernels.untruncated_sets(
+              batch, k1, width) if width else None))
       # Slots past num_draft are never emitted: greedy, their masks cost an
       # argmax (and are blanked).
-      rows = (mask.extract_sampling_mask(
+      rows = sampling.kept_set_masks(
           target_logits.reshape(batch * k1, vocab),
           per_row_params(params, k1, jnp.arange(k1) <= n[:, None]),
-          config=config) if return_mask else None)
+          jax.tree.map(lambda a: a.reshape((batch * k1,) + a.shape[2:]),
+                       sets), config) if width else None
   if not return_mask:
     return result
   return result, _slot_masks(rows, result.num_accepted, k1)

@@ -24,7 +24,7 @@ from conftest import (IMPLEMENTATIONS, STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB,
                       assert_binned_chi2_fits, assert_chi2_fits,
                       chi2_critical, chi2_statistic, closing_over,
                       oracle_keep, without_truncation)
-from jaxsample import SamplerConfig, SamplingMask, SamplingParams
+from jaxsample import SamplerConfig, SamplingMask, SamplingParams, sampling
 from jaxsample.pallas import threshold
 from test_reference import KINDS, M_VALUES, P_VALUES, k_values, make_row
 from test_threshold import kept_set_batch
@@ -446,6 +446,45 @@ def test_kernel_lists_large_kept_sets_like_the_reference(fp64, cap):
   np.testing.assert_array_equal(got.tokens, want.tokens)
   np.testing.assert_allclose(got.logprobs, want.logprobs, rtol=1e-5,
                              atol=1e-5)
+
+
+@pytest.mark.parametrize("cap", [40, 8])
+def test_masks_from_kept_sets_equal_extracted_masks(cap):
+  """``sampling.kept_set_masks`` (the spec sampler's masks, from the kept
+  sets its threshold kernels found) equals ``extract_sampling_mask`` on the
+  kernels: kept sets the candidate buffer or a window search measured, a
+  min-p row and a row with flat ties that no search measures (a floored
+  counting pass counts them), a greedy, an untruncated and an invalid
+  row."""
+  vocab = 20000
+  r = np.random.default_rng(12)
+  x = (r.standard_normal((8, vocab)) * 1.5).astype(np.float32)
+  x[2] = 0.0
+  x[2, ::32] = -10.0  # flat ties hidden from the sample
+  x[6, 5] = np.nan
+  params = SamplingParams.make(8, temperature=[1, 0.7, 1, 1.3, 0, 1, 1, 0.8],
+                               top_k=[0, 0, 0, 5, 0, 0, 0, 3000],
+                               top_p=[0.95, 0.9, 0.5, 1, 0.9, 1, 0.9, 1],
+                               min_p=[0, 0, 0, 0, 0, 0.02, 0, 0])
+  config = SamplerConfig(implementation="pallas", max_candidates=64,
+                         max_mask_ids=cap)
+  canon = params.canonical(vocab)
+
+  @jax.jit
+  def masks(x):
+    sets = threshold.kept_sets(x, canon, config, order_width=cap)
+    return sets, sampling.kept_set_masks(x, canon, sets, config)
+
+  sets, got = to_np(masks(jnp.asarray(x)))
+  kept = sets.threshold > -np.inf
+  np.testing.assert_array_equal(kept, [True] * 4 + [False, True, False, True])
+  # The candidate buffer (3) and window searches by count (7) and mass (1)
+  # measured; min-p alone (5) and the hidden ties (2) are counted by a pass.
+  np.testing.assert_array_equal(sets.measured[[1, 2, 3, 5, 7]],
+                                [True, False, True, False, True])
+  want = extract(x, params, implementation="pallas", max_candidates=64,
+                 max_mask_ids=cap)
+  assert_masks_equal(got, want, exact_floats=False)
 
 
 # ---------------------------------------------------------------------------

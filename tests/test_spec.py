@@ -427,8 +427,8 @@ def masked(request):
   min-p, a top-p, a greedy (top-k ignored) and an untruncated request (-inf
   entries): ``(mode, impl, target, params, out, mask)``.  Drafts: the draft
   logits' argmax; in synthetic mode the target's argmin, outside the kept
-  sets.  Pallas: draft logits (interpret mode is slow; the mask is
-  ``sample``'s whatever the drafts)."""
+  sets.  Pallas: draft logits (interpret mode is slow; the masks come from
+  the target rows' kept sets whatever the drafts)."""
   mode, impl = request.param
   target = logits(23, MB, K + 1, MV, scale=2.0)
   target[3, :, ::7] = -np.inf

@@ -481,7 +481,7 @@ def test_masks_of_large_sets_list_in_the_first_search_pass():
     sets, listed = threshold.large_thresholds(x, params, tr, config, rows,
                                               list_width=width)
     lower = listed.listing.lower
-    _, _, held = threshold._window_threshold(
+    _, _, _, held = threshold._window_threshold(
         listed.window, threshold._top_width(params, width),
         listed.listing.rows, tr.t1, lower, jnp.full_like(lower, jnp.inf),
         tr.row_max, listed.listing.capacity, by_count=True)

@@ -1633,15 +1633,15 @@ def sample_truncated(logits, params: SamplingParams,
 @dataclasses.dataclass(frozen=True)
 class KeptSets:
   """Per-row kept sets, ``[B]`` each: ``{y >= threshold}`` (-inf: every
-  entry); where ``measured``, also ``row_max = max(y)`` and ``log_kept = log
-  sum_K exp(y - row_max)`` (rows whose kept set the candidate buffer held,
-  ``Truncation``'s, or whose threshold a window search found), so
-  ``logsumexp`` of the processed row is ``row_max + log_kept``; undefined
-  elsewhere.  From ``kept_sets``, also ``lse`` and ``finite``: the tempered
-  row's logsumexp and number of finite entries (``Truncation``'s); and
-  ``ordered_ids`` ``[B, W]`` (when asked for): the first ids of each kept
-  set by descending ``y`` (``Truncation.ordered_ids``' order; undefined past
-  the set's size)."""
+  entry); where ``measured``, also ``row_max = max(y)``, ``log_kept = log
+  sum_K exp(y - row_max)`` and ``count = |K|`` (rows whose kept set the
+  candidate buffer held, ``Truncation``'s, or whose threshold a window
+  search found), so ``logsumexp`` of the processed row is ``row_max +
+  log_kept``; undefined elsewhere.  From ``kept_sets``, also ``lse`` and
+  ``finite``: the tempered row's logsumexp and number of finite entries
+  (``Truncation``'s); ``count`` where measured; and ``ordered_ids`` ``[B,
+  W]`` (when asked for): the first ids of each kept set by descending ``y``
+  (``Truncation.ordered_ids``' order; undefined past the set's size)."""
 
   threshold: jax.Array
   row_max: jax.Array
@@ -1650,6 +1650,7 @@ class KeptSets:
   lse: jax.Array | None = None
   finite: jax.Array | None = None
   ordered_ids: jax.Array | None = None
+  count: jax.Array | None = None
 
 
 def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
@@ -1657,7 +1658,8 @@ def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
   """The kept set of each valid row of canonical ``params`` sampled with a
   filter on (``reference.keep_threshold``'s threshold); threshold -inf for
   the other rows.  With ``order_width``, also the first ``min(order_width,
-  V)`` ids of each kept set by descending ``y`` (``KeptSets.ordered_ids``).
+  V)`` ids of each kept set by descending ``y`` (``KeptSets.ordered_ids``,
+  ``[B, order_width]``).
 
   ``sample_truncated``'s passes (its race rides along on fixed streams over
   the candidates; its tokens are not used), then ``large_thresholds`` (and
@@ -1680,7 +1682,8 @@ def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
     sets = KeptSets(threshold, trunc.row_max,
                     jnp.where(trunc.complete, trunc.log_kept, large.log_kept),
                     trunc.complete | (left & large.measured), trunc.lse,
-                    trunc.finite)
+                    trunc.finite,
+                    count=jnp.where(trunc.complete, trunc.count, large.count))
     if not order_width:
       return sets
     large_ids = rowwise.only_if(left, lambda: large_kept_ids(
@@ -1688,9 +1691,9 @@ def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
                                 pack=False)
     pad = lambda ids, n: jnp.pad(ids, ((0, 0), (0, n - ids.shape[1])),
                                  constant_values=-1)
-    width = max(width, trunc.ordered_ids.shape[1])
     return dataclasses.replace(sets, ordered_ids=jnp.where(
-        left[:, None], pad(large_ids, width), pad(trunc.ordered_ids, width)))
+        left[:, None], pad(large_ids, order_width),
+        pad(trunc.ordered_ids, order_width)))
 
 
 def _place_window(params: SamplingParams, trunc: Truncation, rows, floor,
@@ -1711,7 +1714,8 @@ def _place_window(params: SamplingParams, trunc: Truncation, rows, floor,
 def _window_threshold(window: Candidates, search: SamplingParams, rows, floor,
                       lower, upper, row_max, capacity: int, *,
                       by_count: bool):
-  """``(threshold, kept mass, held)`` of a collected window (``_window_search``)."""
+  """``(threshold, kept mass, kept count, held)`` of a collected window
+  (``_window_search``)."""
   total = window.above_mass + window.outside_mass + window.inside_mass
   if by_count:
     reached = window.above_count < search.top_k
@@ -1719,11 +1723,12 @@ def _window_threshold(window: Candidates, search: SamplingParams, rows, floor,
         search.top_k - window.above_count, 0))
   else:
     reached = window.above_mass < search.top_p * total
-  threshold, _, window_mass, _ = select_threshold(
+  threshold, window_count, window_mass, _ = select_threshold(
       window.y, _safe(row_max), floor, search, total, bound=True,
       interpret=jax.default_backend() != "gpu", above=window.above_mass,
       bits=32, num_warps=_WINDOW_WARPS, active=rows, window=(lower, upper))
   return (threshold, window.above_mass + window_mass,
+          window.above_count + window_count,
           (window.count <= capacity) & reached & (threshold >= lower))
 
 
@@ -1744,13 +1749,15 @@ class _Listed:
 def _window_search(logits, params: SamplingParams, trunc: Truncation,
                    config: SamplerConfig, rows, floor, *, by_count: bool,
                    lists=None, list_width: int = 0):
-  """``(threshold, kept mass, held, listed)`` of ``rows`` (``large`` rows of
-  ``trunc``; other rows' entries undefined): top-k's threshold
+  """``(threshold, kept mass, kept count, held, listed)`` of ``rows``
+  (``large`` rows of ``trunc``; other rows' entries undefined): top-k's
+  threshold
   (``by_count``: the ``k``-th largest survivor ``y >= floor``) or top-p's
   above the survivors' ``floor``, found in the window (``Candidates``,
   ``_TOP_K_WINDOW_BUFFERS`` or ``_WINDOW_BUFFERS`` candidate buffers)
   ``threshold_window`` places from the row's sample; the kept mass
-  ``sum_{y >= threshold} exp(y - row_max)``; ``held``: the window held the
+  ``sum_{y >= threshold} exp(y - row_max)`` and count; ``held``: the window
+  held the
   threshold and fit its buffer.  With ``lists`` (rows whose ``floor`` is
   ``t1``), the same window kernel places those rows' ``Listing`` for a mask
   of ``list_width`` ids and the same compact pass fills it: ``listed`` is
@@ -1821,31 +1828,33 @@ def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
     first_lists = list_rows & (counted | ~topped)
 
   def search(rows, floor, by_count: bool, lists=None, lower=trunc.bound):
-    """``(threshold, kept mass, measured, listed)`` of ``rows``: a window
-    search where the row has a sample and its window holds the threshold
-    (mass measured), else the pivot search (``lower``: a value not above the
+    """``(threshold, kept mass, kept count, measured, listed)`` of ``rows``:
+    a window search where the row has a sample and its window holds the
+    threshold (mass and count measured), else the pivot search (``lower``: a value not above the
     threshold); ``lists``: the rows whose listing its pass places and
     fills."""
     windowed = rows & large
-    threshold, mass, held, listed = _window_search(
+    threshold, mass, count, held, listed = _window_search(
         logits, params, trunc, config, windowed, floor, by_count=by_count,
         lists=lists, list_width=list_width)
     measured = windowed & held
     missed = rows & ~measured
     exact = pivot_threshold(logits, params, missed, floor, row_max, config,
                             by_count=by_count, lower=lower)
-    return jnp.where(missed, exact, threshold), mass, measured, listed
+    return jnp.where(missed, exact, threshold), mass, count, measured, listed
 
-  floor, mass, measured, listed = search(
+  floor, mass, count, measured, listed = search(
       counted, t1, by_count=True, lists=first_lists if list_width else None)
   floor = jnp.where(counted, floor, t1)
-  threshold, topped_mass, topped_measured, second = search(
+  threshold, topped_mass, topped_count, topped_measured, second = search(
       topped, floor, by_count=False,
       lists=list_rows & ~first_lists if list_width else None)
   threshold = jnp.where(topped, threshold, floor)
   mass = jnp.where(topped, topped_mass, mass)
+  count = jnp.where(topped, topped_count, count)
   measured = jnp.where(topped, topped_measured, measured)
-  sets = KeptSets(threshold, trunc.row_max, jnp.log(mass), measured)
+  sets = KeptSets(threshold, trunc.row_max, jnp.log(mass), measured,
+                  count=count)
   if list_width:
     listed = rowwise.where_rows(first_lists, listed, second)
   return sets, listed
@@ -1957,7 +1966,7 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
     ids, listed_rows = trunc.ordered_ids[:, :width], rows & trunc.top_listed
   elif listed is not None:
     window, lower = listed.window, listed.listing.lower
-    last, _, held = _window_threshold(
+    last, _, _, held = _window_threshold(
         window, top_width, listed.listing.rows, trunc.t1, lower,
         jnp.full_like(lower, jnp.inf), trunc.row_max,
         listed.listing.capacity, by_count=True)
