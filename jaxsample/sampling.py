@@ -181,11 +181,12 @@ def kept_set_masks(logits, params: SamplingParams, sets,
                    config: SamplerConfig) -> mask.SamplingMask:
   """The masks of ``logits`` ``[B, V]`` under canonical ``params`` from
   their kept sets ``sets`` (``threshold.kept_sets(logits, params, config,
-  order_width=config.max_mask_ids)``'s, in 32 bits), equal to
-  ``extract_sampling_mask``'s.  Kept sets not measured (``KeptSets.
-  measured``) are counted by a floored Gumbel pass, behind a cond; rows
-  without one (threshold -inf: greedy, no filter, invalid) by the Gumbel
-  kernel.  The spec sampler's masks: its ``kept_floors`` found the sets."""
+  order_width=config.max_mask_ids)``'s, in 32 bits), equal to ``sample``'s
+  (``logz``/``lse`` up to fp32 rounding).  Kept sets not measured
+  (``KeptSets.measured``) are counted by a floored Gumbel pass, behind a
+  cond; rows without one (threshold -inf: greedy, no filter, invalid) by
+  the Gumbel kernel.  The spec sampler's masks (its ``kept_floors`` found
+  the sets)."""
   from jaxsample.pallas import threshold  # pylint: disable=g-import-not-at-top
   width = config.max_mask_ids
   config = dataclasses.replace(config, use_fp64_gumbel=False)

@@ -449,10 +449,10 @@ def test_kernel_lists_large_kept_sets_like_the_reference(fp64, cap):
 
 
 @pytest.mark.parametrize("cap", [40, 8])
-def test_masks_from_kept_sets_equal_extracted_masks(cap):
-  """``sampling.kept_set_masks`` (the spec sampler's masks, from the kept
-  sets its threshold kernels found) equals ``extract_sampling_mask`` on the
-  kernels: kept sets the candidate buffer or a window search measured, a
+def test_masks_from_kept_sets_equal_the_samplers(cap):
+  """``sampling.kept_set_masks`` (the spec sampler's masks, from kept sets
+  the threshold kernels found) equals the mask of ``sample`` on the kernels
+  and ``extract_sampling_mask``'s: kept sets the candidate buffer or a window search measured, a
   min-p row and a row with flat ties that no search measures (a floored
   counting pass counts them), a greedy, an untruncated and an invalid
   row."""
@@ -482,9 +482,12 @@ def test_masks_from_kept_sets_equal_extracted_masks(cap):
   # measured; min-p alone (5) and the hidden ties (2) are counted by a pass.
   np.testing.assert_array_equal(sets.measured[[1, 2, 3, 5, 7]],
                                 [True, False, True, False, True])
-  want = extract(x, params, implementation="pallas", max_candidates=64,
-                 max_mask_ids=cap)
+  _, want = sample_with_mask(x, params, jax.random.key(0), impl="pallas",
+                             max_candidates=64, max_mask_ids=cap)
   assert_masks_equal(got, want, exact_floats=False)
+  assert_masks_equal(extract(x, params, implementation="pallas",
+                             max_candidates=64, max_mask_ids=cap), got,
+                     exact_floats=False)
 
 
 # ---------------------------------------------------------------------------
