@@ -67,9 +67,9 @@ runs anyway: a mask of ``K_cap <= C / 2`` ids on the narrow pass, which
 takes large rows as top-k = ``K_cap`` rows (the bound select searches their
 ``K_cap``-th largest segment maximum and writes the pass's param table), so
 its candidate buffer lists their ``K_cap`` largest values by rank; a wider
-mask on the row's first window search: its window kernel also places a listing window by count
-(the ``K_cap``-th largest value's, with no upper end) and its compact pass
-also fills the listing's buffer, from the same loads; a search by count in
+mask on the row's first window search: its window kernel also places a
+listing window by count (the ``K_cap``-th largest value's, with no upper
+end) and its compact pass also fills the listing's buffer, from the same loads; a search by count in
 that buffer finds the ``K_cap``-th largest value and the ids are sorted as
 ``[B, K_cap]`` pairs.  No pass or window kernel of its own.
 
@@ -227,6 +227,8 @@ def _stats_kernel(param_ref, x_ref, max_ref, sumexp_ref, finite_ref,
 
 _PARAM_DTYPES = (jnp.float32, jnp.int32, jnp.float32, jnp.float32,
                  jnp.float32)
+_TOP_K_FIELD, _TOP_P_FIELD = 1, 2  # rows of a _param_table
+_ONE_BITS = 0x3F800000  # fp32 1.0 as int32: a param table's top-p off
 
 
 def _param_table(params: SamplingParams | jax.Array) -> jax.Array:
@@ -350,12 +352,13 @@ def _bound_kernel(param_ref, top_ref, sumexp_ref, finite_ref, segment_ref,
     pass_bound, pass_k = bound, k
     if top_width:  # large rows: the bound of their top_width largest
       pass_bound = lax.cond(large, lambda: _bound(
-          y, safe_max, t1, jnp.int32(top_width), 1.0, mass * (1 + _BOUND_MARGIN), 0.0,
+          y, safe_max, t1, jnp.int32(top_width), 1.0, mass, 0.0,
           _BOUND_KEY_BITS)[0], lambda: bound)
       pass_k = jnp.where(large, top_width, k)
       pass_bound_out[row] = pass_bound
-      pass_table_out[1, row] = pass_k  # _PARAM_DTYPES: top-k, then top-p
-      pass_table_out[2, row] = jnp.where(large, _ONE_BITS, param_ref[2, row])
+      pass_table_out[_TOP_K_FIELD, row] = pass_k
+      pass_table_out[_TOP_P_FIELD, row] = jnp.where(
+          large, _ONE_BITS, param_ref[_TOP_P_FIELD, row])
     narrow = valid if top_width else valid & ~large
     listed = _list_reaching(y, pass_bound, row, listed_out.shape[1],
                             listed_out)
@@ -382,8 +385,8 @@ class RowBounds:
   (``>= t1``); ``pass_bound`` and ``pass_table`` the narrow pass's bound
   and ``_param_table``: ``L`` and the params, but on ``large`` rows with
   ``row_bounds``' ``top_width`` the bound of their ``top_width`` largest
-  survivors (``y >= t1``) and top-k = ``top_width``, top-p off; ``listed`` ``[B, _LIST_CAP]`` the
-  segments (``_segment_size`` contiguous ids each) whose maximum reaches
+  survivors (``y >= t1``) and top-k = ``top_width``, top-p off;
+  ``listed`` ``[B, _LIST_CAP]`` the segments (``_segment_size`` contiguous ids each) whose maximum reaches
   ``pass_bound`` (ascending; their number ``listed_count`` may exceed
   ``_LIST_CAP``); ``sample`` ``[B, M]``: every ``_SAMPLE_STRIDE``-th
   sanitized logit ``x`` of the rows that may be large (-inf padded past V;
@@ -473,7 +476,6 @@ def _pow2_ceil(n: int) -> int:
 # round each bound down by less than 2^-11 of its magnitude.
 _BOUND_KEY_BITS = 20
 _NEG_INF_KEY = 0x007FFFFF  # order_key(-inf); smaller keys are NaN patterns
-_ONE_BITS = 0x3F800000  # fp32 1.0 as int32 (a param table's top-p off)
 
 
 def _largest_keys(reaches: tuple, bits: int, start=None) -> tuple:
@@ -1133,14 +1135,14 @@ class Listing:
 
 
 def collect_candidates(logits, params: SamplingParams | jax.Array, active,
-                       lower_bound, t1,
-                       row_max, streams: rng.RowStreams | None,
-                       config: SamplerConfig, *, upper=None, capacity: int | None = None,
+                       lower_bound, t1, row_max,
+                       streams: rng.RowStreams | None, config: SamplerConfig,
+                       *, upper=None, capacity: int | None = None,
                        segments: Segments | None = None,
                        listing: Listing | None = None):
   """Runs the compact pass on the ``active`` rows (``[B]`` bool or int32
-  flags; ``params`` or their ``_param_table``: their temperatures) and packs each row's candidates into ``C`` slots
-  (``capacity``, default ``config.max_candidates``); with ``upper`` ``[B]``
+  flags; ``params`` or their ``_param_table``: their temperatures) and
+  packs each row's candidates into ``C`` slots (``capacity``, default ``config.max_candidates``); with ``upper`` ``[B]``
   (``>= lower_bound``, ``>= t1``), only the window ``[lower_bound, upper)``;
   with ``segments``, its ``gather`` rows read only their listed segments
   (``RowBounds.listed``); the outside mass of those with min-p off is the
