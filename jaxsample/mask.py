@@ -168,9 +168,10 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   Equivalent to ``jaxsample.sample(logits, params, key, return_mask=True,
   config=config)[1]`` for any key, on the backend ``config.implementation``
   picks: the XLA path is ``reference.process`` (a sort of each row); the
-  kernel path is the kernels' mask (its race runs on zero keys, unused),
-  with fp32 noise whatever ``use_fp64_gumbel`` says (the FP64 path's mask
-  equals it up to fp32 rounding of ``logz``/``lse``: see ``sample``).
+  kernel path is the truncation kernels' kept sets without a race
+  (``sampling.extract_pallas``), in 32 bits whatever ``use_fp64_gumbel``
+  says (``logz``/``lse`` equal the kernel path's up to fp32 rounding: see
+  ``sample``).
 
   Raises:
     ValueError: for logits that ``jaxsample.sample`` rejects.
@@ -180,13 +181,10 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   config = config or SamplerConfig()
   logits = jnp.asarray(logits)
   sampling.check_logits(logits, params)
+  with jax.ensure_compile_time_eval():  # concrete params stay concrete
+    params = params.canonical(logits.shape[1])
   if sampling.use_pallas(config) and logits.shape[0]:
-    _, kept = sampling.sample(
-        logits, params, jnp.zeros((logits.shape[0], 2), jnp.uint32),
-        return_mask=True,
-        config=dataclasses.replace(config, use_fp64_gumbel=False))
-    return kept
-  params = params.canonical(logits.shape[1])
+    return sampling.extract_pallas(logits, params, config)
   return from_processed(
       reference.process(logits, params, order_width=config.max_mask_ids),
       params, config.max_mask_ids)

@@ -60,57 +60,67 @@ def unpack_rows(block: jax.Array, dtypes) -> list[jax.Array]:
           for i, d in enumerate(dtypes)]
 
 
-def only_if(needed: jax.Array, fn, *, pack: bool = True):
-  """``fn()`` if any of ``needed``, else zeros of its shapes (``cond``).
+def only_if(needed, fn, *, pack: bool = True):
+  """``fn()`` if any of ``needed`` (a ``[B]`` array, or a sequence of them:
+  rows of several batches), else zeros of its shapes (``cond``).
 
   The values ``fn`` closes over enter the cond with every ``[B]`` array of
-  32-bit or bool dtype packed into one ``[F, B]`` operand (``pack_rows``):
-  an operand must exist in memory, so each would otherwise cost a launch
-  on a GPU wherever XLA would fuse it into its other users.
+  32-bit or bool dtype (``B`` the length of one of ``needed``) packed into
+  one ``[F, B]`` operand per length (``pack_rows``): an operand must exist
+  in memory, so each would otherwise cost a launch on a GPU wherever XLA
+  would fuse it into its other users.
   ``fn`` returns a pytree of ``[B]`` and ``[B, W]`` arrays of 32- or 64-bit
   or bool dtypes.  With ``pack``, the branches exchange the ``[B]`` leaves
-  of 32-bit or bool dtypes as one ``[F, B]`` array too and the other leaves
-  as they are, so the zeros branch is one fill per other leaf and one for
-  the rest rather than one per leaf; pass ``pack=False`` for large outputs
-  of a branch that usually runs.
+  of 32-bit or bool dtypes as one ``[F, B]`` array per length too and the
+  other leaves as they are, so the zeros branch is one fill per other leaf
+  and one per length for the rest rather than one per leaf; pass
+  ``pack=False`` for large outputs of a branch that usually runs.
   """
-  batch = needed.shape[0]
+  needed = list(needed) if isinstance(needed, (list, tuple)) else [needed]
+  lengths = sorted({n.shape[0] for n in needed})
+  row_length = lambda x: next(
+      (b for b in lengths if _is_row_word(x, b)), None)
   # One trace of fn (eval_shape and then the cond's own trace would trace it
   # twice, and nested calls 2^depth times): the cond branch replays its jaxpr.
   traced, shapes = jax.make_jaxpr(fn, return_shape=True)()
   consts = list(traced.consts)
-  rows = [i for i, c in enumerate(consts) if _is_row_word(c, batch)]
-  # The barrier keeps the packed operand one array: XLA would fold the
+  rows = {b: [i for i, c in enumerate(consts) if row_length(c) == b]
+          for b in lengths}
+  # The barrier keeps each packed operand one array: XLA would fold the
   # branch's slices of the stack back into the stack's operands.
   inputs = jax.lax.optimization_barrier(
-      pack_rows([consts[i] for i in rows], batch))
+      [pack_rows([consts[i] for i in rows[b]], b) for b in lengths])
 
   def replay():
     values = list(consts)
-    for i, v in zip(rows, unpack_rows(inputs, [consts[i].dtype
-                                               for i in rows])):
-      values[i] = v
+    for b, block in zip(lengths, inputs):
+      for i, v in zip(rows[b], unpack_rows(block, [consts[i].dtype
+                                                   for i in rows[b]])):
+        values[i] = v
     return jax.tree.unflatten(jax.tree.structure(shapes), jax.extend.core.
                               jaxpr_as_fun(traced.replace(consts=values))())
 
   zeros = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  any_needed = jnp.any(jnp.concatenate(needed))
   if not pack:
-    return cond(jnp.any(needed), replay, zeros)
+    return cond(any_needed, replay, zeros)
   leaves, tree = jax.tree.flatten(shapes)
-  narrow = [_is_row_word(s, batch) for s in leaves]
+  length = [row_length(s) for s in leaves]
 
   def packed():
     values = jax.tree.leaves(replay())
-    return pack_rows([v for v, n in zip(values, narrow) if n], batch), [
-        v for v, n in zip(values, narrow) if not n]
+    return [pack_rows([v for v, n in zip(values, length) if n == b], b)
+            for b in lengths], [v for v, n in zip(values, length) if n is None]
 
   def empty():
-    return jnp.zeros((sum(narrow), batch), jnp.int32), [
-        jnp.zeros(s.shape, s.dtype) for s, n in zip(leaves, narrow) if not n]
+    return [jnp.zeros((length.count(b), b), jnp.int32) for b in lengths], [
+        jnp.zeros(s.shape, s.dtype) for s, n in zip(leaves, length)
+        if n is None]
 
-  block, others = cond(jnp.any(needed), packed, empty)
-  columns = iter(unpack_rows(block, [s.dtype for s, n in zip(leaves, narrow)
-                                     if n]))
+  blocks, others = cond(any_needed, packed, empty)
+  columns = {b: iter(unpack_rows(block, [s.dtype for s, n in zip(leaves, length)
+                                         if n == b]))
+             for b, block in zip(lengths, blocks)}
   others = iter(others)
-  return jax.tree.unflatten(tree, [next(columns) if n else next(others)
-                                   for n in narrow])
+  return jax.tree.unflatten(tree, [next(columns[n]) if n else next(others)
+                                   for n in length])

@@ -180,32 +180,43 @@ def _with_mask(result, facts, params: SamplingParams, width: int):
 def kept_set_masks(logits, params: SamplingParams, sets,
                    config: SamplerConfig) -> mask.SamplingMask:
   """The masks of ``logits`` ``[B, V]`` under canonical ``params`` from
-  their kept sets ``sets`` (``threshold.kept_sets(logits, params, config,
-  order_width=config.max_mask_ids)``'s, in 32 bits), equal to ``sample``'s
-  (``logz``/``lse`` up to fp32 rounding).  Kept sets not measured
-  (``KeptSets.measured``) are counted by a floored Gumbel pass, behind a
-  cond; rows without one (threshold -inf: greedy, no filter, invalid) by
-  the Gumbel kernel.  The spec sampler's masks (its ``kept_floors`` found
-  the sets)."""
-  from jaxsample.pallas import threshold  # pylint: disable=g-import-not-at-top
+  their kept sets ``sets``, each measured (``threshold.kept_sets(logits,
+  params, config, order_width=config.max_mask_ids, measure_all=True)``'s,
+  in 32 bits), equal to ``sample``'s (``logz``/``lse`` up to fp32
+  rounding).  Rows without a kept set (threshold -inf: greedy, no filter,
+  invalid) take the Gumbel kernel.  ``extract_sampling_mask``'s kernel path
+  and the spec sampler's masks (its ``kept_floors`` found the sets)."""
   width = config.max_mask_ids
   config = dataclasses.replace(config, use_fp64_gumbel=False)
   zeros = jnp.zeros((logits.shape[0],), jnp.uint32)
   streams = rng.RowStreams(*(zeros,) * 4)
   kept = sets.threshold > -jnp.inf
-  counted = kept & ~sets.measured
   with jax.enable_x64(False):
-    count, log_kept = rowwise.only_if(counted, lambda: threshold.floored_race(
-        logits, params, streams, config, counted, sets.threshold,
-        sets.row_max)[1:])
-    facts = _kept_facts(jnp.where(counted, count, sets.count),
-                        jnp.where(counted, log_kept, sets.log_kept),
-                        sets.ordered_ids, sets, width)
+    facts = _kept_facts(sets.count, sets.log_kept, sets.ordered_ids, sets,
+                        width)
     return _with_mask(*_choose(
         kept, (SampleResult(zeros.astype(jnp.int32),
                             jnp.zeros(zeros.shape, jnp.float32), kept), facts),
         _untruncated_rows(logits, params, streams, config, width, ~kept),
         width), params, width)[1]
+
+
+def extract_pallas(logits, params: SamplingParams,
+                   config: SamplerConfig) -> mask.SamplingMask:
+  """``extract_sampling_mask``'s kernel path (canonical ``params``, ``B >=
+  1``): the kept sets with their ids by probability and every set measured
+  (``threshold.kept_sets``), then ``kept_set_masks``; no race.  Params
+  known while tracing to truncate no row compile the Gumbel kernel alone
+  (as ``sample``)."""
+  from jaxsample.pallas import threshold  # pylint: disable=g-import-not-at-top
+  with jax.ensure_compile_time_eval():  # known for concrete params
+    truncating = jnp.any(params.truncates() & (params.temperature > 0))
+  width = config.max_mask_ids
+  kept = lambda: threshold.kept_sets(logits, params, config,
+                                     order_width=width, measure_all=True)
+  sets = rowwise.cond(truncating, kept, lambda: threshold.untruncated_sets(
+      logits.shape[:1], width), unknown=kept)
+  return kept_set_masks(logits, params, sets, config)
 
 
 def _sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,

@@ -384,9 +384,9 @@ def rejection_sample(target_logits: jax.Array,
       num_accepted``, blank past them.  The XLA path builds it from the
       processing it verifies with; the kernel path from the kept sets its
       threshold kernels found (``kept_floors``, which also orders the
-      target rows' kept ids), with the Gumbel kernel over the target rows
-      without one and a floored counting pass (behind a cond) over kept
-      sets no window search measured (``sampling.kept_set_masks``).
+      target rows' kept ids and measures every target kept set), with the
+      Gumbel kernel over the target rows without one
+      (``sampling.kept_set_masks``).
 
   Returns:
     ``SpecResult``; with ``return_mask``, the pair ``(SpecResult,
@@ -425,7 +425,8 @@ def rejection_sample(target_logits: jax.Array,
           synthetic_rates, positions, config.rng, config.use_fp64_gumbel,
           config.max_mask_ids * return_mask)
     else:
-      from jaxsample.pallas import spec as kernels  # pylint: disable=g-import-not-at-top
+      # pylint: disable-next=g-import-not-at-top
+      from jaxsample.pallas import spec as kernels, threshold
       noise_keys, accept_keys = stream_keys(key, batch)
       d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
       width = config.max_mask_ids if return_mask else 0
@@ -444,8 +445,8 @@ def rejection_sample(target_logits: jax.Array,
       # the threshold kernels of an untruncated batch would cost more, idle
       # (scripts/measure_host_gaps.py).
       result, sets = rowwise.cond(
-          truncating, floored, lambda: (fused(None), kernels.untruncated_sets(
-              batch, k1, width) if width else None))
+          truncating, floored, lambda: (fused(None), threshold.untruncated_sets(
+              (batch, k1), width) if width else None))
       # Slots past num_draft are never emitted: greedy, their masks cost an
       # argmax (and are blanked).
       rows = sampling.kept_set_masks(

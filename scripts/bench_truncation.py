@@ -73,7 +73,8 @@ def make_inputs(kind, batch, vocab, dtype, seed=0):
   return out
 
 
-def jax_ops(batch, setting, with_mask_caps, peers, extract=False):
+def jax_ops(batch, setting, with_mask_caps, peers, extract=False,
+            candidates=None):
   key = jax.random.key(1)
   params = js.SamplingParams.make(batch, temperature=1.0, **SETTINGS[setting])
   k = SETTINGS[setting].get("top_k", 0)
@@ -81,7 +82,9 @@ def jax_ops(batch, setting, with_mask_caps, peers, extract=False):
 
   def sampler(impl, mask_cap=None):
     cfg = js.SamplerConfig(implementation=impl,
-                           **({"max_mask_ids": mask_cap} if mask_cap else {}))
+                           **({"max_mask_ids": mask_cap} if mask_cap else {}),
+                           **({"max_candidates": candidates}
+                              if candidates else {}))
     # Params are arguments, as in a decode loop (captured as constants, XLA
     # would fold the row conditions away).  The whole result (tokens,
     # logprobs, valid), as the mask rows return it.
@@ -89,7 +92,8 @@ def jax_ops(batch, setting, with_mask_caps, peers, extract=False):
         x, params, key, config=cfg, return_mask=bool(mask_cap)))
     return lambda x: fn(x, params)
 
-  table = {"jaxsample pallas": sampler("pallas")}
+  suffix = f" C={candidates}" if candidates else ""
+  table = {"jaxsample pallas" + suffix: sampler("pallas")}
   if peers:
     table["jaxsample xla reference"] = sampler("xla")
     if k:
@@ -99,7 +103,8 @@ def jax_ops(batch, setting, with_mask_caps, peers, extract=False):
       table["sort top-p+categorical"] = jax.jit(
           lambda x: _sort_top_p(key, x, p))
   for cap in with_mask_caps:
-    table[f"jaxsample pallas +mask K_cap={cap}"] = sampler("pallas", cap)
+    table[f"jaxsample pallas +mask K_cap={cap}" + suffix] = sampler(
+        "pallas", cap)
     for impl in ("pallas", "xla") if extract else ():
       cfg = js.SamplerConfig(implementation=impl, max_mask_ids=cap)
       fn = jax.jit(lambda x, params, cfg=cfg: js.extract_sampling_mask(
@@ -192,6 +197,9 @@ def main(argv=None) -> int:
                       help="batch sizes at which the peers run too")
   parser.add_argument("--extract", action="store_true",
                       help="also time extract_sampling_mask (kernels, XLA)")
+  parser.add_argument("--candidates", default="",
+                      help="max_candidates values to time (default: the "
+                      "config's default)")
   parser.add_argument("--json", default="")
   args = parser.parse_args(argv)
 
@@ -210,9 +218,14 @@ def main(argv=None) -> int:
         for setting in args.settings.split(","):
           mask_caps = caps if setting in MASK_SETTINGS else []
           peers = str(batch) in args.peers.split(",")
-          timed = {name: bench.time_op(fn, inputs, args.iters, args.repeats)["us"]
-                   for name, fn in jax_ops(batch, setting, mask_caps,
-                                           peers, args.extract).items()}
+          timed = {}
+          for candidates in [int(c) for c in args.candidates.split(",")
+                             if c] or [None]:
+            timed.update(
+                (name, bench.time_op(fn, inputs, args.iters,
+                                     args.repeats)["us"])
+                for name, fn in jax_ops(batch, setting, mask_caps, peers,
+                                        args.extract, candidates).items())
           if args.torch and peers:
             torch_us = torch_time_us(inputs, setting)
             if torch_us is not None:

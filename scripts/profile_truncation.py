@@ -6,7 +6,8 @@ Inputs: randn logits scaled x1 and x5 in turn (``FLAT=1``: x1 only;
 ``DIST``: ``bench_truncation``'s distribution of that name instead).
 ``SETTINGS``: the filter settings, e.g. ``top_p=0.95;top_k=50,top_p=0.9``
 (default: top-k 50 + top-p 0.9, top-p 0.9, min-p 0.05); ``MASK_IDS``: the
-``K_cap`` values of the mask profiles (default 1024); ``HLO_DIR``: also
+``K_cap`` values of the mask profiles (default 1024); ``CANDIDATES``: the
+mask profiles' ``max_candidates`` (default: the config's); ``HLO_DIR``: also
 write each profiled function's optimized HLO there.
 
 For each setting: the truncated kernels alone, ``jaxsample.sample`` and
@@ -74,6 +75,8 @@ def profile(label, fn):
 settings = os.environ.get(
     "SETTINGS", "top_k=50,top_p=0.9;top_p=0.9;min_p=0.05").split(";")
 mask_ids = [int(n) for n in os.environ.get("MASK_IDS", "1024").split(",")]
+mask_config = dict(max_candidates=int(os.environ["CANDIDATES"])
+                   ) if os.environ.get("CANDIDATES") else {}
 for setting in settings:
   kw = {k: (int if k == "top_k" else float)(v) for k, v in
         (item.split("=") for item in setting.split(","))}
@@ -95,4 +98,4 @@ for setting in settings:
                 jaxsample.sample(x, params, jax.random.key(0),
                                  return_mask=True, config=SamplerConfig(
                                      implementation="pallas",
-                                     max_mask_ids=width))))
+                                     max_mask_ids=width, **mask_config))))

@@ -452,10 +452,10 @@ def test_kernel_lists_large_kept_sets_like_the_reference(fp64, cap):
 def test_masks_from_kept_sets_equal_the_samplers(cap):
   """``sampling.kept_set_masks`` (the spec sampler's masks, from kept sets
   the threshold kernels found) equals the mask of ``sample`` on the kernels
-  and ``extract_sampling_mask``'s: kept sets the candidate buffer or a window search measured, a
-  min-p row and a row with flat ties that no search measures (a floored
-  counting pass counts them), a greedy, an untruncated and an invalid
-  row."""
+  and ``extract_sampling_mask``'s: kept sets the candidate buffer or a
+  window search measured, a min-p row and a row with flat ties that no
+  search measures (with ``measure_all``, a floored counting pass counts
+  them), a greedy, an untruncated and an invalid row."""
   vocab = 20000
   r = np.random.default_rng(12)
   x = (r.standard_normal((8, vocab)) * 1.5).astype(np.float32)
@@ -472,16 +472,20 @@ def test_masks_from_kept_sets_equal_the_samplers(cap):
 
   @jax.jit
   def masks(x):
-    sets = threshold.kept_sets(x, canon, config, order_width=cap)
-    return sets, sampling.kept_set_masks(x, canon, sets, config)
+    searched = threshold.kept_sets(x, canon, config, order_width=cap)
+    sets = threshold.kept_sets(x, canon, config, order_width=cap,
+                               measure_all=True)
+    return searched, sets, sampling.kept_set_masks(x, canon, sets, config)
 
-  sets, got = to_np(masks(jnp.asarray(x)))
+  searched, sets, got = to_np(masks(jnp.asarray(x)))
   kept = sets.threshold > -np.inf
   np.testing.assert_array_equal(kept, [True] * 4 + [False, True, False, True])
   # The candidate buffer (3) and window searches by count (7) and mass (1)
   # measured; min-p alone (5) and the hidden ties (2) are counted by a pass.
-  np.testing.assert_array_equal(sets.measured[[1, 2, 3, 5, 7]],
+  np.testing.assert_array_equal(searched.measured[[1, 2, 3, 5, 7]],
                                 [True, False, True, False, True])
+  np.testing.assert_array_equal(sets.measured, kept)
+  np.testing.assert_array_equal(sets.threshold, searched.threshold)
   _, want = sample_with_mask(x, params, jax.random.key(0), impl="pallas",
                              max_candidates=64, max_mask_ids=cap)
   assert_masks_equal(got, want, exact_floats=False)

@@ -267,3 +267,27 @@ def test_host_round_trips(with_draft):
     assert closed.get(kernel), kernel
   traced = outside_conds(jax.make_jaxpr(verify)(target, draft, params).jaxpr)
   assert (traced["cond"], traced["nested"]) == (1, 0)
+
+
+@pytest.mark.parametrize("with_draft", [False, True])
+def test_masks_add_one_host_round_trip(with_draft):
+  """With masks, the large-set routes of the target and draft rows' kept
+  sets (thresholds, counts and ordered ids) run behind one cond (its branch
+  holds the mask listing's fallback): one predicate per call where the
+  caller's ``jit`` closes over the params, the batch cond's too with traced
+  params."""
+  target = logits(7, B, K + 1, V)
+  draft = logits(8, B, K, V) if with_draft else None
+  drafts = np.zeros((B, K), np.int32)
+  n = np.full((B,), K, np.int32)
+  params = SamplingParams.make(B, temperature=1.0, top_p=0.9)
+  config = SamplerConfig(implementation="pallas")
+  verify = lambda target, draft, params: spec.rejection_sample(
+      target, drafts, n, params, jax.random.key(0), draft_logits=draft,
+      config=config, return_mask=True)
+  closed = outside_conds(jax.make_jaxpr(
+      lambda target, draft: verify(target, draft, params))(target,
+                                                          draft).jaxpr)
+  assert (closed["cond"], closed["nested"]) == (1, 1)
+  traced = outside_conds(jax.make_jaxpr(verify)(target, draft, params).jaxpr)
+  assert (traced["cond"], traced["nested"]) == (1, 2)

@@ -470,36 +470,30 @@ class KeptFloors:
 def kept_floors(target_logits, draft_logits, n, params: SamplingParams,
                 config: SamplerConfig, *, order_width: int = 0) -> KeptFloors:
   """``threshold.kept_sets`` of the target rows and the draft rows that the
-  kernels may read (target slots ``<= n``, draft slots ``< n``); threshold
-  -inf, not measured, for the other rows.  ``order_width``: also the target
-  rows' ids by probability (``KeptSets.ordered_ids``, ``[B, k + 1, W]``)."""
+  kernels may read (target slots ``<= n``, draft slots ``< n``; one cond:
+  ``threshold.joint_kept_sets``); threshold -inf, not measured, for the
+  other rows.  ``order_width``: also the target
+  rows' ids by probability (``KeptSets.ordered_ids``, ``[B, k + 1, W]``),
+  and every target kept set measured (their masks' counts and masses)."""
   batch, k1, vocab = target_logits.shape
 
-  def kept(logits, live, width=0):
+  def query(logits, live, width=0):
     m = live.shape[1]
     rows = spec_ref.per_row_params(params, m, live)  # greedy rows: no floor
-    sets = threshold.kept_sets(logits.reshape(batch * m, vocab), rows, config,
-                               order_width=width)
-    return jax.tree.map(lambda a: a.reshape((batch, m) + a.shape[1:]), sets)
+    return threshold.KeptSetQuery(logits.reshape(batch * m, vocab), rows,
+                                  width, measure_all=bool(width))
 
   slots = jnp.arange(k1)
-  target = kept(target_logits, slots <= n[:, None], order_width)
-  return KeptFloors(
-      dataclasses.replace(target, ordered_ids=None),
-      kept(draft_logits, slots[:-1] < n[:, None])
-      if draft_logits is not None and k1 > 1 else None, target.ordered_ids)
-
-
-def untruncated_sets(batch: int, m: int,
-                     order_width: int = 0) -> threshold.KeptSets:
-  """Kept sets of ``[batch, m]`` rows without a filter (threshold -inf, none
-  measured), with every field of ``kept_sets``' (``order_width``: theirs)."""
-  none = jnp.full((batch, m), -jnp.inf)
-  zeros = jnp.zeros((batch, m), jnp.int32)
-  return threshold.KeptSets(
-      none, none, none, zeros != 0, none, zeros,
-      jnp.zeros((batch, m, order_width), jnp.int32) if order_width else None,
-      zeros)
+  queries = [query(target_logits, slots <= n[:, None], order_width)]
+  if draft_logits is not None and k1 > 1:
+    queries.append(query(draft_logits, slots[:-1] < n[:, None]))
+  # One cond for the large-set routes of both (one predicate's trip).
+  target, *draft = [
+      jax.tree.map(lambda a, m=q.logits.shape[0] // batch: a.reshape(
+          (batch, m) + a.shape[1:]), sets)
+      for q, sets in zip(queries, threshold.joint_kept_sets(queries, config))]
+  return KeptFloors(dataclasses.replace(target, ordered_ids=None),
+                    draft[0] if draft else None, target.ordered_ids)
 
 
 def _reject_one_hot(target_logits, d, n, params: SamplingParams, noise_keys,
@@ -608,8 +602,8 @@ def _reject_with_draft_logits(target_logits, d, n, params: SamplingParams,
   draft2d = draft_logits.reshape(batch * k, vocab)
   rows = jnp.arange(batch, dtype=jnp.int32)
   floored = floors is not None
-  kept_t = floors.target if floored else untruncated_sets(batch, k1)
-  kept_d = floors.draft if floored else untruncated_sets(batch, k)
+  kept_t = floors.target if floored else threshold.untruncated_sets((batch, k1))
+  kept_d = floors.draft if floored else threshold.untruncated_sets((batch, k))
   floor_t, floor_d = kept_t.threshold, kept_d.threshold
 
   kept_t_slots = jax.tree.map(lambda a: a[:, :k], kept_t)
