@@ -472,9 +472,9 @@ def kept_floors(target_logits, draft_logits, n, params: SamplingParams,
   """``threshold.kept_sets`` of the target rows and the draft rows that the
   kernels may read (target slots ``<= n``, draft slots ``< n``; one cond:
   ``threshold.joint_kept_sets``); threshold -inf, not measured, for the
-  other rows.  ``order_width``: also the target
-  rows' ids by probability (``KeptSets.ordered_ids``, ``[B, k + 1, W]``),
-  and every target kept set measured (their masks' counts and masses)."""
+  other rows.  ``order_width``: also the target rows' ids by probability
+  (``KeptSets.ordered_ids``, ``[B, k + 1, W]``), and every target kept set
+  measured (their masks' counts and masses)."""
   batch, k1, vocab = target_logits.shape
 
   def query(logits, live, width=0):
