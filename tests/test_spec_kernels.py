@@ -241,12 +241,16 @@ def test_kernels_lower_to_triton(monkeypatch):
     assert lowered(jnp.bfloat16, False) == kernels(False)
 
 
+@pytest.mark.parametrize("return_mask", [False, True])
 @pytest.mark.parametrize("with_draft", [False, True])
-def test_host_round_trips(with_draft):
+def test_host_round_trips(with_draft, return_mask):
   """Verification with filters sends no predicate to the host where the
   caller's ``jit`` closes over the params (the kept sets of the target and
   draft rows hold no cond), and one with traced params: the cond on the
-  batch (does a sampled request truncate?), nothing nested."""
+  batch (does a sampled request truncate?), nothing nested.  With masks,
+  the large-set routes of the target and draft rows' kept sets
+  (thresholds, counts and ordered ids) run behind one cond (its branch
+  holds the mask listing's fallback): one predicate more per call."""
   target = logits(7, B, K + 1, V)
   draft = logits(8, B, K, V) if with_draft else None
   drafts = np.zeros((B, K), np.int32)
@@ -255,39 +259,19 @@ def test_host_round_trips(with_draft):
   config = SamplerConfig(implementation="pallas")
   verify = lambda target, draft, params: spec.rejection_sample(
       target, drafts, n, params, jax.random.key(0), draft_logits=draft,
-      config=config)
+      config=config, return_mask=return_mask)
   closed = outside_conds(jax.make_jaxpr(
       lambda target, draft: verify(target, draft, params))(target,
                                                           draft).jaxpr)
+  traced = outside_conds(jax.make_jaxpr(verify)(target, draft, params).jaxpr)
+  if return_mask:
+    assert (closed["cond"], closed["nested"]) == (1, 1)
+    assert (traced["cond"], traced["nested"]) == (1, 2)
+    return
   assert (closed["cond"], closed["nested"]) == (0, 0)
   for kernel in ("jaxsample_row_stats", "jaxsample_threshold_window",
                  "jaxsample_pivot_threshold",
                  *(("jaxsample_spec_stats", "jaxsample_spec_emit") if with_draft
                    else ("jaxsample_gumbel_max",))):
     assert closed.get(kernel), kernel
-  traced = outside_conds(jax.make_jaxpr(verify)(target, draft, params).jaxpr)
   assert (traced["cond"], traced["nested"]) == (1, 0)
-
-
-@pytest.mark.parametrize("with_draft", [False, True])
-def test_masks_add_one_host_round_trip(with_draft):
-  """With masks, the large-set routes of the target and draft rows' kept
-  sets (thresholds, counts and ordered ids) run behind one cond (its branch
-  holds the mask listing's fallback): one predicate per call where the
-  caller's ``jit`` closes over the params, the batch cond's too with traced
-  params."""
-  target = logits(7, B, K + 1, V)
-  draft = logits(8, B, K, V) if with_draft else None
-  drafts = np.zeros((B, K), np.int32)
-  n = np.full((B,), K, np.int32)
-  params = SamplingParams.make(B, temperature=1.0, top_p=0.9)
-  config = SamplerConfig(implementation="pallas")
-  verify = lambda target, draft, params: spec.rejection_sample(
-      target, drafts, n, params, jax.random.key(0), draft_logits=draft,
-      config=config, return_mask=True)
-  closed = outside_conds(jax.make_jaxpr(
-      lambda target, draft: verify(target, draft, params))(target,
-                                                          draft).jaxpr)
-  assert (closed["cond"], closed["nested"]) == (1, 1)
-  traced = outside_conds(jax.make_jaxpr(verify)(target, draft, params).jaxpr)
-  assert (traced["cond"], traced["nested"]) == (1, 2)
