@@ -59,9 +59,29 @@ _U32 = jnp.uint32
 MulHiLo = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
+def mulhi(a: jax.Array, b: jax.Array) -> jax.Array:
+  """High word of the 64-bit product of two uint32 arrays, from 16-bit limbs.
+
+  Bit-identical to ``lax.mulhi``, which lowers to ``chlo.mulhi``: the Shardy
+  partitioner cannot convert it, so a sharded ``jit`` containing it fails
+  ("Unable to convert MHLO to StableHLO").  With ``a = a1 2^16 + a0`` and
+  ``b = b1 2^16 + b0`` every partial product fits 32 bits, and
+  ``hi = a1 b1 + (a0 b1 >> 16) + (a1 b0 >> 16) + (mid >> 16)`` with
+  ``mid = (a0 b0 >> 16) + (a0 b1 & 0xFFFF) + (a1 b0 & 0xFFFF) < 3 * 2^16``.
+  """
+  a, b = jnp.broadcast_arrays(_u32(a), _u32(b))
+  low16, shift = _u32(0xFFFF), _u32(16)
+  a0, a1 = a & low16, a >> shift
+  b0, b1 = b & low16, b >> shift
+  cross0, cross1 = a0 * b1, a1 * b0
+  mid = ((a0 * b0) >> shift) + (cross0 & low16) + (cross1 & low16)
+  return a1 * b1 + (cross0 >> shift) + (cross1 >> shift) + (mid >> shift)
+
+
 def mulhilo(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """High and low words of the 64-bit product of two uint32 arrays."""
-  return lax.mulhi(a, b), a * b
+  """High and low words of the 64-bit product of two uint32 arrays
+  (``mulhi``: partitionable, no ``lax.mulhi``)."""
+  return mulhi(a, b), a * b
 
 
 def _u32(x) -> jax.Array:
@@ -167,7 +187,7 @@ def row_streams(key, positions, batch_size: int,
     k0 = jnp.broadcast_to(data[0], (batch_size,))
     k1 = jnp.broadcast_to(data[1], (batch_size,))
     v = _u32(vocab_size)
-    return RowStreams(k0, k1, lax.mulhi(rows, jnp.broadcast_to(v, rows.shape)),
+    return RowStreams(k0, k1, mulhi(rows, jnp.broadcast_to(v, rows.shape)),
                       rows * v), False
   if data.shape != (batch_size, 2):
     raise ValueError(f"per-request keys must have batch size {batch_size}; "

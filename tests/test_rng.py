@@ -418,3 +418,20 @@ def test_tile_bits_unknown_generator_rejected():
   streams, _ = rng.row_streams(jax.random.key(0), None, 1, 4)
   with pytest.raises(ValueError, match="generator"):
     rng.tile_bits("mt19937", streams, 0, jnp.arange(4, dtype=jnp.uint32))
+
+
+def test_portable_mulhi_equals_lax_mulhi():
+  """``rng.mulhi`` (16-bit limbs, partitionable) is ``lax.mulhi`` bit for bit:
+  on edge words, on random words and on the Philox multipliers."""
+  edges = np.array([0, 1, 2, 0xFFFF, 0x10000, 0x1FFFF, 0x7FFFFFFF, 0x80000000,
+                    0xFFFF0000, 0xFFFFFFFE, 0xFFFFFFFF, 0xD2511F53,
+                    0xCD9E8D57], np.uint32)
+  a_edge, b_edge = (x.ravel() for x in np.meshgrid(edges, edges))
+  words = jax.random.bits(jax.random.key(7), (2, 1 << 16), jnp.uint32)
+  a = jnp.concatenate([jnp.asarray(a_edge), words[0]])
+  b = jnp.concatenate([jnp.asarray(b_edge), words[1]])
+  hi, lo = jax.jit(rng.mulhilo)(a, b)
+  np.testing.assert_array_equal(hi, jax.lax.mulhi(a, b))
+  np.testing.assert_array_equal(lo, a * b)
+  exact = np.asarray(a).astype(np.uint64) * np.asarray(b).astype(np.uint64)
+  np.testing.assert_array_equal(np.asarray(hi), (exact >> 32).astype(np.uint32))
