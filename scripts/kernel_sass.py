@@ -33,7 +33,12 @@ B = int(sys.argv[3]) if len(sys.argv) > 3 else 128
 V = int(sys.argv[4]) if len(sys.argv) > 4 else 151936
 for setting in sys.argv[5:]:  # threshold module knobs, e.g. _COMPACT_WARPS=8
   knob, value = setting.split("=")
-  setattr(threshold, knob, int(value))
+  # every stage module that binds the knob (imports copy the value)
+  stages = [m for n, m in sys.modules.items()
+            if n.startswith(threshold.__name__ + ".") and knob in vars(m)]
+  assert stages, f"no threshold stage defines {knob}"
+  for stage in stages:
+    setattr(stage, knob, int(value))
 
 captured = []
 WARPS = []  # num_warps of the captured kernel

@@ -31,7 +31,12 @@ batch = int(sys.argv[1]) if len(sys.argv) > 1 else 128
 dtype = jnp.dtype(sys.argv[2] if len(sys.argv) > 2 else "float32")
 for setting in sys.argv[3:]:  # module knobs, e.g. _SELECT_WARPS=2
   name, value = setting.split("=")
-  setattr(threshold, name, int(value))
+  # every stage module that binds the knob (imports copy the value)
+  stages = [m for n, m in sys.modules.items()
+            if n.startswith(threshold.__name__ + ".") and name in vars(m)]
+  assert stages, f"no threshold stage defines {name}"
+  for stage in stages:
+    setattr(stage, name, int(value))
   print(f"# threshold.{name} = {value}")
 vocab = 151936
 TOP = int(os.environ.get("TOP", "14"))  # device ops listed per profile
