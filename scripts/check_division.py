@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python3 scripts/check_division.py
 """
+import argparse
 import functools
 
 import jax
@@ -11,6 +12,7 @@ from jax.experimental import pallas as pl
 
 from jaxsample.pallas import common
 
+argparse.ArgumentParser(description=__doc__.strip().splitlines()[0]).parse_args()
 x = jnp.asarray((np.random.default_rng(0).standard_normal((8, 4096)) * 10)
                 .astype(np.float32))
 t = jnp.float32([0.7, 0.3, 1.9, 3.3, 0.9, 1e-3, 0.45, 1.7])

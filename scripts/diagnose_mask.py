@@ -10,9 +10,9 @@ launch order (``TOP``: only the costliest, by total time per op name),
 each with the HLO op the profiler attributes it to; the optimized HLO of both
 programs goes to ``$OUT`` (or ./diagnose-out).
 """
+import argparse
 import glob
 import os
-import sys
 import tempfile
 
 import jax
@@ -21,12 +21,17 @@ import jax.numpy as jnp
 import jaxsample
 from jaxsample import SamplingParams
 
+parser = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("words", nargs="*", metavar="B | top_k=K | top_p=P",
+                    help="batch sizes (default 1 32) and filter settings")
+words = parser.parse_args().words
 out = os.environ.get("OUT", "diagnose-out")
 os.makedirs(out, exist_ok=True)
 vocab = 151936
-batches = [int(b) for b in sys.argv[1:] if "=" not in b] or [1, 32]
+batches = [int(b) for b in words if "=" not in b] or [1, 32]
 setting = dict(top_k=50, top_p=0.9)
-setting.update({a.split("=")[0]: float(a.split("=")[1]) for a in sys.argv[1:]
+setting.update({a.split("=")[0]: float(a.split("=")[1]) for a in words
                 if "=" in a})
 setting["top_k"] = int(setting["top_k"])
 top = int(os.environ.get("TOP", "0"))

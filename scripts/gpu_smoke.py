@@ -2,6 +2,7 @@
 
 Run on the GPU machine: ``PYTHONPATH=. python3 scripts/gpu_smoke.py``.
 """
+import argparse
 import itertools
 import sys
 import time
@@ -59,4 +60,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+  argparse.ArgumentParser(description=__doc__.strip().splitlines()[0]).parse_args()
   sys.exit(main())

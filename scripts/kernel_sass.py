@@ -14,6 +14,7 @@ SASS: over the whole kernel and over its longest loops' paths that take no
 forward branch (in the Gumbel kernel, tiles whose chunks hold no possible
 winner).
 """
+import argparse
 import collections
 import os
 import re
@@ -27,11 +28,17 @@ from jax._src.pallas.triton import lowering, pallas_call_registration
 from jaxsample import SamplerConfig, SamplingParams, rng
 from jaxsample.pallas import common, gumbel, threshold
 
-out = sys.argv[1]
-name = sys.argv[2] if len(sys.argv) > 2 else "gumbel"
-B = int(sys.argv[3]) if len(sys.argv) > 3 else 128
-V = int(sys.argv[4]) if len(sys.argv) > 4 else 151936
-for setting in sys.argv[5:]:  # threshold module knobs, e.g. _COMPACT_WARPS=8
+parser = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("out", help="output folder")
+parser.add_argument("kernel", nargs="?", default="gumbel", choices=("gumbel", "compact", "stats"))
+parser.add_argument("batch", nargs="?", type=int, default=128)
+parser.add_argument("vocab", nargs="?", type=int, default=151936)
+parser.add_argument("knobs", nargs="*", metavar="KNOB=int",
+                    help="threshold module knobs, e.g. _COMPACT_WARPS=8")
+cli = parser.parse_args()
+out, name, B, V = cli.out, cli.kernel, cli.batch, cli.vocab
+for setting in cli.knobs:  # threshold module knobs, e.g. _COMPACT_WARPS=8
   knob, value = setting.split("=")
   # every stage module that binds the knob (imports copy the value)
   stages = [m for n, m in sys.modules.items()

@@ -126,7 +126,8 @@ def time_loop(fn, x, key, params, steps, repeats):
 
 
 def main():
-  parser = argparse.ArgumentParser()
+  parser = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--batch", default="1,32,128")
   parser.add_argument("--settings", default=",".join(SETTINGS))
   parser.add_argument("--calls", type=int, default=64)

@@ -10,8 +10,8 @@ same spreads from saved runs.
 Diagnostic for where a one-wave kernel's time goes (ramp-up, steady state,
 tail); the timer reads are inline asm, ordered only by data dependencies.
 """
+import argparse
 import functools
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -107,9 +107,18 @@ def main(out, batch, warps=None, splits=None):
 
 
 if __name__ == "__main__":
-  if sys.argv[1] == "--summary":  # saved runs, no GPU needed
-    for path in sys.argv[2:]:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--summary", nargs="+", metavar="FILE.npz",
+                      help="print the spreads of saved runs (no GPU needed)")
+  parser.add_argument("out", nargs="?", help="folder for the run's .npz")
+  parser.add_argument("plan", nargs="*", type=int, metavar="B [NUM_WARPS NUM_SPLITS]")
+  cli = parser.parse_args()
+  if cli.summary:
+    for path in cli.summary:
       print(path)
       summarize(**np.load(path))
+  elif cli.out is None or len(cli.plan) not in (1, 3):
+    parser.error("give OUT B [NUM_WARPS NUM_SPLITS] or --summary FILE.npz...")
   else:
-    main(sys.argv[1], *(int(a) for a in sys.argv[2:]))
+    main(cli.out, *cli.plan)

@@ -1,0 +1,49 @@
+"""``python -m jaxsample.bench SUITE [options]``: one CLI for every benchmark suite.
+
+Each suite times jaxsample's ops and the reference ops (``jnp.max``'s plain
+read, ``jax.random.categorical``, ``lax.top_k`` + categorical, an XLA sort
+top-p; ``jaxsample.bench.peers``) on the same rotating inputs in the same run,
+and reports the HBM floor (logits bytes over a copy bandwidth measured in the
+same run).  It prints one table row per (op, case) and with ``--out`` writes
+the rows as JSON.  ``python -m jaxsample.bench SUITE --help`` lists a suite's
+options and defaults; ``docs/benchmarks.md`` has the commands behind the
+README's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from jaxsample.bench import cases, kernel_suites, runner, suites
+
+__all__ = ["SUITES", "main", "parser"]
+
+SUITES = dict(suites.SUITES, pivot=kernel_suites.PIVOT, sort=kernel_suites.SORT)
+
+
+def parser() -> argparse.ArgumentParser:
+  """The CLI's parser: one subcommand per suite."""
+  top = argparse.ArgumentParser(
+      prog="python -m jaxsample.bench", description=__doc__.split("\n\n")[0],
+      epilog=f"settings: {', '.join(cases.SETTINGS)}; distributions: "
+      f"{', '.join(cases.DISTS)}; case sets (--cases): {', '.join(cases.NAMED)}")
+  commands = top.add_subparsers(dest="suite", required=True, metavar="SUITE")
+  for suite in SUITES.values():
+    sub = commands.add_parser(suite.name, help=suite.help, description=suite.help,
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    runner.add_common_options(sub, suite.defaults)
+    suite.add_options(sub)
+  return top
+
+
+def main(argv=None) -> int:
+  args = parser().parse_args(argv)
+  if args.cases and args.cases not in cases.NAMED:
+    raise SystemExit(f"--cases {args.cases!r}: expected one of {list(cases.NAMED)}")
+  runner.run_suite(SUITES[args.suite], args)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
