@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsample import reference
-from jaxsample.params import SamplerConfig, SamplingParams
+from jaxsample.params import SamplerConfig, SamplingParams, as_config
 
 
 @jax.tree_util.register_dataclass
@@ -178,9 +178,9 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   """
   # sampling imports this module.
   from jaxsample import sampling  # pylint: disable=g-import-not-at-top
-  config = config or SamplerConfig()
+  config = as_config(config)
   logits = jnp.asarray(logits)
-  sampling.check_logits(logits, params)
+  params = sampling.check_logits(logits, params)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(logits.shape[1])
   if sampling.use_pallas(config) and logits.shape[0]:

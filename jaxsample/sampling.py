@@ -5,26 +5,27 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+from typing import Literal, overload
 
 import jax
 import jax.numpy as jnp
 
 from jaxsample import mask, reference, rng, rowwise
-from jaxsample.params import SamplerConfig, SamplingParams
+from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.reference import SampleResult
 
 
-def check_logits(logits, params: SamplingParams) -> None:
-  """Raises ``ValueError`` for logits that are not ``[B, V]`` floats matching params."""
+def check_logits(logits, params: SamplingParams) -> SamplingParams:
+  """``params`` as ``[B]`` arrays (``SamplingParams.rows``) for logits
+  ``[B, V]``; raises ``ValueError`` for logits that are not ``[B, V]``
+  floats or params that do not fit them."""
   if logits.ndim != 2:
     raise ValueError(f"logits must be [B, V]; got shape {logits.shape}")
   if not jnp.issubdtype(logits.dtype, jnp.floating):
     raise ValueError(f"logits must be floating point; got {logits.dtype}")
   if logits.shape[1] == 0:
     raise ValueError("logits must have a non-empty vocabulary (V >= 1)")
-  if params.batch_size != logits.shape[0]:
-    raise ValueError(f"params have batch size {params.batch_size} but logits "
-                     f"have {logits.shape[0]} rows")
+  return SamplingParams.rows(params, logits.shape[0])
 
 
 def use_pallas(config: SamplerConfig) -> bool:
@@ -52,12 +53,29 @@ def x64_scope(enabled: bool, *arrays):
   return jax.enable_x64(True)
 
 
+@overload
+def sample(logits: jax.Array, params: SamplingParams, key: jax.Array, *,
+           positions: jax.Array | None = None,
+           config: SamplerConfig | str | None = None,
+           return_mask: Literal[False] = False) -> SampleResult:
+  ...
+
+
+@overload
+def sample(logits: jax.Array, params: SamplingParams, key: jax.Array, *,
+           positions: jax.Array | None = None,
+           config: SamplerConfig | str | None = None,
+           return_mask: Literal[True]
+           ) -> tuple[SampleResult, mask.SamplingMask]:
+  ...
+
+
 def sample(logits: jax.Array,
            params: SamplingParams,
            key: jax.Array,
            *,
            positions: jax.Array | None = None,
-           config: SamplerConfig | None = None,
+           config: SamplerConfig | str | None = None,
            return_mask: bool = False
            ) -> SampleResult | tuple[SampleResult, mask.SamplingMask]:
   """Samples one token per row of ``logits`` ``[B, V]``.
@@ -68,13 +86,23 @@ def sample(logits: jax.Array,
 
   Args:
     logits: ``[B, V]`` fp32, bf16 or fp16 logits (read in their own dtype).
-    params: per-request ``SamplingParams``; out-of-range traced values follow
+    params: per-request ``SamplingParams`` (scalar fields apply to every
+      row: ``SamplingParams.rows``); out-of-range traced values follow
       ``SamplingParams.canonical``.
-    key: one key for the batch (noise counter = flat index ``b * V + v``), or
-      ``[B]`` keys, one per request (noise depends on the request's key,
-      position and ``v`` only).  Typed keys or raw uint32 key data.
-    positions: ``[B]`` integer positions for per-request keys (default 0).
-    config: static ``SamplerConfig``.  With ``use_fp64_gumbel`` inside your
+    key: one key for the batch (noise counter = flat index ``b * V + v``;
+      pass a fresh key every step), or ``[B]`` keys, one per request (noise
+      depends on the request's key, position and ``v`` only).  Typed keys
+      (any ``jax.random`` implementation: keys that are not 2 words are
+      hashed to 2, ``rng.key_words``) or raw uint32 key data.
+    positions: ``[B]`` integer positions, required with per-request keys
+      and only then: the request's token position (e.g. its sequence
+      length so far), which a decode loop advances every step so every step
+      draws fresh noise.  Concrete negative positions raise; traced ones
+      count modulo 2^32.
+    config: static ``SamplerConfig``, or an implementation name (``"xla"``,
+      ``"pallas"``, ``"auto"``) for the default config with it.  Hashable:
+      ``jax.jit(sample, static_argnames=("config", "return_mask"))``.  With
+      ``use_fp64_gumbel`` inside your
       own ``jax.jit``, call the jitted function under
       ``with jax.enable_x64(True):`` (a clear error says so otherwise).
     return_mask: static; also return the ``SamplingMask`` of the kept sets the
@@ -92,9 +120,9 @@ def sample(logits: jax.Array,
     ``[B]`` (False for rows with NaN, +inf or no finite logit); with
     ``return_mask``, the pair ``(SampleResult, SamplingMask)``.
   """
-  config = config or SamplerConfig()
+  config = as_config(config)
   logits = jnp.asarray(logits)
-  check_logits(logits, params)
+  params = check_logits(logits, params)
   batch, vocab = logits.shape
   streams, _ = rng.row_streams(key, positions, batch, vocab)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
