@@ -222,9 +222,11 @@ def check_positions(positions, batch_size: int) -> jax.Array:
   """``positions`` as a ``[B]`` integer array, for per-request keys.
 
   Raises:
-    ValueError: positions missing (the same noise at every step), not ``[B]``
-      integers, or concrete and negative.
+    ValueError: positions missing (the same noise at every step) from a
+      non-empty batch, not ``[B]`` integers, or concrete and negative.
   """
+  if positions is None and batch_size == 0:
+    return jnp.zeros((0,), jnp.int32)
   if positions is None:
     raise ValueError(
         "per-request keys need positions: pass positions=[B] ints, each "

@@ -107,7 +107,7 @@ def sample(logits: jax.Array,
       ``with jax.enable_x64(True):`` (a clear error says so otherwise).
     return_mask: static; also return the ``SamplingMask`` of the kept sets the
       tokens were drawn from (``jaxsample.mask``; ``config.max_mask_ids``
-      wide), built from the same kept set as the tokens: the XLA path's
+      wide; a valid row's token is always listed, ``mask.with_token``), built from the same kept set as the tokens: the XLA path's
       ``reference.process``, or on the kernel path the truncation kernels'
       candidate buffer and threshold (the XLA path's kept set except where
       a top-p crossing lies within fp32 rounding of ``p``; ``logz``/``lse``
@@ -136,10 +136,15 @@ def sample(logits: jax.Array,
   with x64_scope(config.use_fp64_gumbel, logits, key, positions,
                  *jax.tree.leaves(params)):
     if use_pallas(config):
-      return _sample_pallas(logits, params, streams, config, return_mask)
-    result, result_mask = _sample_xla(logits, params, streams, config,
-                                      return_mask)
-  return (result, result_mask) if return_mask else result
+      out = _sample_pallas(logits, params, streams, config, return_mask)
+      result, result_mask = out if return_mask else (out, None)
+    else:
+      result, result_mask = _sample_xla(logits, params, streams, config,
+                                        return_mask)
+  if not return_mask:
+    return result
+  # Valid rows' tokens are in their kept sets: listed even on overflow.
+  return result, mask.with_token(result_mask, result.tokens, result.valid)
 
 
 def _sample_xla(logits, params: SamplingParams, streams: rng.RowStreams,

@@ -492,4 +492,6 @@ def rejection_sample(target_logits: jax.Array,
                        sets), config) if width else None
   if not return_mask:
     return result
-  return result, _slot_masks(rows, result.num_accepted, k1)
+  # The emitted tokens of their kept sets are listed even on overflow.
+  return result, mask.with_token(_slot_masks(rows, result.num_accepted, k1),
+                                 result.tokens.T, (result.logprobs > -jnp.inf).T)
