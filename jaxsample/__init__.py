@@ -4,7 +4,7 @@ from jaxsample.mask import SamplingMask, extract_sampling_mask
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.reference import SampleResult
 from jaxsample.sampling import sample
-from jaxsample import spec
+from jaxsample import pallas, spec  # pallas: see its __init__
 
 __all__ = ["SampleResult", "SamplerConfig", "SamplingMask", "SamplingParams",
            "extract_sampling_mask", "sample"]

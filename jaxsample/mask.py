@@ -7,7 +7,9 @@ by ``K_cap = SamplerConfig.max_mask_ids``:
 
 * ``ids`` ``[B, K_cap]`` int32: ``K`` by descending ``y`` (descending
   probability), the smallest id first among equal values, padded with -1;
-  when ``|K| > K_cap`` the first ``K_cap`` ids of that order;
+  when ``|K| > K_cap`` the first ``K_cap`` ids of that order, except that a
+  sampled token (``sample``, ``spec.rejection_sample``) always appears: if
+  it is not among them it takes the last slot (``with_token``);
 * ``count`` ``[B]`` int32: ``|K|``, exact even past ``K_cap``;
 * ``lse`` ``[B]`` fp32: ``logsumexp(y)`` over the finite entries;
 * ``logz`` ``[B]`` fp32: ``log`` of ``K``'s mass under ``softmax(y)``, i.e.
@@ -18,6 +20,12 @@ by ``K_cap = SamplerConfig.max_mask_ids``:
   is ``None``, never a full-vocabulary list;
 * ``overflow`` ``[B]`` bool: ``truncated & (count > K_cap)`` (``ids`` is then
   incomplete; ``count`` and ``logz`` still describe all of ``K``).
+
+Host forms (``to_lists``, ``to_json``) never drop ids silently: an
+overflowed request's entry is ``{"ids": [...K_cap ids], "count": |K|,
+"overflow": True}`` instead of the plain list (``on_overflow="flag"``, the
+default), or ``on_overflow="raise"`` raises ``MaskOverflowError`` naming the
+requests and the fix (a larger ``SamplerConfig.max_mask_ids``).
 
 The truncated, renormalized log-probability of a kept id ``i`` is ``y_i - lse -
 logz`` (``= log_softmax(y)[i] - logz``); for the sampled token it is the
@@ -40,13 +48,24 @@ Rows the sampler treats specially:
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxsample import reference
-from jaxsample.params import SamplerConfig, SamplingParams
+from jaxsample.params import SamplerConfig, SamplingParams, as_config
+
+__all__ = ["MaskOverflowError", "SamplingMask", "assemble",
+           "extract_sampling_mask", "from_processed", "with_token"]
+
+OnOverflow = Literal["flag", "raise"]
+
+
+class MaskOverflowError(ValueError):
+  """A host form of a mask whose kept set outgrew ``K_cap`` under
+  ``on_overflow="raise"``."""
 
 
 @jax.tree_util.register_dataclass
@@ -65,24 +84,39 @@ class SamplingMask:
   truncated: jax.Array
   overflow: jax.Array
 
-  def to_lists(self, num_tokens=None) -> list:
+  def to_lists(self, num_tokens=None, *,
+               on_overflow: OnOverflow = "flag") -> list:
     """Per request, in request order, ``(ids, logz)``: the kept ids as a list
-    of ints (``None`` where not truncated; the first ``K_cap`` on overflow) and
-    ``logz`` as a float.  With a leading token axis: per request, a list of
+    of ints (``None`` where not truncated) and ``logz`` as a float.  On
+    overflow (``|K| > K_cap``) ``ids`` is ``{"ids": [the K_cap listed ids],
+    "count": |K|, "overflow": True}``, or with ``on_overflow="raise"`` a
+    ``MaskOverflowError``.  With a leading token axis: per request, a list of
     ``T`` such pairs, or of its first ``num_tokens[b]`` (``[B]`` integers in
     ``[0, T]``, e.g. ``SpecResult.num_accepted + 1``).
 
     Raises:
       ValueError: ``num_tokens`` for a mask without a token axis, or not
-        ``[B]`` integers in ``[0, T]``.
+        ``[B]`` integers in ``[0, T]``; ``on_overflow`` not "flag" or
+        "raise".
+      MaskOverflowError: with ``on_overflow="raise"``, an overflowed entry
+        (of the emitted slots with ``num_tokens``).
     """
+    if on_overflow not in ("flag", "raise"):
+      raise ValueError(f"on_overflow must be 'flag' or 'raise'; got "
+                       f"{on_overflow!r}")
     host = jax.tree.map(np.asarray, jax.device_get(self))
     if host.count.ndim == 1:
       if num_tokens is not None:
         raise ValueError("num_tokens needs a mask with a leading token axis "
                          f"[T, B, ...]; got count of shape {host.count.shape}")
-      return [(host.ids[b, :host.count[b]].tolist()
-               if host.truncated[b] else None, float(host.logz[b]))
+      overflowed = np.flatnonzero(host.overflow)
+      if on_overflow == "raise" and overflowed.size:
+        counts = host.count[overflowed].tolist()
+        raise MaskOverflowError(
+            f"requests {overflowed.tolist()} keep {counts} ids, more than "
+            f"max_mask_ids={host.ids.shape[1]} lists: raise "
+            "SamplerConfig.max_mask_ids or pass on_overflow='flag'")
+      return [(_host_ids(host, b), float(host.logz[b]))
               for b in range(host.count.shape[0])]
     steps, batch = host.count.shape
     num_tokens = (np.full(batch, steps) if num_tokens is None else
@@ -92,12 +126,20 @@ class SamplingMask:
         np.any((num_tokens < 0) | (num_tokens > steps))):
       raise ValueError(f"num_tokens must be [{batch}] integers in [0, "
                        f"{steps}]; got {num_tokens!r}")
+    emitted = np.arange(steps)[:, None] < num_tokens[None, :]
+    if on_overflow == "raise" and np.any(host.overflow & emitted):
+      slots, requests = np.nonzero(host.overflow & emitted)
+      raise MaskOverflowError(
+          f"requests {requests.tolist()} (token slots {slots.tolist()}) keep "
+          f"more ids than max_mask_ids={host.ids.shape[-1]} lists: raise "
+          "SamplerConfig.max_mask_ids or pass on_overflow='flag'")
     per_step = [jax.tree.map(lambda a, t=t: a[t], host).to_lists()
                 for t in range(steps)]
     return [[step[b] for step in per_step[:num_tokens[b]]]
             for b in range(batch)]
 
-  def to_json(self, num_tokens=None) -> list:
+  def to_json(self, num_tokens=None, *,
+              on_overflow: OnOverflow = "flag") -> list:
     """FastDeploy's OpenAI-style ``sampling_mask`` field of each request.
 
     Per request, in request order, a list with one entry per generated token:
@@ -107,15 +149,41 @@ class SamplingMask:
     ``num_tokens[b]`` (speculative decoding: ``num_tokens =
     SpecResult.num_accepted + 1``, the emitted tokens).  Extend each
     response's list with its request's entries; ``json.dumps`` serializes
-    them.  ``logz`` is not part of the field (see ``to_lists``).
+    them.  ``logz`` is not part of the field (see ``to_lists``).  An
+    overflowed entry is ``{"ids": [...], "count": |K|, "overflow": true}``
+    (``to_lists``), or raises with ``on_overflow="raise"``.
 
     Raises:
-      ValueError: as ``to_lists``.
+      ValueError, MaskOverflowError: as ``to_lists``.
     """
-    pairs = self.to_lists(num_tokens)
+    pairs = self.to_lists(num_tokens, on_overflow=on_overflow)
     if self.count.ndim == 1:
       pairs = [[pair] for pair in pairs]
     return [[ids for ids, _ in steps] for steps in pairs]
+
+
+def _host_ids(host: SamplingMask, b: int):
+  """Request ``b``'s host ids (numpy fields): ``None`` untruncated, a list,
+  or the overflow dict (``to_lists``)."""
+  if not host.truncated[b]:
+    return None
+  ids = host.ids[b, :host.count[b]].tolist()
+  if host.overflow[b]:
+    return {"ids": ids, "count": int(host.count[b]), "overflow": True}
+  return ids
+
+
+def with_token(m: SamplingMask, token: jax.Array,
+               member: jax.Array) -> SamplingMask:
+  """``m`` with each ``token`` listed: where a row overflowed and its token,
+  a member of its kept set (``member``), is not among the listed ids, the
+  last slot holds the token.  ``token``/``member`` have ``m.count``'s
+  shape."""
+  listed = jnp.any(m.ids == token[..., None], axis=-1)
+  missing = m.overflow & member & ~listed
+  last = jnp.arange(m.ids.shape[-1]) == m.ids.shape[-1] - 1
+  return dataclasses.replace(m, ids=jnp.where(
+      missing[..., None] & last, token[..., None].astype(jnp.int32), m.ids))
 
 
 def assemble(*, valid, greedy, token, count, finite, logz, lse, row_max,
@@ -178,9 +246,9 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   """
   # sampling imports this module.
   from jaxsample import sampling  # pylint: disable=g-import-not-at-top
-  config = config or SamplerConfig()
+  config = as_config(config)
   logits = jnp.asarray(logits)
-  sampling.check_logits(logits, params)
+  params = sampling.check_logits(logits, params)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(logits.shape[1])
   if sampling.use_pallas(config) and logits.shape[0]:

@@ -4,13 +4,15 @@ Processing of one row with logits ``x`` (any float dtype, computed in fp32),
 canonical parameters (``SamplingParams.canonical``) and Gumbel noise ``g``:
 
 1. Sanitize: NaN entries become +inf.
-2. Temperature: ``y = x / T`` in fp32, XLA's division on the platform (on
-   NVIDIA GPUs ``div.full.f32``, within 2 ulp of the IEEE quotient, which the
-   kernels issue too; on CPU XLA:CPU's, here ``x * (1 / T)``, its rewrite
-   of a division by a broadcast).  Greedy
-   rows (T = 0) keep
-   ``y = x``.  The row is *valid* iff ``max(y)`` is finite: no NaN, no +inf,
-   at least one finite entry, and no overflow of ``x / T``.
+2. Temperature: ``y = x / T`` in fp32 by one formula, ``divide``, for every
+   element of every path (rows, the sampled token, kernels): on NVIDIA GPUs
+   XLA's division, ``div.full.f32`` (within 2 ulp of the IEEE quotient),
+   which the kernels issue too; elsewhere ``x * (1 / T)`` (what XLA:CPU
+   makes of a division by a broadcast).  Greedy rows (T = 0, which includes
+   every T below ``params.MIN_TEMPERATURE`` = 1e-5) keep ``y = x``.  The row
+   is *valid* iff ``max(y)`` is finite: no NaN, no +inf, at least one finite
+   entry, and no overflow of ``x / T`` (for T >= 1e-5 only where ``|x| >
+   3.4e33``).
 3. Greedy rows and invalid rows: ``token = argmax(y)`` (smallest index on
    ties, so the first NaN/+inf/overflowing entry of an invalid row, or 0 for
    an all -inf row), no noise.  ``logprob`` is 0 for valid greedy rows (the
@@ -66,10 +68,19 @@ def sanitize(logits: jax.Array) -> jax.Array:
   return jnp.where(jnp.isnan(x), jnp.inf, x)
 
 
+def divide(x: jax.Array, t: jax.Array) -> jax.Array:
+  """fp32 ``x / t`` (broadcast) as every path computes a tempered logit:
+  XLA's division on CUDA (``div.full.f32``, the kernels' ``gpu_div``),
+  ``x * (1 / t)`` on other platforms (the kernels' interpret mode)."""
+  return jax.lax.platform_dependent(
+      x, t, cuda=lambda x, t: x / t, default=lambda x, t: x * (1.0 / t))
+
+
 def temper(x: jax.Array, temperature: jax.Array) -> jax.Array:
-  """``x / T`` per row for sampled rows (T > 0); greedy rows are left as is."""
-  t = temperature[:, None]
-  return jnp.where(t > 0, x / jnp.where(t > 0, t, 1.0), x)
+  """``x / T`` per row (``divide``) for sampled rows (T > 0); greedy rows are
+  left as is.  ``temperature`` ``[B]`` for ``x`` ``[B, ...]``."""
+  t = temperature.reshape(temperature.shape + (1,) * (x.ndim - 1))
+  return jnp.where(t > 0, divide(x, jnp.where(t > 0, t, 1.0)), x)
 
 
 def keep_threshold(y: jax.Array, params: SamplingParams,
@@ -157,9 +168,10 @@ def finalize(x_token: jax.Array, params: SamplingParams, tokens: jax.Array,
   """
   valid = jnp.isfinite(row_max)
   greedy = params.temperature == 0
-  t = jnp.where(greedy, 1.0, params.temperature)
   shift, log_sum = log_normalizer
-  logprobs = jnp.where(greedy, 0.0, (x_token / t - shift) - log_sum)
+  # The token's y by the rows' own formula: y_token <= shift = max_K(y).
+  y_token = temper(x_token, params.temperature)
+  logprobs = jnp.where(greedy, 0.0, (y_token - shift) - log_sum)
   logprobs = jnp.where(valid, logprobs, -jnp.inf)
   return SampleResult(tokens, logprobs.astype(jnp.float32), valid)
 

@@ -15,8 +15,8 @@ depends only on (stream key, counter base, v):
   generator the counter of element ``(b, v)`` is the flat index ``b * V + v``,
   exactly the layout of ``jax.random`` (``jax_threefry_partitionable``), so
   sampling without truncation reproduces ``jax.random.categorical`` bit for bit.
-* **per-request keys** (one key per row plus a position per row): key = the
-  row's key, base = ``position << 32``.  The noise of a request is a function
+* **per-request keys** (one key per row plus a position per row, required:
+  ``check_positions``): key = the row's key, base = ``position << 32``.  The noise of a request is a function
   of (its key, its position, v) only: it does not depend on which other
   requests share the batch, their order or padding.  At position 0 the
   threefry noise equals ``jax.random.categorical(row_key, row_logits)``'s.
@@ -156,14 +156,35 @@ class RowStreams:
 
 
 def key_words(key) -> jax.Array:
-  """Raw uint32 key data ``[..., 2]`` of a typed or raw threefry/philox key."""
-  data = jax.random.key_data(key) if _is_typed_key(key) else jnp.asarray(key)
-  if data.dtype != jnp.uint32 or data.shape[-1:] != (2,):
+  """The generator's 2 key words ``[..., 2]`` (uint32) of typed keys or raw
+  uint32 key data.
+
+  Threefry (``jax.random.key``'s default) and philox keys are 2 words and
+  used as they are.  Keys of other sizes (``rbg`` / ``unsafe_rbg``: 4
+  words, as under ``JAX_DEFAULT_PRNG_IMPL=unsafe_rbg``) are hashed to 2:
+  ``threefry2x32(key=(w0, w1), counter=(w2, w3))`` for 4 words ``w0..w3``
+  (longer keys fold their word pairs the same way, the last pair first), so
+  distinct keys give distinct streams up to hash collisions.
+  Raw data of one row must then be typed (``jax.random.wrap_key_data``):
+  raw ``[B, 2]`` data is read as B threefry keys.
+  """
+  typed = _is_typed_key(key)
+  data = jax.random.key_data(key) if typed else jnp.asarray(key)
+  words = data.shape[-1] if data.ndim else 0
+  if (data.dtype != jnp.uint32 or not words or words % 2 or
+      (not typed and words != 2 and words != 4)):
     raise ValueError(
-        "keys must be typed keys or raw uint32 key data with 2 words "
-        f"(threefry2x32 / philox4x32); got data of shape {data.shape} and "
-        f"dtype {data.dtype}")
-  return data
+        "key must be typed keys (jax.random.key(seed), or [B] of them from "
+        "jax.random.split) or raw uint32 key data of 2 words (threefry2x32, "
+        "philox) or 4 (rbg); got data of shape "
+        f"{data.shape} and dtype {data.dtype}: make one with "
+        "jax.random.key(seed)")
+  if words == 2:
+    return data
+  k0, k1 = data[..., words - 2], data[..., words - 1]
+  for i in range(words - 4, -1, -2):  # fold the pairs, last to first
+    k0, k1 = threefry2x32(data[..., i], data[..., i + 1], k0, k1)
+  return jnp.stack([k0, k1], axis=-1)
 
 
 def _is_typed_key(key) -> bool:
@@ -192,15 +213,37 @@ def row_streams(key, positions, batch_size: int,
   if data.shape != (batch_size, 2):
     raise ValueError(f"per-request keys must have batch size {batch_size}; "
                      f"got key data of shape {data.shape}")
+  positions = check_positions(positions, batch_size)
+  return RowStreams(data[:, 0], data[:, 1], positions.astype(_U32),
+                    jnp.zeros((batch_size,), _U32)), True
+
+
+def check_positions(positions, batch_size: int) -> jax.Array:
+  """``positions`` as a ``[B]`` integer array, for per-request keys.
+
+  Raises:
+    ValueError: positions missing (the same noise at every step) from a
+      non-empty batch, not ``[B]`` integers, or concrete and negative.
+  """
+  if positions is None and batch_size == 0:
+    return jnp.zeros((0,), jnp.int32)
   if positions is None:
-    positions = jnp.zeros((batch_size,), jnp.int32)
+    raise ValueError(
+        "per-request keys need positions: pass positions=[B] ints, each "
+        "request's token position (e.g. its sequence length so far), and "
+        "advance them every step; without them every step would reuse the "
+        "same noise")
   positions = jnp.asarray(positions)
   if positions.shape != (batch_size,) or not jnp.issubdtype(
       positions.dtype, jnp.integer):
     raise ValueError(f"positions must be integers of shape ({batch_size},); "
                      f"got {positions.dtype}{list(positions.shape)}")
-  return RowStreams(data[:, 0], data[:, 1], positions.astype(_U32),
-                    jnp.zeros((batch_size,), _U32)), True
+  if not isinstance(positions, jax.core.Tracer) and positions.size and (
+      jnp.issubdtype(positions.dtype, jnp.signedinteger) and
+      int(jnp.min(positions)) < 0):
+    raise ValueError(f"positions must be >= 0; got {np.asarray(positions)} "
+                     "(traced positions count modulo 2^32)")
+  return positions
 
 
 # --------------------------------------------------------------------------

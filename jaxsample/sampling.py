@@ -5,26 +5,27 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+from typing import Literal, overload
 
 import jax
 import jax.numpy as jnp
 
 from jaxsample import mask, reference, rng, rowwise
-from jaxsample.params import SamplerConfig, SamplingParams
+from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.reference import SampleResult
 
 
-def check_logits(logits, params: SamplingParams) -> None:
-  """Raises ``ValueError`` for logits that are not ``[B, V]`` floats matching params."""
+def check_logits(logits, params: SamplingParams) -> SamplingParams:
+  """``params`` as ``[B]`` arrays (``SamplingParams.rows``) for logits
+  ``[B, V]``; raises ``ValueError`` for logits that are not ``[B, V]``
+  floats or params that do not fit them."""
   if logits.ndim != 2:
     raise ValueError(f"logits must be [B, V]; got shape {logits.shape}")
   if not jnp.issubdtype(logits.dtype, jnp.floating):
     raise ValueError(f"logits must be floating point; got {logits.dtype}")
   if logits.shape[1] == 0:
     raise ValueError("logits must have a non-empty vocabulary (V >= 1)")
-  if params.batch_size != logits.shape[0]:
-    raise ValueError(f"params have batch size {params.batch_size} but logits "
-                     f"have {logits.shape[0]} rows")
+  return SamplingParams.rows(params, logits.shape[0])
 
 
 def use_pallas(config: SamplerConfig) -> bool:
@@ -52,12 +53,29 @@ def x64_scope(enabled: bool, *arrays):
   return jax.enable_x64(True)
 
 
+@overload
+def sample(logits: jax.Array, params: SamplingParams, key: jax.Array, *,
+           positions: jax.Array | None = None,
+           config: SamplerConfig | str | None = None,
+           return_mask: Literal[False] = False) -> SampleResult:
+  ...
+
+
+@overload
+def sample(logits: jax.Array, params: SamplingParams, key: jax.Array, *,
+           positions: jax.Array | None = None,
+           config: SamplerConfig | str | None = None,
+           return_mask: Literal[True]
+           ) -> tuple[SampleResult, mask.SamplingMask]:
+  ...
+
+
 def sample(logits: jax.Array,
            params: SamplingParams,
            key: jax.Array,
            *,
            positions: jax.Array | None = None,
-           config: SamplerConfig | None = None,
+           config: SamplerConfig | str | None = None,
            return_mask: bool = False
            ) -> SampleResult | tuple[SampleResult, mask.SamplingMask]:
   """Samples one token per row of ``logits`` ``[B, V]``.
@@ -68,18 +86,28 @@ def sample(logits: jax.Array,
 
   Args:
     logits: ``[B, V]`` fp32, bf16 or fp16 logits (read in their own dtype).
-    params: per-request ``SamplingParams``; out-of-range traced values follow
+    params: per-request ``SamplingParams`` (scalar fields apply to every
+      row: ``SamplingParams.rows``); out-of-range traced values follow
       ``SamplingParams.canonical``.
-    key: one key for the batch (noise counter = flat index ``b * V + v``), or
-      ``[B]`` keys, one per request (noise depends on the request's key,
-      position and ``v`` only).  Typed keys or raw uint32 key data.
-    positions: ``[B]`` integer positions for per-request keys (default 0).
-    config: static ``SamplerConfig``.  With ``use_fp64_gumbel`` inside your
+    key: one key for the batch (noise counter = flat index ``b * V + v``;
+      pass a fresh key every step), or ``[B]`` keys, one per request (noise
+      depends on the request's key, position and ``v`` only).  Typed keys
+      (any ``jax.random`` implementation: keys that are not 2 words are
+      hashed to 2, ``rng.key_words``) or raw uint32 key data.
+    positions: ``[B]`` integer positions, required with per-request keys
+      and only then: the request's token position (e.g. its sequence
+      length so far), which a decode loop advances every step so every step
+      draws fresh noise.  Concrete negative positions raise; traced ones
+      count modulo 2^32.
+    config: static ``SamplerConfig``, or an implementation name (``"xla"``,
+      ``"pallas"``, ``"auto"``) for the default config with it.  Hashable:
+      ``jax.jit(sample, static_argnames=("config", "return_mask"))``.  With
+      ``use_fp64_gumbel`` inside your
       own ``jax.jit``, call the jitted function under
       ``with jax.enable_x64(True):`` (a clear error says so otherwise).
     return_mask: static; also return the ``SamplingMask`` of the kept sets the
       tokens were drawn from (``jaxsample.mask``; ``config.max_mask_ids``
-      wide), built from the same kept set as the tokens: the XLA path's
+      wide; a valid row's token is always listed, ``mask.with_token``), built from the same kept set as the tokens: the XLA path's
       ``reference.process``, or on the kernel path the truncation kernels'
       candidate buffer and threshold (the XLA path's kept set except where
       a top-p crossing lies within fp32 rounding of ``p``; ``logz``/``lse``
@@ -92,9 +120,9 @@ def sample(logits: jax.Array,
     ``[B]`` (False for rows with NaN, +inf or no finite logit); with
     ``return_mask``, the pair ``(SampleResult, SamplingMask)``.
   """
-  config = config or SamplerConfig()
+  config = as_config(config)
   logits = jnp.asarray(logits)
-  check_logits(logits, params)
+  params = check_logits(logits, params)
   batch, vocab = logits.shape
   streams, _ = rng.row_streams(key, positions, batch, vocab)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
@@ -108,10 +136,15 @@ def sample(logits: jax.Array,
   with x64_scope(config.use_fp64_gumbel, logits, key, positions,
                  *jax.tree.leaves(params)):
     if use_pallas(config):
-      return _sample_pallas(logits, params, streams, config, return_mask)
-    result, result_mask = _sample_xla(logits, params, streams, config,
-                                      return_mask)
-  return (result, result_mask) if return_mask else result
+      out = _sample_pallas(logits, params, streams, config, return_mask)
+      result, result_mask = out if return_mask else (out, None)
+    else:
+      result, result_mask = _sample_xla(logits, params, streams, config,
+                                        return_mask)
+  if not return_mask:
+    return result
+  # Valid rows' tokens are in their kept sets: listed even on overflow.
+  return result, mask.with_token(result_mask, result.tokens, result.valid)
 
 
 def _sample_xla(logits, params: SamplingParams, streams: rng.RowStreams,

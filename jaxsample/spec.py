@@ -103,20 +103,22 @@ round reductions differently in the last ulp between compiled programs; the
 tests compare logprobs across programs to 1e-5).
 
 Bad input: shape / dtype errors raise ``ValueError`` (as do concrete
-``num_draft`` outside ``[0, k]``); under ``jit`` ``num_draft`` and draft tokens
-are clamped as above.  ``B = 0`` returns empty outputs.
+``num_draft`` outside ``[0, k]``, concrete draft tokens outside ``[0, V)``,
+per-request keys without ``positions`` and concrete negative positions);
+under ``jit`` ``num_draft`` and draft tokens are clamped as above.  ``B = 0`` returns empty outputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal, overload
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxsample import mask, reference, rng, rowwise, sampling
-from jaxsample.params import SamplerConfig, SamplingParams
+from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.sampling import use_pallas, x64_scope
 
 
@@ -175,14 +177,17 @@ def _check_inputs(target_logits, draft_tokens, num_draft, params, draft_logits,
           f"{name} must be {kind.__name__} of shape {shape} (B={batch}, "
           f"k={k}, V={vocab} from target_logits [B, k + 1, V]); got "
           f"{a.dtype}{list(a.shape)}")
-  if params.batch_size != batch:
-    raise ValueError(f"params have batch size {params.batch_size} but "
-                     f"target_logits have {batch} requests")
   if not isinstance(num_draft, jax.core.Tracer):
     n = np.asarray(num_draft)
     if n.size and (n.min() < 0 or n.max() > k):
       raise ValueError(f"num_draft must be in [0, k={k}]; got values in "
                        f"[{n.min()}, {n.max()}]")
+  if not isinstance(draft_tokens, jax.core.Tracer):
+    d = np.asarray(draft_tokens)
+    if d.size and (d.min() < 0 or d.max() >= vocab):
+      raise ValueError(f"draft_tokens must be in [0, V={vocab}); got values "
+                       f"in [{d.min()}, {d.max()}] (padding slots past "
+                       "num_draft too: fill them with 0)")
 
 
 def _gather(a: jax.Array, index: jax.Array) -> jax.Array:
@@ -340,6 +345,29 @@ def _reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,
                                      mask_ids)
 
 
+@overload
+def rejection_sample(target_logits: jax.Array, draft_tokens: jax.Array,
+                     num_draft: jax.Array, params: SamplingParams,
+                     key: jax.Array, *, draft_logits: jax.Array | None = None,
+                     synthetic_rates: jax.Array | None = None,
+                     positions: jax.Array | None = None,
+                     config: SamplerConfig | str | None = None,
+                     return_mask: Literal[False] = False) -> SpecResult:
+  ...
+
+
+@overload
+def rejection_sample(target_logits: jax.Array, draft_tokens: jax.Array,
+                     num_draft: jax.Array, params: SamplingParams,
+                     key: jax.Array, *, draft_logits: jax.Array | None = None,
+                     synthetic_rates: jax.Array | None = None,
+                     positions: jax.Array | None = None,
+                     config: SamplerConfig | str | None = None,
+                     return_mask: Literal[True]
+                     ) -> tuple[SpecResult, mask.SamplingMask]:
+  ...
+
+
 def rejection_sample(target_logits: jax.Array,
                      draft_tokens: jax.Array,
                      num_draft: jax.Array,
@@ -349,7 +377,7 @@ def rejection_sample(target_logits: jax.Array,
                      draft_logits: jax.Array | None = None,
                      synthetic_rates: jax.Array | None = None,
                      positions: jax.Array | None = None,
-                     config: SamplerConfig | None = None,
+                     config: SamplerConfig | str | None = None,
                      return_mask: bool = False
                      ) -> SpecResult | tuple[SpecResult, mask.SamplingMask]:
   """Verifies draft tokens against the target model (module doc: exact math).
@@ -357,7 +385,8 @@ def rejection_sample(target_logits: jax.Array,
   Args:
     target_logits: ``[B, k + 1, V]`` fp32/bf16/fp16 target logits; row ``i``
       scores the token at sequence position ``positions + i``.
-    draft_tokens: ``[B, k]`` integer draft tokens (clamped to ``[0, V)``).
+    draft_tokens: ``[B, k]`` integer draft tokens in ``[0, V)`` (padding
+      slots too; ``ValueError`` when concrete, clamped under ``jit``).
     num_draft: ``[B]`` integer count of real drafts per request (``[0, k]``;
       clamped under ``jit``, ``ValueError`` when concrete).
     params: per-request ``SamplingParams`` (canonicalized), used for both the
@@ -367,9 +396,13 @@ def rejection_sample(target_logits: jax.Array,
     draft_logits: ``[B, k, V]`` draft-model logits, or None for one-hot drafts.
     synthetic_rates: ``[k]`` per-slot conditional acceptance probabilities
       (benchmarking), or None for real verification.
-    positions: ``[B]`` integer sequence position of the first draft token
-      (default 0); it sets the random stream's counters.
-    config: static ``SamplerConfig``; ``rng`` picks the generator and
+    positions: ``[B]`` integer sequence position of the first draft token;
+      it sets the random stream's counters.  Required with per-request keys
+      (a decode loop advances it by ``num_accepted + 1``); default 0 with
+      one batch key (then pass a fresh key every step).  Concrete negative
+      positions raise; traced ones count modulo 2^32.
+    config: static ``SamplerConfig`` (or an implementation name, as
+      ``jaxsample.sample``); ``rng`` picks the generator and
       ``use_fp64_gumbel`` the fp64 Gumbel race.  ``implementation``: "xla"
       runs this reference, "pallas" the fused kernels (interpret mode off
       GPU), after the threshold kernels' kept sets in a batch where some
@@ -392,7 +425,7 @@ def rejection_sample(target_logits: jax.Array,
     ``SpecResult``; with ``return_mask``, the pair ``(SpecResult,
     SamplingMask)``.
   """
-  config = config or SamplerConfig()
+  config = as_config(config)
   arrays = [jnp.asarray(a) if a is not None else None
             for a in (target_logits, draft_tokens, num_draft, draft_logits,
                       synthetic_rates, positions)]
@@ -401,6 +434,9 @@ def rejection_sample(target_logits: jax.Array,
   _check_inputs(target_logits, draft_tokens, num_draft, params, draft_logits,
                 synthetic_rates, positions)
   batch, k1, vocab = target_logits.shape
+  params = SamplingParams.rows(params, batch)
+  if rng.key_words(key).ndim == 2 or positions is not None:
+    positions = rng.check_positions(positions, batch)
   if batch == 0:
     stream_keys(key, 0)  # validates the key
     result = SpecResult(jnp.zeros((0, k1), jnp.int32),
@@ -456,4 +492,6 @@ def rejection_sample(target_logits: jax.Array,
                        sets), config) if width else None
   if not return_mask:
     return result
-  return result, _slot_masks(rows, result.num_accepted, k1)
+  # The emitted tokens of their kept sets are listed even on overflow.
+  return result, mask.with_token(_slot_masks(rows, result.num_accepted, k1),
+                                 result.tokens.T, (result.logprobs > -jnp.inf).T)

@@ -25,6 +25,7 @@ from conftest import (IMPLEMENTATIONS, STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB,
                       chi2_critical, chi2_statistic, closing_over,
                       oracle_keep, without_truncation)
 from jaxsample import SamplerConfig, SamplingMask, SamplingParams, sampling
+from jaxsample.mask import MaskOverflowError
 from jaxsample.pallas import threshold
 from test_reference import KINDS, M_VALUES, P_VALUES, k_values, make_row
 from test_threshold import kept_set_batch
@@ -80,6 +81,14 @@ def assert_mask_types(m, batch, cap):
                    ("overflow", np.bool_)):
     assert getattr(m, f).shape == (batch,), f
     assert getattr(m, f).dtype == dtype, f
+
+
+def with_token(ids, token) -> list:
+  """An overflowed row's listed ``ids`` (the first ``K_cap`` of its kept
+  set) as the sampler lists them: its ``token`` in the last slot if it is
+  not among them (``mask.with_token``)."""
+  ids = [int(i) for i in ids]
+  return ids if int(token) in ids else ids[:-1] + [int(token)]
 
 
 def listed(m, b):
@@ -302,9 +311,12 @@ def assert_kernel_masks_match_oracle(x, temps, ks, ps, ms, result, m, kinds):
     assert m.truncated[b] == (count < finite.sum()), ctx
     assert m.overflow[b] == (m.truncated[b] and count > cap), ctx
     if m.truncated[b]:
-      ids = oracle_order(y[b], kept)[:cap]
+      ids = oracle_order(y[b], kept)[:cap].tolist()
+      if m.overflow[b]:  # the token listed (its last slot if not among them)
+        ids = with_token(ids, result.tokens[b])
       np.testing.assert_array_equal(listed(m, b), ids, err_msg=ctx)
-      assert host_ids == ids.tolist(), ctx
+      assert host_ids == (dict(ids=ids, count=count, overflow=True)
+                          if m.overflow[b] else ids), ctx
     else:  # no filter removed anything
       np.testing.assert_array_equal(m.ids[b], -1, err_msg=ctx)
       assert m.logz[b] == 0 and host_ids is None, ctx
@@ -366,8 +378,9 @@ def test_overflow_ties_at_the_cap_take_the_smallest_ids(impl):
   params = SamplingParams.make(3, top_k=[5, 3, 20])
   key = jax.random.key(6)
   result, m = sample_with_mask(x, params, key, impl=impl, max_mask_ids=4)
-  np.testing.assert_array_equal(m.ids, [[1, 3, 2, 4], [3, 5, 9, 12],
-                                        np.argsort(-x[2], kind="stable")[:4]])
+  firsts = [[1, 3, 2, 4], [3, 5, 9, 12], np.argsort(-x[2], kind="stable")[:4]]
+  np.testing.assert_array_equal(m.ids, [with_token(ids, t) for ids, t in zip(
+      firsts, result.tokens)])
   np.testing.assert_array_equal(m.count, [6, 10, 20])  # past K_cap = 4 and k
   assert m.overflow.all() and m.truncated.all()
   for b, kept in enumerate([x[0] >= 2, x[1] == 5.0, x[2] >= np.sort(x[2])[-20]]):
@@ -376,10 +389,13 @@ def test_overflow_ties_at_the_cap_take_the_smallest_ids(impl):
     assert kept[result.tokens[b]]
     np.testing.assert_allclose(rebuilt_logprob(m, b, x[b], result.tokens[b]),
                                result.logprobs[b], rtol=1e-5, atol=1e-5)
-  assert m.to_lists()[1][0] == [3, 5, 9, 12]
+  assert m.to_lists()[1][0] == {"ids": with_token([3, 5, 9, 12],
+                                                  result.tokens[1]),
+                                "count": 10, "overflow": True}
   # A larger cap lists the same order further.
   _, wide = sample_with_mask(x, params, key, impl=impl, max_mask_ids=32)
-  np.testing.assert_array_equal(wide.ids[:, :4], m.ids)
+  np.testing.assert_array_equal([with_token(ids[:4], t) for ids, t in zip(
+      wide.ids, result.tokens)], m.ids)
   np.testing.assert_array_equal(wide.count, m.count)
   np.testing.assert_array_equal(wide.logz, m.logz)
   assert not wide.overflow.any()
@@ -783,13 +799,17 @@ def test_to_lists_and_json_per_request():
   m = extract(x, params, max_mask_ids=3)
   top3 = np.argsort(-x[1], kind="stable")[:3].tolist()
   argmax = int(np.argmax(x[2]))
-  assert m.to_lists() == [([], -math.inf), (top3, float(m.logz[1])),
+  over = {"ids": top3, "count": 4, "overflow": True}  # never cut silently
+  assert m.to_lists() == [([], -math.inf), (over, float(m.logz[1])),
                           ([argmax], 0.0), (None, 0.0)]
   assert m.overflow.tolist() == [False, True, False, False]
   js = m.to_json()
-  assert js == [[[]], [top3], [[argmax]], [None]]
+  assert js == [[[]], [over], [[argmax]], [None]]
   assert json.loads(json.dumps(js)) == js
-  assert all(type(i) is int for i in js[1][0])
+  assert all(type(i) is int for i in js[1][0]["ids"])
+  for host_form in (m.to_lists, m.to_json):
+    with pytest.raises(MaskOverflowError, match=r"requests \[1\].*max_mask_ids"):
+      host_form(on_overflow="raise")
 
 
 def test_leading_token_axis():

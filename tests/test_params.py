@@ -139,8 +139,9 @@ def test_make_empty_batch():
 V = 100
 NAN, INF = math.nan, math.inf
 # (raw value, canonical value) per field, from the docstring's table.
-TEMPERATURE_RULES = [(-1.0, 0.0), (0.0, 0.0), (NAN, 0.0), (INF, 0.0),
-                     (-INF, 0.0), (-0.0, 0.0), (0.5, 0.5), (1e-30, 1e-30),
+# Temperatures below MIN_TEMPERATURE (1e-5) are greedy; 1e-5 is the least kept.
+TEMPERATURE_RULES = [(-1.0, 0.0), (-0.0, 0.0), (NAN, 0.0), (-INF, 0.0),
+                     (9.99e-6, 0.0), (1e-5, 1e-5), (0.5, 0.5), (1e-30, 0.0),
                      (3e38, 3e38)]
 TOP_K_RULES = [(-3, 0), (0, 0), (1, 1), (V - 1, V - 1), (V, 0), (V + 5, 0),
                (2**31 - 1, 0), (-(2**31), 0), (37, 37)]
@@ -199,7 +200,7 @@ def test_canonical_ranges_on_random_values():
   assert np.all(np.isfinite(m)) and np.all((m >= 0) & (m <= 1))
   # In-range values pass through unchanged.
   rt, rk = np.asarray(raw.temperature), np.asarray(raw.top_k)
-  ok_t = np.isfinite(rt) & (rt > 0)
+  ok_t = np.isfinite(rt) & (rt >= np.float32(1e-5))
   np.testing.assert_array_equal(t[ok_t], rt[ok_t])
   ok_k = (rk > 0) & (rk < V)
   np.testing.assert_array_equal(k[ok_k], rk[ok_k])

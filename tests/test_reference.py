@@ -252,7 +252,7 @@ def test_threefry_per_request_keys_position0_match_categorical():
   x = jnp.asarray(r.standard_normal((batch, vocab)), jnp.float32)
   keys = jax.random.split(jax.random.key(5), batch)
   params = SamplingParams.make(batch, temperature=0.8)
-  got = to_np(ref_sample(x, params, keys))
+  got = to_np(ref_sample(x, params, keys, jnp.zeros(batch, jnp.int32)))
   for b in range(batch):
     assert got.tokens[b] == int(jax.random.categorical(keys[b], x[b] / 0.8))
 

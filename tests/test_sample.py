@@ -706,7 +706,8 @@ def test_threefry_one_key_matches_jax_random_categorical(impl):
 def test_threefry_per_request_position0_matches_categorical(impl):
   x = random_logits(14, B, V, scale=1.0)
   keys = jax.random.split(jax.random.key(14), B)
-  out = run_sample(x, SamplingParams.make(B), keys, impl=impl, rng="threefry")
+  out = run_sample(x, SamplingParams.make(B), keys, impl=impl, rng="threefry",
+                   positions=jnp.zeros(B, jnp.int32))
   for b in range(B):
     assert out.tokens[b] == int(jax.random.categorical(keys[b], x[b]))
 

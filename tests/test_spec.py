@@ -59,7 +59,7 @@ def run(target, drafts, num_draft, params, key, *, draft_logits=None,
   larger than ``PALLAS_SLICE`` run slice by slice (the last slice padded by
   wrapping), unless ``return_mask``."""
   batch = len(num_draft)
-  if jit and positions is None:
+  if positions is None and (jit or rng.key_words(key).ndim == 2):
     positions = np.zeros(batch)
   per_request = rng.key_words(key).ndim == 2
   if (impl == "pallas" and jit and per_request and batch > PALLAS_SLICE and
@@ -217,7 +217,8 @@ def test_residual_draw_is_gumbel_max_on_the_residual(theorem):
   rejected = np.flatnonzero(out["plain"].num_accepted == 0)[:400]
   assert rejected.size == 400
   noise_keys, _ = spec.stream_keys(ks[rejected], rejected.size)
-  streams, _ = rng.row_streams(noise_keys, None, rejected.size, V)
+  streams, _ = rng.row_streams(noise_keys, jnp.zeros(rejected.size, jnp.int32),
+                               rejected.size, V)
   g = np.asarray(rng.gumbel_noise("philox", streams, V), np.float64)
   ties = 0
   for row, b in enumerate(rejected):
@@ -737,7 +738,7 @@ def test_jit_equals_eager_and_clamps_out_of_range(impl):
   n = r.integers(0, K + 1, B)
   params = SamplingParams.make(B, temperature=[0.0, 1.0] * (B // 2))
   kw = dict(draft_logits=logits(20, B, K, V), impl=impl)
-  eager = run(target, drafts, n, params, keys(B), jit=False, **kw)  # positions None
+  eager = run(target, drafts, n, params, keys(B), jit=False, **kw)  # zero positions
   assert_same(eager, run(target, drafts, n, params, keys(B), **kw))
   wild_n = np.where(n == K, 99, np.where(n == 0, -3, n))
   wild_d = np.where(drafts == 0, -7, np.where(drafts == V - 1, 10**6, drafts))
@@ -754,7 +755,7 @@ def test_fp64_gumbel_bonus_is_the_fp64_plain_sample(impl):
             use_fp64_gumbel=True, impl=impl)
   noise_keys, _ = spec.stream_keys(ks, 8)
   want = run_sample(jnp.asarray(target[:, 0]), params, noise_keys, fp64=True,
-                    jit=False)
+                    jit=False, positions=jnp.zeros(8, jnp.int32))
   np.testing.assert_array_equal(out.tokens[:, 0], want.tokens)
 
 
