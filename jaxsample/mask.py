@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsample import reference
+from jaxsample import reference, xla_search
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
 
 __all__ = ["MaskOverflowError", "SamplingMask", "assemble",
@@ -235,7 +235,8 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
 
   Equivalent to ``jaxsample.sample(logits, params, key, return_mask=True,
   config=config)[1]`` for any key, on the backend ``config.implementation``
-  picks: the XLA path is ``reference.process`` (a sort of each row); the
+  picks: ``xla_search.process`` off GPU by default, ``reference.process``
+  (a sort of each row) with ``implementation="xla"``; the
   kernel path is the truncation kernels' kept sets without a race
   (``sampling.extract_pallas``), in 32 bits whatever ``use_fp64_gumbel``
   says (``logz``/``lse`` equal the kernel path's up to fp32 rounding: see
@@ -251,8 +252,11 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   params = sampling.check_logits(logits, params)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(logits.shape[1])
-  if sampling.use_pallas(config) and logits.shape[0]:
+  backend = sampling.backend(config)
+  if backend == "pallas" and logits.shape[0]:
     return sampling.extract_pallas(logits, params, config)
+  process = (xla_search.process if backend == "xla_search" and
+             logits.shape[0] else reference.process)
   return from_processed(
-      reference.process(logits, params, order_width=config.max_mask_ids),
+      process(logits, params, order_width=config.max_mask_ids),
       params, config.max_mask_ids)

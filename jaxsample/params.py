@@ -60,8 +60,8 @@ from jaxsample import rng
 __all__ = ["IMPLEMENTATIONS", "MIN_TEMPERATURE", "SamplerConfig",
            "SamplingParams", "as_config"]
 
-Implementation = Literal["auto", "pallas", "xla"]
-IMPLEMENTATIONS: tuple[str, ...] = ("auto", "pallas", "xla")
+Implementation = Literal["auto", "pallas", "xla_search", "xla"]
+IMPLEMENTATIONS: tuple[str, ...] = ("auto", "pallas", "xla_search", "xla")
 
 MIN_TEMPERATURE = 1e-5
 """Temperatures below this sample greedily (module doc, Tiny temperatures)."""
@@ -302,8 +302,11 @@ class SamplerConfig:
       (bit-compatible with ``jax.random``); see ``jaxsample.rng``.
     use_fp64_gumbel: draw the uniform, the Gumbel noise and compare in fp64
       (under scoped x64); default fp32.
-    implementation: ``"auto"`` (Pallas kernels on GPU, XLA elsewhere),
-      ``"pallas"`` (kernels; interpret mode off GPU) or ``"xla"`` (reference).
+    implementation: ``"auto"`` (Pallas kernels on GPU, ``"xla_search"``
+      elsewhere), ``"pallas"`` (kernels; interpret mode off GPU),
+      ``"xla_search"`` (XLA without a sort: ``jaxsample.xla_search``) or
+      ``"xla"`` (the sort-based reference, ``jaxsample.reference``); see
+      ``docs/backends.md``.
     block_size: vocab elements per kernel block (power of 2); None: heuristic.
     num_splits: vocab splits per row (programs per row); None: heuristic.
     num_warps: Triton warps per program; None: heuristic.

@@ -33,6 +33,17 @@ def cond(pred: jax.Array, true_fn, false_fn, *, unknown=None):
   return true_fn() if taken else false_fn()
 
 
+def switch(index: jax.Array, branches):
+  """``lax.switch(index, branches)``, or the one branch ``index`` picks when
+  it is known while tracing (as ``cond``)."""
+  try:
+    taken = int(index)
+  except (jax.errors.ConcretizationTypeError,
+          jax.errors.TracerIntegerConversionError):
+    return jax.lax.switch(index, branches)
+  return branches[min(max(taken, 0), len(branches) - 1)]()
+
+
 def _is_row_word(x, batch: int) -> bool:
   """Whether ``x`` is a ``[B]`` array that ``pack_rows`` packs (32-bit
   numbers or bools: one word each; not keys)."""

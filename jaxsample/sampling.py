@@ -10,7 +10,7 @@ from typing import Literal, overload
 import jax
 import jax.numpy as jnp
 
-from jaxsample import mask, reference, rng, rowwise
+from jaxsample import mask, reference, rng, rowwise, xla_search
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.reference import SampleResult
 
@@ -28,11 +28,18 @@ def check_logits(logits, params: SamplingParams) -> SamplingParams:
   return SamplingParams.rows(params, logits.shape[0])
 
 
+def backend(config: SamplerConfig) -> str:
+  """The backend ``config.implementation`` selects here: ``"pallas"``,
+  ``"xla_search"`` or ``"xla"`` (``"auto"``: the kernels on GPU, else the
+  sorting-free XLA path)."""
+  if config.implementation == "auto":
+    return "pallas" if jax.default_backend() == "gpu" else "xla_search"
+  return config.implementation
+
+
 def use_pallas(config: SamplerConfig) -> bool:
   """Whether ``config.implementation`` selects the Pallas kernels here."""
-  if config.implementation == "auto":
-    return jax.default_backend() == "gpu"
-  return config.implementation == "pallas"
+  return backend(config) == "pallas"
 
 
 def x64_scope(enabled: bool, *arrays):
@@ -149,12 +156,18 @@ def sample(logits: jax.Array,
 
 def _sample_xla(logits, params: SamplingParams, streams: rng.RowStreams,
                 config: SamplerConfig, return_mask: bool):
-  """The sort-based reference path: ``(SampleResult, mask or None)``."""
-  proc = reference.process(
-      logits, params, order_width=config.max_mask_ids * return_mask)
-  result = reference.sample_reference(
-      logits, params, streams, generator=config.rng,
-      fp64=config.use_fp64_gumbel, proc=proc)
+  """The XLA paths, sort-based (``"xla"``) or not (``"xla_search"``):
+  ``(SampleResult, mask or None)``."""
+  order_width = config.max_mask_ids * return_mask
+  if backend(config) == "xla_search":
+    result, proc = xla_search.sample(
+        logits, params, streams, generator=config.rng,
+        fp64=config.use_fp64_gumbel, order_width=order_width)
+  else:
+    proc = reference.process(logits, params, order_width=order_width)
+    result = reference.sample_reference(
+        logits, params, streams, generator=config.rng,
+        fp64=config.use_fp64_gumbel, proc=proc)
   if not return_mask:
     return result, None
   return result, mask.from_processed(proc, params, config.max_mask_ids)

@@ -1,0 +1,295 @@
+"""Sorting-free XLA sampler: the reference's kept sets and tokens without a sort.
+
+``jaxsample.reference`` defines the sampler and finds the kept sets by
+sorting every row; this backend (``SamplerConfig(implementation=
+"xla_search")``, the default off GPU) gives the same kept sets and the same
+tokens from ``lax.top_k`` candidates, exactness checks and counting searches.
+
+Per row, with tempered logits ``y`` (``reference.sanitize`` and ``temper``,
+-0 read as +0), row max ``m`` and the ``K`` candidates ``c_1 >= ... >= c_K``
+of ``lax.top_k(y, K)`` (equal values in id order, as the reference's order):
+
+* a set ``{y >= t}`` lies *inside* the candidates iff ``c_K < t``, ``c_K =
+  -inf`` or ``K = V``: every other entry is ``<= c_K``;
+* min-p: ``t1 = m + log(min_p)`` (closed form, the reference's expression);
+* top-k ``k``: ``t12 = max(t1, c_k)`` for ``k <= K`` (if fewer than ``k``
+  entries reach ``t1``, both keep ``{y >= t1}``); for ``k > K``, ``t1`` when
+  ``{y >= t1}`` is inside, else a count search (below);
+* top-p ``p`` on the survivors ``S = {y >= t12, y > -inf}``: their mass ``Z =
+  sum_S exp(y - m)`` (from the candidates when ``S`` is inside, else one pass
+  over the row); the first candidate ``c_j`` of ``S`` whose cumulative mass
+  reaches ``p * Z`` gives ``t3 = c_j``; if none does, a mass search;
+* kept set ``{y >= max(t1, t12, t3), y > -inf}``; ``logsumexp`` over it from
+  the candidates when it is inside, else from one pass over the row.
+
+Searches (``reaching_key``) run on the monotone uint32 order keys of ``y``
+(``order_keys``): 32 steps, each counting ``#{y >= v}`` or summing the mass
+``sum exp(y - m)`` over ``{y >= v}`` of the survivors, one bit of the largest
+``v`` that still reaches the goal (``k``, or ``p * Z``) per step: that ``v``
+is the reference's threshold.  They, and every pass over the whole row, run
+behind a ``lax.cond`` that only a row needing them takes.
+
+Tokens: the Gumbel race over the kept candidates with noise drawn for their
+ids alone (``rng.bits_at``, the reference's bits) is the reference's race
+when the kept set is inside the candidates, or when no kept entry outside
+them can win: ``c_K + G < best`` for ``G`` above any Gumbel value the
+generator gives (``GUMBEL_BOUND``; fp32 rounding is monotone).  Other rows
+(no filter, large kept sets) race the whole row behind a ``lax.cond``.
+
+Differences from the reference: sums of mass and ``logsumexp`` run in
+another order, so a top-p crossing within fp32 rounding of ``p`` may land on
+a neighbouring token, and logprobs and mask ``logz`` differ by a few ulps.
+Greedy and invalid rows take no search (their kept sets are a point or
+empty whatever the filters): their ``Processed.keep`` is every finite entry.
+
+Vocab-sharded callers: every count and mass over the vocabulary goes through
+a ``reduce`` hook (default identity), e.g. ``lambda a: lax.psum(a, "vocab")``
+inside ``shard_map``, so ``reaching_key`` and ``masked_sum`` combine per-shard
+partials; the candidates of several shards combine by a ``lax.top_k`` over
+their concatenation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxsample import reference, rng, rowwise
+from jaxsample.params import SamplingParams
+from jaxsample.reference import Processed, SampleResult
+
+__all__ = ["CANDIDATE_WIDTHS", "GUMBEL_BOUND", "Search", "key_value",
+           "masked_sum", "order_keys", "process", "reaching_key", "sample",
+           "search"]
+
+Reduce = Callable[[jax.Array], jax.Array]
+
+CANDIDATE_WIDTHS = (64, 256, 1024)
+"""``lax.top_k`` widths: a batch takes the narrowest that holds its largest
+top-k (at least the mask width); wider top-k rows take the count search."""
+
+GUMBEL_BOUND = {jnp.dtype(jnp.float32): 16.0, jnp.dtype(jnp.float64): 37.0}
+"""Above every Gumbel value of ``rng.gumbel(rng.uniform(bits))``: the largest
+uniforms are ``1 - 2^-23`` and ``1 - 2^-52``, whose noise is ``23 ln 2 =
+15.94`` and ``52 ln 2 = 36.04``."""
+
+_TOP = jnp.uint32(0x80000000)
+
+
+def _identity(a: jax.Array) -> jax.Array:
+  return a
+
+
+def order_keys(y: jax.Array) -> jax.Array:
+  """uint32 keys of fp32 ``y`` in value order (``a <= b`` iff ``key(a) <=
+  key(b)``, with -0 as +0); every non-NaN value's key is >= 1."""
+  bits = lax.bitcast_convert_type(jnp.where(y == 0, 0.0, y), jnp.uint32)
+  return jnp.where(bits >= _TOP, ~bits, bits | _TOP)
+
+
+def key_value(key: jax.Array) -> jax.Array:
+  """The fp32 value of an order key; key 0 (below every value) is -inf."""
+  bits = jnp.where(key >= _TOP, key ^ _TOP, ~key)
+  return jnp.where(key == 0, -jnp.inf, lax.bitcast_convert_type(
+      bits, jnp.float32))
+
+
+def masked_sum(where: jax.Array, values, reduce: Reduce = _identity):
+  """``reduce(sum_v where[b, v] * values[b, v])`` ``[B]`` (``values`` may be
+  a scalar); counts are int32."""
+  values = jnp.broadcast_to(values, where.shape)
+  return reduce(jnp.sum(jnp.where(where, values, 0), axis=-1))
+
+
+def reaching_key(keys: jax.Array, weights: jax.Array, goal: jax.Array,
+                 reduce: Reduce = _identity) -> jax.Array:
+  """Per row, the largest key ``u`` with ``sum_{keys >= u} weights >= goal``
+  (``[B]`` uint32; 0 if even all the weight falls short).
+
+  ``keys`` ``[B, V]`` from ``order_keys``, ``weights`` ``[B, V]`` >= 0 (1 to
+  count, ``exp(y - m)`` for mass; 0 outside the entries searched).  Sums run
+  in one fixed order, so they fall as ``u`` rises and the bit-by-bit search
+  (32 passes, one bit per pass, from the top) is exact for them; the result
+  is the key of an entry.
+  """
+  def step(i, found):
+    trial = found | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
+    reached = masked_sum(keys >= trial[:, None], weights, reduce) >= goal
+    return jnp.where(reached, trial, found)
+
+  return lax.fori_loop(0, 32, step, jnp.zeros(keys.shape[:1], jnp.uint32))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Search:
+  """A batch's kept sets, found without a sort.
+
+  ``x``/``y``: sanitized and tempered logits ``[B, V]``; ``row_max =
+  max(y)`` (valid iff finite); ``threshold``: kept set ``{y >= threshold,
+  y > -inf}`` (-inf on rows without a filter, greedy and invalid rows);
+  ``logsumexp_K(y) = shift + log_sum`` on sampled valid rows; ``order`` ``[B,
+  W]`` the first ids by descending ``y``, smallest id first among equal
+  values (``reference.top_ids``); ``token`` the Gumbel-max over the kept
+  candidates and ``decided`` whether it is the reference's token (both
+  ``[B]``, only with noise).
+  """
+
+  x: jax.Array
+  y: jax.Array
+  row_max: jax.Array
+  threshold: jax.Array
+  shift: jax.Array
+  log_sum: jax.Array
+  order: jax.Array
+  token: jax.Array | None = None
+  decided: jax.Array | None = None
+
+  def processed(self) -> Processed:
+    """``reference.process``'s result for these kept sets."""
+    keep = (self.y >= self.threshold[:, None]) & (self.y > -jnp.inf)
+    return Processed(self.x, self.y, keep, self.row_max, self.shift,
+                     self.log_sum, self.order)
+
+
+def _where_needed(needed: jax.Array, compute, default: jax.Array):
+  """``compute()`` on the rows of ``needed``, ``default`` on the others; the
+  computation runs only when some row needs it."""
+  found = rowwise.cond(jnp.any(needed), compute, lambda: default)
+  return jnp.where(needed, found, default)
+
+
+def _candidate_search(y, row_max, params: SamplingParams, active, sampled,
+                      width: int, order_width: int, noise_at, reduce: Reduce):
+  """The kept sets (module doc) from ``width`` candidates: ``(threshold,
+  log_sum, order, token, decided)`` (the last two None without
+  ``noise_at``).  ``y`` ``[B, V]`` tempered logits of valid rows (others 0,
+  -0 as +0), ``row_max`` their max; ``active`` rows take the filters,
+  ``sampled`` rows (valid, T > 0) get ``log_sum`` and a token."""
+  vocab = y.shape[-1]
+  vals, ids = lax.top_k(y, width)
+  last = vals[:, -1]
+  inside = lambda t: (width >= vocab) | (last < t) | (last == -jnp.inf)
+  finite = y > -jnp.inf
+  mass = lambda: jnp.exp(y - row_max[:, None])
+  above = lambda t: finite & (y >= t[:, None])
+  search_keys = lambda weights, goal: key_value(
+      reaching_key(order_keys(y), weights, goal, reduce))
+
+  t1 = jnp.where(params.min_p > 0, row_max + jnp.log(params.min_p), -jnp.inf)
+  k = params.top_k
+  kth = jnp.take_along_axis(vals, jnp.clip(k - 1, 0, width - 1)[:, None],
+                            axis=-1)[:, 0]
+  t12 = _where_needed(
+      active & (k > width) & ~inside(t1),
+      lambda: jnp.maximum(t1, search_keys(above(t1).astype(jnp.int32), k)),
+      jnp.where((k > 0) & (k <= width), jnp.maximum(t1, kth), t1))
+
+  top_p = active & (params.top_p < 1)
+  candidate_mass = jnp.where((vals > -jnp.inf) & (vals >= t12[:, None]),
+                             jnp.exp(vals - row_max[:, None]), 0.0)
+  cumulative = jnp.cumsum(candidate_mass, axis=-1)
+  total = _where_needed(top_p & ~inside(t12),
+                        lambda: masked_sum(above(t12), mass(), reduce),
+                        cumulative[:, -1])
+  goal = params.top_p * total
+  reached = cumulative >= goal[:, None]
+  t3 = _where_needed(
+      top_p & ~reached[:, -1],
+      lambda: search_keys(jnp.where(above(t12), mass(), 0.0), goal),
+      jnp.take_along_axis(vals, jnp.argmax(reached, axis=-1)[:, None],
+                          axis=-1)[:, 0])
+  threshold = jnp.where(
+      active, jnp.maximum(t12, jnp.where(top_p, t3, -jnp.inf)), -jnp.inf)
+
+  kept = (vals > -jnp.inf) & (vals >= threshold[:, None])
+  kept_inside = inside(threshold)
+  log_sum = jnp.log(_where_needed(
+      sampled & ~kept_inside, lambda: masked_sum(above(threshold), mass(),
+                                                 reduce),
+      jnp.sum(jnp.where(kept, jnp.exp(vals - row_max[:, None]), 0.0),
+              axis=-1)))
+  order = ids[:, :order_width]
+  if noise_at is None:
+    return threshold, log_sum, order, None, None
+  noise = noise_at(ids)
+  race = jnp.where(kept, vals.astype(noise.dtype) + noise, -jnp.inf)
+  best = jnp.max(race, axis=-1)
+  token = jnp.min(jnp.where(race == best[:, None], ids, vocab), axis=-1)
+  bound = last.astype(noise.dtype) + GUMBEL_BOUND[noise.dtype]
+  return threshold, log_sum, order, token, kept_inside | (best > bound)
+
+
+def search(logits: jax.Array, params: SamplingParams, *, order_width: int = 0,
+           noise_at=None, reduce: Reduce = _identity) -> Search:
+  """The kept sets of ``logits`` ``[B, V]`` (``B >= 1``) under canonical
+  ``params``, the reference's (module doc), with ``order`` ``min(
+  order_width, V)`` wide.
+
+  ``noise_at(ids)``: the Gumbel noise of ``ids`` ``[B, W]`` (the reference's
+  for those ids) to race the kept candidates.  ``reduce``: applied to every
+  sum over the vocabulary (module doc).
+  """
+  vocab = logits.shape[-1]
+  order_width = min(order_width, vocab)
+  x = reference.sanitize(logits)
+  y = reference.temper(x, params.temperature)
+  row_max = jnp.max(y, axis=-1)
+  valid = jnp.isfinite(row_max)
+  sampled = valid & (params.temperature > 0)
+  y_safe = jnp.where(valid[:, None] & (y != 0), y, 0.0)
+  active = sampled & params.truncates()
+  widths = sorted({min(max(w, order_width), vocab) for w in CANDIDATE_WIDTHS})
+  branches = [functools.partial(
+      _candidate_search, y_safe, jnp.where(valid, row_max, 0.0), params,
+      active, sampled, width=w, order_width=order_width, noise_at=noise_at,
+      reduce=reduce) for w in widths]
+  with jax.ensure_compile_time_eval():  # known for concrete params
+    top_k = (params.temperature > 0) & params.truncates() & (
+        params.top_k <= widths[-1])
+    branch = jnp.sum(jnp.max(jnp.where(top_k, params.top_k, 0)) >
+                     jnp.asarray(widths[:-1], jnp.int32))
+  found = rowwise.switch(branch, branches)
+  threshold, log_sum, order, token, decided = found
+  return Search(x, y, row_max, threshold, jnp.where(valid, row_max, 0.0),
+                log_sum, order, token, decided)
+
+
+def process(logits: jax.Array, params: SamplingParams, *,
+            order_width: int = 0) -> Processed:
+  """``reference.process`` without a sort (``B >= 1``, canonical params):
+  the same kept sets on sampled rows (module doc)."""
+  return search(logits, params, order_width=order_width).processed()
+
+
+def sample(logits: jax.Array, params: SamplingParams,
+           streams: rng.RowStreams, *, generator: str, fp64: bool = False,
+           order_width: int = 0) -> tuple[SampleResult, Processed]:
+  """``reference.sample_reference`` without a sort (``B >= 1``, canonical
+  params): the same tokens, and the ``Processed`` rows for a mask.
+
+  Rows whose candidate race is not the reference's (``Search.decided``) race
+  the whole row, behind a cond that only such rows take.
+  """
+  vocab = logits.shape[-1]
+  columns = jax.tree.map(lambda a: a[:, None], streams)
+  noise_at = lambda ids: rng.gumbel(rng.uniform(rng.bits_at(
+      generator, columns, ids, wide=fp64)))
+  found = search(logits, params, order_width=order_width, noise_at=noise_at)
+  proc = found.processed()
+  plain = (params.temperature == 0) | ~jnp.isfinite(found.row_max)
+  tokens = _where_needed(
+      ~plain & ~found.decided, lambda: reference.race_tokens(
+          proc, params, rng.gumbel_noise(generator, streams, vocab,
+                                         fp64=fp64)),
+      jnp.where(plain, jnp.argmax(found.y, axis=-1).astype(jnp.int32),
+                found.token))
+  x_token = jnp.take_along_axis(found.x, tokens[:, None], axis=-1)[:, 0]
+  return reference.finalize(x_token, params, tokens,
+                            (found.shift, found.log_sum),
+                            found.row_max), proc
