@@ -51,6 +51,11 @@ def test_suite_writes_rows_and_json(suite, tmp_path, capsys):
   for row in doc["rows"]:
     assert set(runner.ROW_KEYS) <= set(row)
     assert row["us"] > 0 and row["floor_us"] > 0 and row["batch"] == 2
+    # The suites' own checks: a sweep's plans give the default plan's tokens,
+    # extract gives sample's ids (an unstable one-key sort may break ties).
+    for check in ("same_tokens", "same_ids_as_sample", "exact"):
+      if check in row and row["op"] != "xla sort unstable (-y, ids)":
+        assert row[check], (row["op"], check)
   printed = capsys.readouterr().out
   assert all(op in printed for op in want_ops)
 
