@@ -172,7 +172,9 @@ def _candidate_search(y, row_max, params: SamplingParams, active, sampled,
   -0 as +0), ``row_max`` their max; ``active`` rows take the filters,
   ``sampled`` rows (valid, T > 0) get ``log_sum`` and a token."""
   vocab = y.shape[-1]
-  vals, ids = lax.top_k(y, width)
+  # The barrier keeps XLA:CPU's top-k a TopK call: folding the uses of its
+  # slice of a sort into gathers would leave a full sort of every row.
+  vals, ids = lax.optimization_barrier(lax.top_k(y, width))
   last = vals[:, -1]
   inside = lambda t: (width >= vocab) | (last < t) | (last == -jnp.inf)
   finite = y > -jnp.inf
