@@ -135,8 +135,9 @@ class Search:
   y > -inf}`` (-inf on rows without a filter, greedy and invalid rows);
   ``logsumexp_K(y) = shift + log_sum`` on sampled valid rows; ``order`` ``[B,
   W]`` the first ids by descending ``y``, smallest id first among equal
-  values (``reference.top_ids``); ``token`` the Gumbel-max over the kept
-  candidates and ``decided`` whether it is the reference's token (both
+  values (``reference.top_ids``); ``first`` ``[B]`` the first of that
+  order (``argmax(y)`` on valid rows); ``token`` the Gumbel-max over the
+  kept candidates and ``decided`` whether it is the reference's token (both
   ``[B]``, only with noise).
   """
 
@@ -147,6 +148,7 @@ class Search:
   shift: jax.Array
   log_sum: jax.Array
   order: jax.Array
+  first: jax.Array
   token: jax.Array | None = None
   decided: jax.Array | None = None
 
@@ -167,12 +169,14 @@ def _where_needed(needed: jax.Array, compute, default: jax.Array):
 def _candidate_search(y, row_max, params: SamplingParams, active, sampled,
                       width: int, order_width: int, noise_at, reduce: Reduce):
   """The kept sets (module doc) from ``width`` candidates: ``(threshold,
-  log_sum, order, token, decided)`` (the last two None without
+  log_sum, order, first, token, decided)`` (the last two None without
   ``noise_at``).  ``y`` ``[B, V]`` tempered logits of valid rows (others 0,
   -0 as +0), ``row_max`` their max; ``active`` rows take the filters,
   ``sampled`` rows (valid, T > 0) get ``log_sum`` and a token."""
   vocab = y.shape[-1]
-  vals, ids = lax.top_k(y, width)
+  # The barrier keeps XLA:CPU's top-k a TopK call: folding the uses of its
+  # slice of a sort into gathers would leave a full sort of every row.
+  vals, ids = lax.optimization_barrier(lax.top_k(y, width))
   last = vals[:, -1]
   inside = lambda t: (width >= vocab) | (last < t) | (last == -jnp.inf)
   finite = y > -jnp.inf
@@ -214,15 +218,15 @@ def _candidate_search(y, row_max, params: SamplingParams, active, sampled,
                                                  reduce),
       jnp.sum(jnp.where(kept, jnp.exp(vals - row_max[:, None]), 0.0),
               axis=-1)))
-  order = ids[:, :order_width]
+  head = (threshold, log_sum, ids[:, :order_width], ids[:, 0])
   if noise_at is None:
-    return threshold, log_sum, order, None, None
+    return head + (None, None)
   noise = noise_at(ids)
   race = jnp.where(kept, vals.astype(noise.dtype) + noise, -jnp.inf)
   best = jnp.max(race, axis=-1)
   token = jnp.min(jnp.where(race == best[:, None], ids, vocab), axis=-1)
   bound = last.astype(noise.dtype) + GUMBEL_BOUND[noise.dtype]
-  return threshold, log_sum, order, token, kept_inside | (best > bound)
+  return head + (token, kept_inside | (best > bound))
 
 
 def search(logits: jax.Array, params: SamplingParams, *, order_width: int = 0,
@@ -255,9 +259,9 @@ def search(logits: jax.Array, params: SamplingParams, *, order_width: int = 0,
     branch = jnp.sum(jnp.max(jnp.where(top_k, params.top_k, 0)) >
                      jnp.asarray(widths[:-1], jnp.int32))
   found = rowwise.switch(branch, branches)
-  threshold, log_sum, order, token, decided = found
+  threshold, log_sum, *rest = found
   return Search(x, y, row_max, threshold, jnp.where(valid, row_max, 0.0),
-                log_sum, order, token, decided)
+                log_sum, *rest)
 
 
 def process(logits: jax.Array, params: SamplingParams, *,
@@ -282,13 +286,15 @@ def sample(logits: jax.Array, params: SamplingParams,
       generator, columns, ids, wide=fp64)))
   found = search(logits, params, order_width=order_width, noise_at=noise_at)
   proc = found.processed()
-  plain = (params.temperature == 0) | ~jnp.isfinite(found.row_max)
+  valid = jnp.isfinite(found.row_max)
+  greedy = params.temperature == 0
+  tokens = _where_needed(  # invalid rows: the first NaN, +inf or overflow
+      ~valid, lambda: jnp.argmax(found.y, axis=-1).astype(jnp.int32),
+      jnp.where(greedy, found.first, found.token))
   tokens = _where_needed(
-      ~plain & ~found.decided, lambda: reference.race_tokens(
+      valid & ~greedy & ~found.decided, lambda: reference.race_tokens(
           proc, params, rng.gumbel_noise(generator, streams, vocab,
-                                         fp64=fp64)),
-      jnp.where(plain, jnp.argmax(found.y, axis=-1).astype(jnp.int32),
-                found.token))
+                                         fp64=fp64)), tokens)
   x_token = jnp.take_along_axis(found.x, tokens[:, None], axis=-1)[:, 0]
   return reference.finalize(x_token, params, tokens,
                             (found.shift, found.log_sum),

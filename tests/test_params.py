@@ -289,6 +289,7 @@ def test_sampler_config_rejects_bad_values(kw):
 
 @pytest.mark.parametrize("kw", [
     dict(rng="threefry"), dict(rng="philox"), dict(implementation="xla"),
+    dict(implementation="xla_search"),
     dict(implementation="pallas"), dict(implementation="auto"),
     dict(block_size=16), dict(block_size=1024), dict(num_splits=1),
     dict(num_warps=4, num_stages=2), dict(use_fp64_gumbel=True)])
