@@ -65,12 +65,12 @@ def f(x, t):
   rows = jnp.zeros((B,), jnp.float32)
   if name == "stats":
     params = SamplingParams(t, rows.astype(jnp.int32), rows + 0.9, rows)
-    plan = threshold._pass_plan(B, V, x.dtype, SamplerConfig())
+    plan = threshold.base.pass_plan(B, V, x.dtype, SamplerConfig())
     WARPS.append(plan.num_warps)
-    return threshold._stats_pass(x, params, plan,
-                                 threshold._segment_size(V, plan.chunk), 1024)
+    return threshold.stats._stats_pass(
+        x, params, plan, threshold.base.segment_size(V, plan.chunk), 1024)
   if name == "compact":
-    WARPS.append(threshold._COMPACT_WARPS)
+    WARPS.append(threshold.candidates._COMPACT_WARPS)
     return threshold.collect_candidates(
         x, SamplingParams(t, rows.astype(jnp.int32), rows + 1, rows),
         rows > -1, rows, rows, rows, None, SamplerConfig(),

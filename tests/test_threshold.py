@@ -62,8 +62,8 @@ def test_key_searches_from_a_shared_prefix():
                                                      60)).astype(np.float32)
   a[:3], b[:3] = [-np.inf, 1.5, -2.0], [np.inf, 1.5, -1.999]
   for lower, upper in zip(a, b):
-    prefix, known = threshold._key_prefix(jnp.float32(lower),
-                                          jnp.float32(upper))
+    prefix, known = threshold.search._key_prefix(jnp.float32(lower),
+                                                 jnp.float32(upper))
     middle = (lower / 2 + upper / 2) if np.isfinite(lower) and np.isfinite(
         upper) else 0.0
     keys = common.order_key(jnp.float32([lower, upper, middle]))
@@ -73,8 +73,8 @@ def test_key_searches_from_a_shared_prefix():
     assert int(known) == 32 or (int(keys[0]) ^ int(keys[1])) >> (
         31 - int(known)) & 1
     for answer in (keys[2], keys[0] - 1, keys[1] + 1):
-      found = threshold._largest_key(lambda v, answer=answer: v <= answer, 32,
-                                     (prefix, known))
+      found = threshold.search.largest_key(
+          lambda v, answer=answer: v <= answer, 32, (prefix, known))
       block_max = int(prefix) | (~int(mask) & 0xFFFFFFFF)
       want = (int(answer) if int(prefix) <= int(answer) <= block_max else
               block_max if int(answer) > block_max else 0)
@@ -470,7 +470,7 @@ def test_masks_of_large_sets_list_in_the_first_search_pass():
       batch, temperature=[1, 0.7, 1.3, 1], top_k=[0, 5000, 0, 3000],
       top_p=[0.9, 0.9, 1, 1], min_p=[0, 0, 0.05, 0]).canonical(vocab)
   config = SamplerConfig(max_candidates=256)
-  assert threshold._listing_width(width, config)
+  assert threshold.route._listing_width(width, config)
   streams, _ = rng.row_streams(jax.random.key(0), None, batch, vocab)
 
   @jax.jit
@@ -481,14 +481,14 @@ def test_masks_of_large_sets_list_in_the_first_search_pass():
     sets, listed = threshold.large_thresholds(x, params, tr, config, rows,
                                               list_width=width)
     lower = listed.listing.lower
-    _, _, _, held = threshold._window_threshold(
-        listed.window, threshold._top_width(params, width),
+    _, _, _, held = threshold.route._window_threshold(
+        listed.window, threshold.route._top_width(params, width),
         listed.listing.rows, tr.t1, lower, jnp.full_like(lower, jnp.inf),
         tr.row_max, listed.listing.capacity, by_count=True)
     # The window kernel of each row's search placed the listing as a
     # by-count window of its own would (with no upper end).
-    _, alone, upper = threshold._place_window(
-        threshold._top_width(params, width), tr, rows, tr.t1,
+    _, alone, upper = threshold.route._place_window(
+        threshold.route._top_width(params, width), tr, rows, tr.t1,
         listed.listing.capacity, by_count=True)
     return rows, tr.large != 0, sets, listed, held, (alone, upper), (
         threshold.large_kept_ids(x, params, tr, config, rows, sets.threshold,
@@ -520,7 +520,7 @@ def test_a_misleading_sample_takes_the_pivot_search():
   batch, vocab = 3, 20000
   x = np.random.default_rng(13).standard_normal((batch, vocab)).astype(
       np.float32)
-  x[:, ::threshold._SAMPLE_STRIDE] = -30
+  x[:, ::threshold.base.SAMPLE_STRIDE] = -30
   x[2] = 0.5
   params = SamplingParams.make(batch, top_p=[0.9, 1, 1],
                                top_k=[0, 10000, vocab - 1])
@@ -543,15 +543,15 @@ def test_a_window_holds_the_tie_group_at_its_upper_rank():
   rank's value, so a threshold there stays in the window (rounded down, the
   upper end left that group above the window)."""
   groups, size, capacity = 32, 16, 1024
-  half = threshold._window_half(capacity)
+  half = threshold.window.window_half(capacity)
   r = np.random.default_rng(21)
   values = np.repeat(np.arange(groups) * 0.0625, size)
   sample = np.stack([r.permutation(values) + 1.0,
                      r.permutation(values) - 12.0]).astype(np.float32)
   rank = 100  # sample rank of the k-th largest: k // _SAMPLE_STRIDE
   params = SamplingParams.make(
-      2, top_k=rank * threshold._SAMPLE_STRIDE).canonical(
-          sample.shape[1] * threshold._SAMPLE_STRIDE)
+      2, top_k=rank * threshold.base.SAMPLE_STRIDE).canonical(
+          sample.shape[1] * threshold.base.SAMPLE_STRIDE)
   row_max = jnp.asarray(sample.max(axis=1))
   lower, upper = threshold.threshold_window(
       jnp.asarray(sample), row_max, jnp.full((2,), -jnp.inf), params,

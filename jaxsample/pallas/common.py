@@ -268,7 +268,7 @@ class Tile:
   stride: int
   num_chunks: int
   noise: Noise | None
-  math: KernelMath
+  kmath: KernelMath
 
   def chunk_start(self, c: int) -> jax.Array:
     return self.start + self.offset + c * self.stride
@@ -295,8 +295,8 @@ class Tile:
     return [b for _, b in rng.tile_bits(noise.generator, noise.stream,
                                         global_start, lanes,
                                         wide=noise.wide,
-                                        mulhilo=self.math.mulhilo_pair
-                                        if noise.wide else self.math.mulhilo)]
+                                        mulhilo=self.kmath.mulhilo_pair
+                                        if noise.wide else self.kmath.mulhilo)]
 
   def chunks(self, anchor: jax.Array | None = None) -> list[Chunk]:
     """The tile's chunks with their bits (drawn here when ``noise`` is set,
@@ -306,7 +306,7 @@ class Tile:
             for c, b in enumerate(bits)]
 
 
-def tile_loop(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
+def tile_loop(plan: KernelPlan, kmath: KernelMath, split_start, vocab: int,
               load: Callable[[jax.Array, jax.Array], Any],
               step: Callable[[Any, Tile, tuple], Any], carry, *,
               noise: Noise | None = None):
@@ -349,7 +349,7 @@ def tile_loop(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
     upcoming = load_step(i + 1)
     tile_start, lane_offset = position(i)
     tile = Tile(tile_start, lane_offset, lanes, plan.chunk_stride,
-                len(offsets), noise, math)
+                len(offsets), noise, kmath)
     return step(carry, tile, loaded), upcoming
 
   carry, _ = lax.fori_loop(0, plan.steps * groups, body,
@@ -357,7 +357,7 @@ def tile_loop(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
   return carry
 
 
-def chunk_loop(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
+def chunk_loop(plan: KernelPlan, kmath: KernelMath, split_start, vocab: int,
                load: Callable[[jax.Array, jax.Array], Any],
                step: Callable[[Any, Chunk, Any], Any], carry, *,
                noise: Noise | None = None):
@@ -370,7 +370,7 @@ def chunk_loop(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
       carry = step(carry, chunk, value)
     return carry
 
-  return tile_loop(plan, math, split_start, vocab, load, tile_step, carry,
+  return tile_loop(plan, kmath, split_start, vocab, load, tile_step, carry,
                    noise=noise)
 
 
@@ -475,7 +475,7 @@ def argmax_finish(best, best_index):
 _LOG2E = 1.4426950408889634
 
 
-def split_argmax(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
+def split_argmax(plan: KernelPlan, kmath: KernelMath, split_start, vocab: int,
                  load, *, count_finite: bool = False):
   """``(max, argmax)`` of one split's logits, NaN read as +inf (smallest id
   on ties; an all -inf split reports its first id); with ``count_finite``,
@@ -492,13 +492,13 @@ def split_argmax(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
   lanes = jnp.arange(plan.chunk, dtype=jnp.int32)
   init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32), split_start + lanes,
           jnp.zeros((plan.chunk,) if count_finite else (), jnp.int32))
-  best, index, finite = chunk_loop(plan, math, split_start, vocab, load, step,
+  best, index, finite = chunk_loop(plan, kmath, split_start, vocab, load, step,
                                    init)
   counted = (jnp.sum(finite, dtype=jnp.int32),) if count_finite else ()
   return argmax_finish(best, index) + counted
 
 
-def split_sumexp(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
+def split_sumexp(plan: KernelPlan, kmath: KernelMath, split_start, vocab: int,
                  load, t, *, fold=None):
   """``(m, s)`` of one split of logits ``x`` (NaN read as +inf): ``m =
   max(x)`` and ``s = sum exp((x - m) / T)``; with
@@ -516,17 +516,34 @@ def split_sumexp(plan: KernelPlan, math: KernelMath, split_start, vocab: int,
     lane_max, s, extra = carry
     x = x.astype(jnp.float32)
     x = jnp.where(x != x, jnp.inf, x)
-    e = math.exp2_approx(-jnp.abs(x - lane_max) * scale)
+    e = kmath.exp2_approx(-jnp.abs(x - lane_max) * scale)
     e = jnp.where(x == -jnp.inf, 0.0, jnp.where(x == lane_max, 1.0, e))
     s = jnp.where(x > lane_max, s * e + 1.0, s + e)
     return jnp.maximum(lane_max, x), s, extra_fn(extra, chunk, x)
 
   init = (jnp.full((plan.chunk,), -jnp.inf, jnp.float32),
           jnp.zeros((plan.chunk,), jnp.float32), extra_init)
-  lane_max, s, extra = chunk_loop(plan, math, split_start, vocab, load, step,
+  lane_max, s, extra = chunk_loop(plan, kmath, split_start, vocab, load, step,
                                   init)
   m = jnp.max(lane_max)
   ref = jnp.where(m == -jnp.inf, 0.0, m)
   s = jnp.where(lane_max > -jnp.inf,
-                s * math.exp2_approx((lane_max - ref) * scale), 0.0)
+                s * kmath.exp2_approx((lane_max - ref) * scale), 0.0)
   return (m, jnp.sum(s)) + ((extra,) if fold else ())
+
+
+def split_fp64_words(value: jax.Array):
+  """fp64 scalar as (high, low) uint32 words.
+
+  A 64-bit kernel output would be narrowed when an outer ``jit`` lowers the
+  kernel outside the x64 scope; 32-bit words cross the boundary intact.
+  """
+  bits = lax.bitcast_convert_type(value, jnp.uint64)
+  return ((bits >> jnp.uint64(32)).astype(jnp.uint32),
+          (bits & jnp.uint64(0xFFFFFFFF)).astype(jnp.uint32))
+
+
+def join_fp64_words(hi: jax.Array, lo: jax.Array) -> jax.Array:
+  """The fp64 value of ``split_fp64_words``' ``(hi, lo)``."""
+  bits = (hi.astype(jnp.uint64) << jnp.uint64(32)) | lo.astype(jnp.uint64)
+  return lax.bitcast_convert_type(bits, jnp.float64)

@@ -52,7 +52,7 @@ class GumbelPartials:
 
   Attributes:
     race: best ``y + g`` of the split (fp64 on the FP64 path; the kernel
-      returns fp64 as two uint32 words, see ``_split_words``).
+      returns fp64 as two uint32 words, see ``common.split_fp64_words``).
     index: its global vocab id (smallest on ties).
     max: the split's reference for ``sumexp``: its race bound in fp32 (its
       best race value; the max of ``x`` for greedy rows).  The max over a
@@ -137,7 +137,7 @@ class GumbelRace:
     (still exact).
   """
 
-  math: common.KernelMath
+  kmath: common.KernelMath
   t: jax.Array
   race_dtype: jnp.dtype
   wide: bool
@@ -149,7 +149,7 @@ class GumbelRace:
 
   def _exp_below(self, x, bound32):
     """``exp(x * (1 / T) - bound)`` to ~6e-8 |x / T| (FFMA, FMUL, ex2)."""
-    return self.math.exp2_approx((x * (1.0 / self.t) - bound32) * _LOG2E)
+    return self.kmath.exp2_approx((x * (1.0 / self.t) - bound32) * _LOG2E)
 
   @staticmethod
   def _margin(bound32):
@@ -179,7 +179,7 @@ class GumbelRace:
 
     def exact(_):
       xs = jnp.where(x != x, jnp.inf, x)
-      race = self.math.div(xs, self.t).astype(self.race_dtype) + rng.gumbel(
+      race = self.kmath.div(xs, self.t).astype(self.race_dtype) + rng.gumbel(
           rng.uniform(bits))
       new_best, new_index = common.argmax_update(best, index_best, race, index)
       new_bound = jnp.maximum(bound, jnp.max(race))
@@ -285,7 +285,7 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
   kept_ref = refs.pop(0) if floored or count_finite else None
   race_lo_ref = refs
   row, split = pl.program_id(0), pl.program_id(1)
-  math = common.KernelMath(plan.interpret)
+  kmath = common.KernelMath(plan.interpret)
   split_start = split * plan.split_len
   offset = offset_ref[0]
   t, active, *stream = common.table_row(
@@ -305,7 +305,7 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
 
   def greedy():
     top, index, *finite = common.split_argmax(
-        plan, math, split_start, vocab, load, count_finite=count_finite)
+        plan, kmath, split_start, vocab, load, count_finite=count_finite)
     # Greedy rows need no sum-exp; it is a computed 1 because Triton's cond
     # lowering cannot yield a literal.
     one = (index - index + 1).astype(jnp.float32)
@@ -313,7 +313,7 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
         index - index,) * (skip + floored)
 
   def sampled():
-    race = GumbelRace(math, t, race_dtype, wide=fp64)
+    race = GumbelRace(kmath, t, race_dtype, wide=fp64)
     noise = common.Noise(generator, stream, offset, wide=fp64)
     if floored or count_finite:  # and count the raced entries (kept)
 
@@ -328,12 +328,12 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
         return race.chunk_step(state, chunk, x), kept + jnp.where(inside, 1, 0)
 
       state, kept = common.chunk_loop(
-          plan, math, split_start, vocab, race_load, step,
+          plan, kmath, split_start, vocab, race_load, step,
           (race.init(first_index), jnp.zeros((plan.chunk,), jnp.int32)),
           noise=noise)
       return (*race.finish(state), jnp.sum(kept, dtype=jnp.int32))
     if not skip:
-      state = common.chunk_loop(plan, math, split_start, vocab, race_load,
+      state = common.chunk_loop(plan, kmath, split_start, vocab, race_load,
                                 race.chunk_step, race.init(first_index),
                                 noise=noise)
       return race.finish(state)
@@ -344,7 +344,7 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
       state, raced = race.step(state, tile, loaded)
       return state, count + raced
 
-    state, count = common.tile_loop(plan, math, split_start, vocab, race_load,
+    state, count = common.tile_loop(plan, kmath, split_start, vocab, race_load,
                                     step, init, noise=noise)
     return (*race.finish(state), count)
 
@@ -352,7 +352,8 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
   def _():
     top, index, m, s, *counts = lax.cond(t > 0, sampled, greedy)
     if fp64:
-      race_ref[row, split], race_lo_ref[0][row, split] = _split_words(top)
+      race_ref[row, split], race_lo_ref[0][row, split] = (
+          common.split_fp64_words(top))
     else:
       race_ref[row, split] = top
     index_ref[row, split] = index + offset
@@ -362,22 +363,6 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
       raced_ref[row, split] = counts[0]
     if kept_ref is not None:
       kept_ref[row, split] = counts[0]
-
-
-def _split_words(value: jax.Array):
-  """fp64 scalar as (high, low) uint32 words.
-
-  A 64-bit kernel output would be narrowed when an outer ``jit`` lowers the
-  kernel outside the x64 scope; 32-bit words cross the boundary intact.
-  """
-  bits = lax.bitcast_convert_type(value, jnp.uint64)
-  return ((bits >> jnp.uint64(32)).astype(jnp.uint32),
-          (bits & jnp.uint64(0xFFFFFFFF)).astype(jnp.uint32))
-
-
-def _join_words(hi: jax.Array, lo: jax.Array) -> jax.Array:
-  bits = (hi.astype(jnp.uint64) << jnp.uint64(32)) | lo.astype(jnp.uint64)
-  return lax.bitcast_convert_type(bits, jnp.float64)
 
 
 def gumbel_partials(logits: jax.Array, temperature: jax.Array,
@@ -446,7 +431,7 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
                       jnp.asarray(tiles, jnp.float32)[None], 0.0)
   race_lo = rest[skip:]
   if fp64:
-    race = _join_words(race, race_lo[0])
+    race = common.join_fp64_words(race, race_lo[0])
   return GumbelPartials(race, index, row_max, sumexp, raced, kept)
 
 

@@ -69,16 +69,16 @@ agree to ~1e-6.
 
 from __future__ import annotations
 
-from jaxsample.pallas.spec.stats import (STATS_BLOCK, RowStats, stats_plan,
-                                         stats_partials, combine_stats,
-                                         log_probs_at)
-from jaxsample.pallas.spec.emit import (SKIP, GREEDY, RACE, RESIDUAL,
-                                        EmitRequest, emit_partials)
+from jaxsample.pallas.spec.stats import (STATS_BLOCK, SlotStats, combine_stats,
+                                         log_probs_at, stats_partials,
+                                         stats_plan)
+from jaxsample.pallas.spec.emit import (EmitRequest, GREEDY, RACE, RESIDUAL,
+                                        SKIP, emit_partials)
 from jaxsample.pallas.spec.reject import KeptFloors, kept_floors, reject
 
 __all__ = [
     "STATS_BLOCK",
-    "RowStats",
+    "SlotStats",
     "stats_plan",
     "stats_partials",
     "combine_stats",

@@ -14,7 +14,7 @@ from jax.experimental import pallas as pl
 from jaxsample import rng, rowwise
 from jaxsample import spec as spec_ref
 from jaxsample.pallas import common, gumbel
-from jaxsample.pallas.spec.stats import _switch
+from jaxsample.pallas.spec.stats import kernel_switch
 from jaxsample.params import SamplerConfig
 
 
@@ -65,7 +65,7 @@ def _emit_kernel(table_ref, target_ref, draft_ref, *outs, plan, vocab,
    plain_index_ref) = outs[:6]
   lo_refs = outs[6:]
   b, split = pl.program_id(0), pl.program_id(1)
-  math = common.KernelMath(plan.interpret)
+  kmath = common.KernelMath(plan.interpret)
   split_start = split * plan.split_len
   race_dtype = jnp.float64 if fp64 else jnp.float32
   first_index = split_start + jnp.arange(plan.chunk, dtype=jnp.int32)
@@ -73,12 +73,13 @@ def _emit_kernel(table_ref, target_ref, draft_ref, *outs, plan, vocab,
   # The races read the kept sets only (the greedy argmax reads the row).
   race_t = common.floored_loader(load_t, floors[0]) if floored else load_t
   noise = common.Noise(generator, stream, jnp.int32(0), wide=fp64)
-  race = gumbel.GumbelRace(math, t, race_dtype, wide=fp64)
+  race = gumbel.GumbelRace(kmath, t, race_dtype, wide=fp64)
   one = (split - split + 1).astype(jnp.float32)  # no literal stores in Triton
 
   def store(ref, lo_index, value):
     if fp64:
-      ref[b, split], lo_refs[lo_index][b, split] = gumbel._split_words(value)  # pylint: disable=protected-access
+      ref[b, split], lo_refs[lo_index][b, split] = (
+          common.split_fp64_words(value))
     else:
       ref[b, split] = value
 
@@ -97,18 +98,18 @@ def _emit_kernel(table_ref, target_ref, draft_ref, *outs, plan, vocab,
     write((none.astype(race_dtype), split - split, none, one))
 
   def greedy():
-    top, index = common.split_argmax(plan, math, split_start, vocab, load_t)
+    top, index = common.split_argmax(plan, kmath, split_start, vocab, load_t)
     write((top.astype(race_dtype), index, top, one))
 
   def plain_race():
     race_load = common.excluding_loader(race_t, exclude, plan.chunk)
     if gumbel.TILE_SKIP:
       state = common.tile_loop(
-          plan, math, split_start, vocab, race_load,
+          plan, kmath, split_start, vocab, race_load,
           lambda state, tile, loaded: race.step(state, tile, loaded)[0],
           race.init(first_index), noise=noise)
     else:
-      state = common.chunk_loop(plan, math, split_start, vocab, race_load,
+      state = common.chunk_loop(plan, kmath, split_start, vocab, race_load,
                                 race.chunk_step, race.init(first_index),
                                 noise=noise)
     write(race.finish(state))
@@ -125,7 +126,7 @@ def _emit_kernel(table_ref, target_ref, draft_ref, *outs, plan, vocab,
     def step(states, chunk, xs):
       x, xd = xs
       res_state, plain_state = states
-      res = dataclasses.replace(race, math=_ResidualMath(
+      res = dataclasses.replace(race, kmath=_ResidualMath(
           plan.interpret, xd.astype(jnp.float32), norms))
       res_state = res.chunk_step(res_state, chunk, x)
       # Once the split holds a residual element the plain race is moot.
@@ -135,12 +136,12 @@ def _emit_kernel(table_ref, target_ref, draft_ref, *outs, plan, vocab,
 
     init = race.init(first_index)
     res_state, plain_state = common.chunk_loop(
-        plan, math, split_start, vocab, load, step, (init, init),
+        plan, kmath, split_start, vocab, load, step, (init, init),
         noise=noise)
     plain_top, plain_index, _, _ = race.finish(plain_state)
     write(race.finish(res_state), (plain_top, plain_index))
 
-  _switch(mode, [skip, greedy, plain_race, residual])
+  kernel_switch(mode, [skip, greedy, plain_race, residual])
 
 
 @jax.tree_util.register_dataclass
@@ -200,8 +201,8 @@ def emit_partials(target2d, draft2d, temperature, req: EmitRequest,
   race, index, row_max, sumexp, plain_race, plain_index, *lo = call(
       table, target2d, draft2d)
   if fp64:
-    race = gumbel._join_words(race, lo[0])  # pylint: disable=protected-access
-    plain_race = gumbel._join_words(plain_race, lo[1])  # pylint: disable=protected-access
+    race = common.join_fp64_words(race, lo[0])
+    plain_race = common.join_fp64_words(plain_race, lo[1])
   partials = gumbel.GumbelPartials(race=race, index=index, max=row_max,
                                    sumexp=sumexp, raced_tiles=None)
   return partials, (plain_race, plain_index)

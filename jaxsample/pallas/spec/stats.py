@@ -29,7 +29,7 @@ STATS_BLOCK = 4096
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class RowStats:
+class SlotStats:
   """Per-row results of pass 1, ``[B, k]`` each (rows never read: max -inf).
 
   ``max``: max of the sanitized logits ``x``; ``argmax``: its smallest index
@@ -51,7 +51,7 @@ def _stats_kernel(temp_ref, n_ref, *refs, plan, k, batch, vocab, floored):
                                                                        None)
   target_ref, draft_ref, max_ref, arg_ref, sumexp_ref = refs
   r, split = pl.program_id(0), pl.program_id(1)
-  math = common.KernelMath(plan.interpret)
+  kmath = common.KernelMath(plan.interpret)
   split_start = split * plan.split_len
   is_draft = r >= batch * k
   local = jnp.where(is_draft, r - batch * k, r)
@@ -72,7 +72,7 @@ def _stats_kernel(temp_ref, n_ref, *refs, plan, k, batch, vocab, floored):
                                         plan.chunk)
 
   def greedy():
-    m, arg = common.split_argmax(plan, math, split_start, vocab,
+    m, arg = common.split_argmax(plan, kmath, split_start, vocab,
                                   target_load)
     write(m, arg, zero.astype(jnp.float32))
 
@@ -81,7 +81,7 @@ def _stats_kernel(temp_ref, n_ref, *refs, plan, k, batch, vocab, floored):
       load = common.floored_loader(load, floor_ref[r])
 
     def branch():
-      m, s = common.split_sumexp(plan, math, split_start, vocab, load, t)
+      m, s = common.split_sumexp(plan, kmath, split_start, vocab, load, t)
       write(m, zero, s)
     return branch
 
@@ -94,10 +94,10 @@ def _stats_kernel(temp_ref, n_ref, *refs, plan, k, batch, vocab, floored):
   if floored:  # a measured kept set brings its own normalizer
     read &= measured_ref[r] == 0
   kind = jnp.where(read, kind, zero)
-  _switch(kind, branches)
+  kernel_switch(kind, branches)
 
 
-def _switch(index, branches):
+def kernel_switch(index, branches):
   """Runs ``branches[index]`` (side effects only).  ``lax.switch``'s index
   clamp does not compile in Triton (its ``maxsi`` mixes integer widths)."""
   for j, branch in enumerate(branches):
@@ -145,7 +145,7 @@ def stats_partials(target, draft, temperature, n, config: SamplerConfig,
 
 
 def combine_stats(m, arg, sumexp, temperature,
-                  kept: threshold.KeptSets | None = None) -> RowStats:
+                  kept: threshold.KeptSets | None = None) -> SlotStats:
   """Merges pass-1 partials ``[B, k, S]`` of rows of requests with
   temperatures ``[B]`` (max and rescaled sum, first split winning ties);
   rows ``kept.measured`` (``[B, k]`` each) take ``logsumexp = row_max +
@@ -164,7 +164,7 @@ def combine_stats(m, arg, sumexp, temperature,
   if kept is not None:
     shift = jnp.where(kept.measured, kept.row_max, shift)
     log_sum = jnp.where(kept.measured, kept.log_kept, log_sum)
-  return RowStats(row_max, arg, shift, log_sum, jnp.isfinite(shift))
+  return SlotStats(row_max, arg, shift, log_sum, jnp.isfinite(shift))
 
 
 def log_probs_at(x, stats_shift, stats_log_sum, temperature, floor=-jnp.inf):

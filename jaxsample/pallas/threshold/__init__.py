@@ -9,12 +9,12 @@ the pivot search per threshold no window holds; no sort anywhere):
 1. ``stats`` pass (grid ``(B, S)``): per vocab split, the max of the
    sanitized logits ``x``, ``sum exp(y - max)`` (``y = x / T``), the count of
    finite entries and *segment maxima*: the max of ``x`` over each segment of
-   contiguous ids (about ``_SEGMENTS_PER_ROW`` per row, ``_segment_size``).
+   contiguous ids (about ``_SEGMENTS_PER_ROW`` per row, ``segment_size``).
    The segment maxima are actual row elements, so every bound computed from
    them is conservative: the ``k``-th largest segment maximum is ``<=`` the
    row's ``k``-th largest value, and a value whose segment-maxima mass already
    reaches ``p * Z`` is ``<=`` the top-p threshold.  Rows that may keep a
-   large set also write their *sample*, every ``_SAMPLE_STRIDE``-th ``x``,
+   large set also write their *sample*, every ``SAMPLE_STRIDE``-th ``x``,
    from the same loads.
 2. ``bound`` select (grid ``(B,)``) combines the splits' stats (row max,
    mass, ``t1``) and, on the segment maxima, gives a per-row lower bound
@@ -43,7 +43,7 @@ the pivot search per threshold no window holds; no sort anywhere):
    candidates (smallest id on ties: the buffer is in vocab order).
 
 Large kept sets (rows with ``k > C / 2``, and rows without top-k whose
-sample, every ``_SAMPLE_STRIDE``-th logit written by the stats pass, puts
+sample, every ``SAMPLE_STRIDE``-th logit written by the stats pass, puts
 more than ``C / 2`` candidates above ``L``; ``sample_large``): min-p alone keeps
 ``{y >= t1}``.  Top-k and top-p thresholds each come from a window search:
 ``threshold_window`` places a window ``[lower, upper)`` of sample ranks
@@ -83,34 +83,34 @@ the same noise), so ``t1``, ``t2``, ties and tokens match exactly.  Masses are
 fp32 sums in a different order than the reference's sorted cumsum: a row whose
 top-p crossing lies within fp32 rounding of ``p`` times its mass may keep an
 adjacent threshold (tests treat such rows with the oracle's admissible sets).
+
+Modules, by stage: ``base`` (the pass plan, the param table, constants the
+stages share), ``search`` (the key-bit searches over a small buffer),
+``stats`` (pass 1 and the bound select), ``select`` (the exact threshold
+over a candidate buffer), ``window`` (large kept sets: the window from the
+sample), ``candidates`` (pass 2: compact and pack), ``pivot`` (the
+fixed-pass search) and ``route`` (the sampler and the kept sets: the stages
+in order).
 """
 
 from __future__ import annotations
 
-from jaxsample.pallas.threshold.stats import RowStats, RowBounds, row_bounds
+from jaxsample.pallas.threshold.stats import (RowBounds, StatsPartials,
+                                              row_bounds)
 from jaxsample.pallas.threshold.select import select_threshold
 from jaxsample.pallas.threshold.window import threshold_window
-from jaxsample.pallas.threshold.candidates import (Segments, Candidates,
-                                                   Listing, collect_candidates)
+from jaxsample.pallas.threshold.candidates import (Candidates, Listing,
+                                                   Segments, collect_candidates)
 from jaxsample.pallas.threshold.pivot import pivot_threshold
-from jaxsample.pallas.threshold.route import (Truncation, sample_truncated,
-                                              KeptSets, untruncated_sets,
-                                              kept_sets, KeptSetQuery,
-                                              joint_kept_sets,
-                                              large_thresholds, sample_large,
-                                              floored_race, large_kept_ids)
-# Stage internals that tests and scripts reach (issue 35 item 6 retires these).
-from jaxsample.pallas.threshold.base import (_SAMPLE_STRIDE, _pass_plan,
-                                             _segment_size)
-from jaxsample.pallas.threshold.search import _key_prefix, _largest_key
-from jaxsample.pallas.threshold.stats import _stats_pass
-from jaxsample.pallas.threshold.window import _WINDOW_BUFFERS, _window_half
-from jaxsample.pallas.threshold.candidates import _COMPACT_WARPS
-from jaxsample.pallas.threshold.route import (_listing_width, _place_window,
-                                              _top_width, _window_threshold)
+from jaxsample.pallas.threshold.route import (KeptSetQuery, KeptSets,
+                                              Truncation, floored_race,
+                                              joint_kept_sets, kept_sets,
+                                              large_kept_ids, large_thresholds,
+                                              sample_large, sample_truncated,
+                                              untruncated_sets)
 
 __all__ = [
-    "RowStats",
+    "StatsPartials",
     "RowBounds",
     "row_bounds",
     "select_threshold",

@@ -12,9 +12,9 @@ from jaxsample import rowwise
 from jaxsample.pallas import common
 from jaxsample.params import SamplerConfig, SamplingParams
 
-_LOG2E = 1.4426950408889634
+LOG2E = 1.4426950408889634
 # |x * (1 / T) - x / T| <= 2 ulp: the filter widens the candidate test by this.
-_FILTER_SLACK = 2.0**-21
+FILTER_SLACK = 2.0**-21
 _SEGMENTS_PER_ROW = 2048  # segment maxima per row (about), before padding
 _MIN_SEGMENT = 16
 # Chunk, chunks per step and warps of the two passes over the row (config's
@@ -27,9 +27,9 @@ _PASS_WARPS = 4
 _PASS_TILE = 4  # chunks per loop step (loads run one step ahead)
 
 
-def _pass_plan(batch, vocab, dtype, config: SamplerConfig, *,
-               block: int | None = None, per_tile: int | None = None,
-               warps: int | None = None) -> common.KernelPlan:
+def pass_plan(batch, vocab, dtype, config: SamplerConfig, *,
+              block: int | None = None, per_tile: int | None = None,
+              warps: int | None = None) -> common.KernelPlan:
   """The plan of the passes over the row (default ``_PASS_*``).  Interpret
   mode (CPU) walks one chunk per step: the tile only schedules the loads
   (the results do not depend on it beyond fp32 summation order), and
@@ -37,7 +37,7 @@ def _pass_plan(batch, vocab, dtype, config: SamplerConfig, *,
   block, per_tile = block or _PASS_BLOCK, per_tile or _PASS_TILE
   # A chunk holds whole groups of the sample's stride.
   plan = common.make_plan(batch, vocab, dtype, dataclasses.replace(
-      config, block_size=max(config.block_size or block, _SAMPLE_STRIDE),
+      config, block_size=max(config.block_size or block, SAMPLE_STRIDE),
       num_warps=config.num_warps or warps or _PASS_WARPS), generator=None)
   if per_tile == 1 or plan.interpret:
     return plan
@@ -48,24 +48,24 @@ def _pass_plan(batch, vocab, dtype, config: SamplerConfig, *,
                              num_splits=-(-tiles // steps), steps=steps)
 
 
-def _sanitize(x):
+def sanitize(x):
   x = x.astype(jnp.float32)
   return jnp.where(x != x, jnp.inf, x)
 
 
-def _segment_size(vocab: int, chunk: int) -> int:
+def segment_size(vocab: int, chunk: int) -> int:
   """Ids per segment: about ``_SEGMENTS_PER_ROW`` segments per row, a power of
   2 between ``_MIN_SEGMENT`` and the chunk."""
-  return min(chunk, max(_MIN_SEGMENT, _pow2_ceil(-(-vocab // _SEGMENTS_PER_ROW))))
+  return min(chunk, max(_MIN_SEGMENT, pow2_ceil(-(-vocab // _SEGMENTS_PER_ROW))))
 
 
 _PARAM_DTYPES = (jnp.float32, jnp.int32, jnp.float32, jnp.float32,
                  jnp.float32)
-_TOP_K_FIELD, _TOP_P_FIELD = 1, 2  # rows of a _param_table
-_ONE_BITS = 0x3F800000  # fp32 1.0 as int32: a param table's top-p off
+TOP_K_FIELD, TOP_P_FIELD = 1, 2  # rows of a pack_param_table
+ONE_BITS = 0x3F800000  # fp32 1.0 as int32: a param table's top-p off
 
 
-def _param_table(params: SamplingParams | jax.Array) -> jax.Array:
+def pack_param_table(params: SamplingParams | jax.Array) -> jax.Array:
   """The kernels' per-row parameters as one ``rowwise.pack_rows`` table:
   ``SamplingParams``' fields, then ``log(min_p)`` (-inf where min-p is off).
   Every kernel takes the same table, so XLA makes it once (one op where
@@ -78,18 +78,18 @@ def _param_table(params: SamplingParams | jax.Array) -> jax.Array:
                             params.min_p, log_min_p], params.batch_size)
 
 
-def _row_params(param_ref, row) -> tuple[SamplingParams, jax.Array]:
+def row_params(param_ref, row) -> tuple[SamplingParams, jax.Array]:
   """Row ``row``'s ``SamplingParams`` (scalars) and ``log(min_p)``, read in
-  a kernel from a ``_param_table``."""
+  a kernel from a ``pack_param_table``."""
   *fields, log_min_p = common.table_row(param_ref, row, _PARAM_DTYPES)
   return SamplingParams(*fields), log_min_p
 
 
-def _pow2_ceil(n: int) -> int:
+def pow2_ceil(n: int) -> int:
   return 1 << max(n - 1, 0).bit_length()
 
 
-# Every ``_SAMPLE_STRIDE``-th element of a row is its sample.  The window
+# Every ``SAMPLE_STRIDE``-th element of a row is its sample.  The window
 # spans ``2 * half`` sample ranks around the estimate, with ``half`` sized so
 # the window's expected count is about 0.7 of its buffer.
-_SAMPLE_STRIDE = 32
+SAMPLE_STRIDE = 32

@@ -13,10 +13,10 @@ from jax.experimental.pallas import triton as plgpu
 
 from jaxsample import rng, rowwise
 from jaxsample.pallas import common
-from jaxsample.pallas.threshold.base import (_FILTER_SLACK, _LOG2E,
-                                             _param_table, _pass_plan,
-                                             _pow2_ceil, _row_params,
-                                             _sanitize, _segment_size)
+from jaxsample.pallas.threshold.base import (FILTER_SLACK, LOG2E,
+                                             pack_param_table, pass_plan,
+                                             pow2_ceil, row_params, sanitize,
+                                             segment_size)
 from jaxsample.params import SamplerConfig, SamplingParams
 
 # The pack kernel: 8 warps at least (4.6 -> 3.9 us at B = 128 on an H100),
@@ -71,9 +71,9 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
       refs[:3 * gathering], refs[3 * gathering:])
   above_out, list_count_out = outs[:2 * windowed], outs[2 * windowed:]
   gather = gather_refs[0][row] != 0 if gathering else None
-  math = common.KernelMath(plan.interpret)
-  inv_t = 1.0 / _row_params(param_ref, row)[0].temperature
-  slack = lambda v: _FILTER_SLACK * jnp.abs(v)
+  kmath = common.KernelMath(plan.interpret)
+  inv_t = 1.0 / row_params(param_ref, row)[0].temperature
+  slack = lambda v: FILTER_SLACK * jnp.abs(v)
   bound = bound_ref[row]
   t1 = t1_ref[row]
   row_max = row_max_ref[row]
@@ -91,13 +91,13 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
 
   def compact(carry, index, x):
     count, list_count, outside, *above = carry
-    x = _sanitize(x)
+    x = sanitize(x)
     approx = x * inv_t
     finite = x > -jnp.inf
     flag = (approx >= filter_bound) & finite
     # The difference first: y * log2(e) - row_max * log2(e) contracts to an
     # FMA, whose error overflows exp2 for |y| ~ 1e37.
-    e = math.exp2_approx((approx - row_max) * _LOG2E)
+    e = kmath.exp2_approx((approx - row_max) * LOG2E)
     if above_out:
       surely_above = approx >= filter_upper
       flag = flag & ~surely_above
@@ -154,7 +154,7 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
   @pl.when(active & ~gather if gathering else active)
   def _():
     count, list_count, outside, *above = common.chunk_loop(
-        plan, math, split * plan.split_len, vocab,
+        plan, kmath, split * plan.split_len, vocab,
         common.row_chunk_loader(x_ref, row, plan.chunk),
         lambda carry, chunk, x: compact(carry, chunk.index, x), init)
     finish(count, list_count, outside, above)
@@ -250,7 +250,7 @@ def collect_candidates(logits, params: SamplingParams | jax.Array, active,
                        segments: Segments | None = None,
                        listing: Listing | None = None):
   """Runs the compact pass on the ``active`` rows (``[B]`` bool or int32
-  flags; ``params`` or their ``_param_table``: their temperatures) and
+  flags; ``params`` or their ``pack_param_table``: their temperatures) and
   packs each row's candidates into ``C`` slots (``capacity``, default ``config.max_candidates``); with ``upper`` ``[B]``
   (``>= lower_bound``, ``>= t1``), only the window ``[lower_bound, upper)``;
   with ``segments``, its ``gather`` rows read only their listed segments
@@ -265,16 +265,16 @@ def collect_candidates(logits, params: SamplingParams | jax.Array, active,
   capacity = capacity or config.max_candidates
   windowed = upper is not None
   upper_inputs = (upper,) if windowed else ()
-  plan = _pass_plan(batch, vocab, logits.dtype, config, block=_COMPACT_BLOCK,
-                    per_tile=_COMPACT_TILE, warps=_COMPACT_WARPS)
+  plan = pass_plan(batch, vocab, logits.dtype, config, block=_COMPACT_BLOCK,
+                   per_tile=_COMPACT_TILE, warps=_COMPACT_WARPS)
   shape = (batch, plan.num_splits)
   if listing is not None and (segments is not None or plan.chunk >= _LISTED):
     raise ValueError("a listing needs whole rows and chunks below 2^16")
   list_capacity = 0 if listing is None else listing.capacity
-  param_table = _param_table(params)
+  param_table = pack_param_table(params)
   kernel = functools.partial(_compact_kernel, plan=plan, vocab=vocab,
                              capacity=capacity, list_capacity=list_capacity,
-                             segment=_segment_size(vocab, plan.chunk),
+                             segment=segment_size(vocab, plan.chunk),
                              windowed=windowed, gathering=segments is not None)
   flags = active.astype(jnp.int32)
   if listing is not None:
@@ -334,7 +334,7 @@ def _pack(active, lower, x, ids, count, outside, *, param_table, t1, row_max,
               row_shape(jnp.int32), row_shape(jnp.float32),
               row_shape(jnp.float32), row_shape(jnp.int32),
               row_shape(jnp.float32),
-              jax.ShapeDtypeStruct((batch, _pow2_ceil(splits)), jnp.int32)],
+              jax.ShapeDtypeStruct((batch, pow2_ceil(splits)), jnp.int32)],
           grid=(batch,),
           compiler_params=plgpu.CompilerParams(
               num_warps=min(16, max(_PACK_WARPS, capacity // 256)),
@@ -374,11 +374,11 @@ def _pack_kernel(param_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
   row = pl.program_id(0)
   upper, above_refs = ((window_refs[0][row], window_refs[1:]) if windowed
                        else (jnp.inf, ()))
-  math = common.KernelMath(interpret)
+  kmath = common.KernelMath(interpret)
   active = active_ref[row] != 0
 
   def pack():
-    lanes = jnp.arange(_pow2_ceil(splits), dtype=jnp.int32)
+    lanes = jnp.arange(pow2_ceil(splits), dtype=jnp.int32)
     written = plgpu.load(count_ref.at[row, lanes], mask=lanes < splits,
                          other=0)
     written = jnp.minimum(written, capacity)
@@ -388,7 +388,7 @@ def _pack_kernel(param_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
     slot = lax.broadcasted_iota(jnp.int32, (capacity,), 0)
     # Each slot's split: the last one starting at or before it (binary search).
     source = jnp.zeros((capacity,), jnp.int32)
-    step = _pow2_ceil(splits) // 2
+    step = pow2_ceil(splits) // 2
     while step:
       probe = source + step
       inside = probe < splits
@@ -410,8 +410,8 @@ def _pack_kernel(param_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
     count, outside = split_sum(count_ref), split_sum(outside_ref)
     above_count, above_mass = (split_sum(ref) for ref in above_refs) if (
         windowed) else (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32))
-    t = _row_params(param_ref, row)[0].temperature
-    y = jnp.where(x > -jnp.inf, math.temper(x, t), -jnp.inf)
+    t = row_params(param_ref, row)[0].temperature
+    y = jnp.where(x > -jnp.inf, kmath.temper(x, t), -jnp.inf)
     e = jnp.where(y > -jnp.inf, jnp.exp(y - row_max_ref[row]), 0.0)
     over = y >= upper
     inside = (y >= lower_ref[row]) & ~over
@@ -425,7 +425,7 @@ def _pack_kernel(param_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
       stream = rng.RowStreams(*common.table_row(stream_refs[0], row,
                                                 common.STREAM_DTYPES))
       race_out[row, :] = y + rng.gumbel(rng.uniform(rng.bits_at(
-          generator, stream, ids, mulhilo=math.mulhilo)))
+          generator, stream, ids, mulhilo=kmath.mulhilo)))
     count_out[row] = count
     inside_mass = jnp.sum(jnp.where(inside, e, 0.0))
     outside = outside + jnp.sum(jnp.where(extra, e, 0.0))

@@ -11,9 +11,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jaxsample.pallas import common
-from jaxsample.pallas.threshold.base import (_LOG2E, _param_table, _pass_plan,
-                                             _row_params)
-from jaxsample.pallas.threshold.search import _bit_length
+from jaxsample.pallas.threshold.base import (LOG2E, pack_param_table, pass_plan,
+                                             row_params)
+from jaxsample.pallas.threshold.search import bit_length
 from jaxsample.params import SamplerConfig, SamplingParams
 
 
@@ -52,8 +52,8 @@ def _pivot_kernel(param_ref, active_ref, floor_ref, lower_ref,
 
   @pl.when(active_ref[row] != 0)
   def _():
-    math = common.KernelMath(plan.interpret)
-    params, _ = _row_params(param_ref, row)
+    kmath = common.KernelMath(plan.interpret)
+    params, _ = row_params(param_ref, row)
     t, k, p = params.temperature, params.top_k, params.top_p
     lo = jnp.maximum(common.order_key(lower),
                      jnp.uint32(_SMALLEST_FINITE_KEY))
@@ -62,7 +62,7 @@ def _pivot_kernel(param_ref, active_ref, floor_ref, lower_ref,
     def one_pass(i, state):
       lo, hi, goal = state
       width = hi - lo
-      shift = jnp.maximum(_bit_length(width) - _PIVOT_BITS, 0).astype(
+      shift = jnp.maximum(bit_length(width) - _PIVOT_BITS, 0).astype(
           jnp.uint32)
       # Pivots past hi sit at hi: where every pivot meets the goal (p = 0),
       # the answer is hi itself.  Every pivot is the key of a finite value or
@@ -78,10 +78,10 @@ def _pivot_kernel(param_ref, active_ref, floor_ref, lower_ref,
         total, above, reach = carry
         parts = []
         for x in loaded:
-          y = math.temper(x.astype(jnp.float32), t)
+          y = kmath.temper(x.astype(jnp.float32), t)
           survives = (y >= floor) & (y > -jnp.inf)
-          weight = jnp.where(survives, 1.0 if by_count else math.exp2_approx(
-              (y - row_max) * _LOG2E), 0.0)
+          weight = jnp.where(survives, 1.0 if by_count else kmath.exp2_approx(
+              (y - row_max) * LOG2E), 0.0)
           inside = jnp.where(y <= hi_value, weight, 0.0)
           total, above = total + weight, above + (weight - inside)
           parts.append((y, inside))
@@ -104,7 +104,7 @@ def _pivot_kernel(param_ref, active_ref, floor_ref, lower_ref,
         lanes = jnp.zeros((plan.chunk,), jnp.float32)
         # A traced start: Pallas rejects static slices past the row's end.
         total, above, reach = common.tile_loop(
-            plan, math, row * 0, vocab, common.row_chunk_loader(
+            plan, kmath, row * 0, vocab, common.row_chunk_loader(
                 x_ref, row, plan.chunk), tile_step, (lanes, lanes,
                                                      (lanes,) * _PIVOTS))
         above = jnp.sum(above)
@@ -161,7 +161,7 @@ def pivot_threshold(logits, params: SamplingParams, active, floor, row_max,
   ``v``).  Inactive rows: ``max(floor, lower)`` (or ``row_max`` below it).
   """
   batch, vocab = logits.shape
-  plan = _pass_plan(batch, vocab, logits.dtype, config)
+  plan = pass_plan(batch, vocab, logits.dtype, config)
   plan = dataclasses.replace(plan, num_splits=1,
                              steps=-(-vocab // plan.tile),
                              num_warps=config.num_warps or _PIVOT_WARPS)
@@ -172,5 +172,5 @@ def pivot_threshold(logits, params: SamplingParams, active, floor, row_max,
       kernel, out_shape=jax.ShapeDtypeStruct((batch,), jnp.float32),
       grid=(batch,), compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_pivot_threshold")(
-          _param_table(params), active.astype(jnp.int32), floor, lower,
+          pack_param_table(params), active.astype(jnp.int32), floor, lower,
           row_max, logits)

@@ -9,15 +9,14 @@ import jax.numpy as jnp
 
 from jaxsample import reference, rng, rowwise
 from jaxsample.pallas import gumbel
-from jaxsample.pallas.threshold.base import _SAMPLE_STRIDE
-from jaxsample.pallas.threshold.stats import RowStats, row_bounds
+from jaxsample.pallas.threshold.base import SAMPLE_STRIDE
+from jaxsample.pallas.threshold.stats import StatsPartials, row_bounds
 from jaxsample.pallas.threshold.select import select_threshold
-from jaxsample.pallas.threshold.window import (_TOP_K_WINDOW_BUFFERS,
-                                               _WINDOW_BUFFERS, _WINDOW_WARPS,
-                                               _window_half, threshold_window)
+from jaxsample.pallas.threshold.window import (TOP_K_WINDOW_BUFFERS,
+                                               WINDOW_BUFFERS, WINDOW_WARPS,
+                                               threshold_window, window_half)
 from jaxsample.pallas.threshold.candidates import (Candidates, Listing,
-                                                   Segments,
-                                                   collect_candidates)
+                                                   Segments, collect_candidates)
 from jaxsample.pallas.threshold.pivot import pivot_threshold
 from jaxsample.params import SamplerConfig, SamplingParams
 
@@ -67,7 +66,7 @@ class Truncation:
   t1: jax.Array
   bound: jax.Array
   mass: jax.Array
-  stats: RowStats
+  stats: StatsPartials
 
   @property
   def sample(self) -> jax.Array:
@@ -306,7 +305,7 @@ def _window_threshold(window: Candidates, search: SamplingParams, rows, floor,
   threshold, window_count, window_mass, _ = select_threshold(
       window.y, _safe(row_max), floor, search, total, bound=True,
       interpret=jax.default_backend() != "gpu", above=window.above_mass,
-      bits=32, num_warps=_WINDOW_WARPS, active=rows, window=(lower, upper))
+      bits=32, num_warps=WINDOW_WARPS, active=rows, window=(lower, upper))
   return (threshold, window.above_mass + window_mass,
           window.above_count + window_count,
           (window.count <= capacity) & reached & (threshold >= lower))
@@ -334,7 +333,7 @@ def _window_search(logits, params: SamplingParams, trunc: Truncation,
   threshold
   (``by_count``: the ``k``-th largest survivor ``y >= floor``) or top-p's
   above the survivors' ``floor``, found in the window (``Candidates``,
-  ``_TOP_K_WINDOW_BUFFERS`` or ``_WINDOW_BUFFERS`` candidate buffers)
+  ``TOP_K_WINDOW_BUFFERS`` or ``WINDOW_BUFFERS`` candidate buffers)
   ``threshold_window`` places from the row's sample; the kept mass
   ``sum_{y >= threshold} exp(y - row_max)`` and count; ``held``: the window
   held the
@@ -343,7 +342,7 @@ def _window_search(logits, params: SamplingParams, trunc: Truncation,
   of ``list_width`` ids and the same compact pass fills it: ``listed`` is
   that ``_Listed`` (None without ``lists``)."""
   capacity = config.max_candidates * (
-      _TOP_K_WINDOW_BUFFERS if by_count else _WINDOW_BUFFERS)
+      TOP_K_WINDOW_BUFFERS if by_count else WINDOW_BUFFERS)
   list_capacity = 0 if lists is None else _listing_capacity(list_width,
                                                             config)
   search, lower, upper, *list_lower = _place_window(
@@ -365,8 +364,8 @@ def _listing_width(width: int, config: SamplerConfig) -> bool:
   (``large_thresholds``): ``width > C / 2`` (narrower masks come from the
   candidate buffer of top-k = ``width``) and within half a window of the top,
   so that the window has no upper end."""
-  return (width > config.max_candidates // 2 and width // _SAMPLE_STRIDE
-          <= _window_half(_listing_capacity(width, config)))
+  return (width > config.max_candidates // 2 and width // SAMPLE_STRIDE
+          <= window_half(_listing_capacity(width, config)))
 
 
 def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
@@ -495,18 +494,18 @@ def floored_race(logits, params: SamplingParams, streams: rng.RowStreams,
 def _listing_capacity(width: int, config: SamplerConfig) -> int:
   """Slots of the window that lists a row's ``width`` largest values: the
   fewest (a power of 2, at most the top-k window's) whose window, ``H =
-  _window_half * _SAMPLE_STRIDE`` elements each way, has no upper end at
+  window_half * SAMPLE_STRIDE`` elements each way, has no upper end at
   rank ``width`` (``H >= width``) and whose lower end, about ``width + H``
   elements down, lies below rank ``width`` by 5 standard deviations of the
-  sample's count there (``sqrt(_SAMPLE_STRIDE * (width + H))``); the
+  sample's count there (``sqrt(SAMPLE_STRIDE * (width + H))``); the
   expected fill is then at most 0.7."""
   capacity = 16
   while True:
-    reach = _window_half(capacity) * _SAMPLE_STRIDE
-    if reach >= width and reach**2 >= 25 * _SAMPLE_STRIDE * (width + reach):
+    reach = window_half(capacity) * SAMPLE_STRIDE
+    if reach >= width and reach**2 >= 25 * SAMPLE_STRIDE * (width + reach):
       break
     capacity *= 2
-  return min(capacity, config.max_candidates * _TOP_K_WINDOW_BUFFERS)
+  return min(capacity, config.max_candidates * TOP_K_WINDOW_BUFFERS)
 
 
 def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,

@@ -18,11 +18,11 @@ from jaxsample.pallas import common
 # Key bits the bound search resolves.  Bounds only need to be conservative,
 # so the search stops early: 20 bits (sign, exponent and 11 mantissa bits)
 # round each bound down by less than 2^-11 of its magnitude.
-_BOUND_KEY_BITS = 20
-_NEG_INF_KEY = 0x007FFFFF  # order_key(-inf); smaller keys are NaN patterns
+BOUND_KEY_BITS = 20
+NEG_INF_KEY = 0x007FFFFF  # order_key(-inf); smaller keys are NaN patterns
 
 
-def _largest_keys(reaches: tuple, bits: int, start=None) -> tuple:
+def largest_keys(reaches: tuple, bits: int, start=None) -> tuple:
   """Per predicate of ``reaches``, the largest uint32 ``v`` with its low ``32
   - bits`` bits zero and ``reaches(v)`` (monotone: true below some point),
   built bit by bit in ``bits`` steps; 0 if none.  The searches share one
@@ -45,23 +45,23 @@ def _largest_keys(reaches: tuple, bits: int, start=None) -> tuple:
                for reach, v in zip(reaches, keys))
 
 
-def _largest_key(reaches, bits: int, start=None) -> jax.Array:
-  """``_largest_keys`` of one predicate."""
-  return _largest_keys((reaches,), bits, start)[0]
+def largest_key(reaches, bits: int, start=None) -> jax.Array:
+  """``largest_keys`` of one predicate."""
+  return largest_keys((reaches,), bits, start)[0]
 
 
 def _key_prefix(lower, upper):
   """``(prefix, known)``: the ``known`` high bits that the order keys of
   every value in ``[lower, upper]`` share, and those bits (the rest 0)."""
   low, high = common.order_key(lower), common.order_key(upper)
-  known = 32 - _bit_length(low ^ high)
+  known = 32 - bit_length(low ^ high)
   mask = jnp.where(known > 0, jnp.uint32(0xFFFFFFFF) << jnp.minimum(
       32 - known, 31).astype(jnp.uint32), jnp.uint32(0))
   return low & mask, known
 
 
-def _count_reaches(key, survives, n):
-  """``reaches(v) = #{survivors with key >= v} >= n`` for ``_largest_key``:
+def count_reaches(key, survives, n):
+  """``reaches(v) = #{survivors with key >= v} >= n`` for ``largest_key``:
   the search then finds the key of the ``n``-th largest survivor."""
   return lambda v: jnp.sum(jnp.where(survives & (key >= v), 1, 0)) >= n
 
@@ -87,15 +87,15 @@ def _bound_thresholds(y, survives, e, k, p, mass, above, bits: int,
   start = None if window is None else _key_prefix(*window)
   found = lax.cond(
       k > 0,
-      lambda: _largest_key(_count_reaches(key, survives, k), bits, start),
-      lambda: _largest_key(mass_reaches, bits, start))
-  bound = jnp.where(found > _NEG_INF_KEY, common.key_value(found), -jnp.inf)
+      lambda: largest_key(count_reaches(key, survives, k), bits, start),
+      lambda: largest_key(mass_reaches, bits, start))
+  bound = jnp.where(found > NEG_INF_KEY, common.key_value(found), -jnp.inf)
   k_found = jnp.sum(jnp.where(survives, 1, 0)) >= k
   return (jnp.where(k > 0, bound, -jnp.inf), k_found,
           jnp.where(k > 0, -jnp.inf, bound))
 
 
-def _bound(y, row_max, t1, k, p, mass, above, bits: int, window=None):
+def kept_bound(y, row_max, t1, k, p, mass, above, bits: int, window=None):
   """Bound mode's ``(max(t1, t2, t3), k_found)`` over the values ``y``
   (``_bound_thresholds``; ``t3`` only where ``p < 1``)."""
   finite = y > -jnp.inf
@@ -106,7 +106,7 @@ def _bound(y, row_max, t1, k, p, mass, above, bits: int, window=None):
       k_found)
 
 
-def _bit_length(v: jax.Array) -> jax.Array:
+def bit_length(v: jax.Array) -> jax.Array:
   """Bits of the uint32 ``v`` up to its highest set bit (0 for 0), int32."""
   n = jnp.int32(0)
   for shift in (16, 8, 4, 2, 1):  # a binary search for the highest bit

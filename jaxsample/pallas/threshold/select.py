@@ -10,9 +10,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxsample.pallas.threshold.base import (_param_table, _pow2_ceil,
-                                             _row_params)
-from jaxsample.pallas.threshold.search import _BOUND_KEY_BITS, _bound
+from jaxsample.pallas.threshold.base import (pack_param_table, pow2_ceil,
+                                             row_params)
+from jaxsample.pallas.threshold.search import BOUND_KEY_BITS, kept_bound
 from jaxsample.params import SamplingParams
 
 _SELECT_WARPS = 4  # the final select
@@ -75,7 +75,7 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, param_ref, mass_ref, *refs,
   """One row's thresholds (``select_threshold``).
 
   Bound mode (all ``N`` entries filled; input ``above`` if ``has_above``,
-  then ``lower`` and ``upper`` if ``has_window``): ``_bound``.
+  then ``lower`` and ``upper`` if ``has_window``): ``kept_bound``.
   Final mode (inputs ``scan``, ``ids``, ``race``; a candidate buffer with
   ``scan`` filled slots, none if ``scan > N``): on the smallest prefix of
   ``_rank_plan``'s sizes holding them, ``_rank``, then ``t2 = min{y_i :
@@ -93,7 +93,7 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, param_ref, mass_ref, *refs,
   row = pl.program_id(0)
   row_max = row_max_ref[row]
   t1 = t1_ref[row]
-  params, _ = _row_params(param_ref, row)
+  params, _ = row_params(param_ref, row)
   k, p = params.top_k, params.top_p
   sizes, step = _rank_plan(y_ref.shape[1], interpret)
   if not bound:
@@ -109,9 +109,9 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, param_ref, mass_ref, *refs,
     if bound:
       window = (refs[has_above][row], refs[has_above + 1][row]) if (
           has_window) else None
-      threshold, k_found = _bound(y, row_max, t1, k, p, mass_ref[row],
-                                  refs[0][row] if has_above else 0.0, bits,
-                                  window)
+      threshold, k_found = kept_bound(y, row_max, t1, k, p, mass_ref[row],
+                                      refs[0][row] if has_above else 0.0, bits,
+                                      window)
     else:
       above, mass, ties = _rank(y_ref, row, scan, y, t1, row_max,
                                 with_ties=bool(width), step=step)
@@ -144,7 +144,7 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, param_ref, mass_ref, *refs,
       position = above + ties
       plgpu.store(order.at[row, position], ids_ref[row, pl.ds(0, size)],
                   mask=kept & (position < width))
-      slots = jnp.arange(_pow2_ceil(width), dtype=jnp.int32)
+      slots = jnp.arange(pow2_ceil(width), dtype=jnp.int32)
       plgpu.store(order.at[row, slots], jnp.full(slots.shape, -1, jnp.int32),
                   mask=(slots >= count) & (slots < width))
 
@@ -167,11 +167,11 @@ def select_threshold(y, row_max, t1, params: SamplingParams | jax.Array,
                      mass, *,
                      bound: bool, interpret: bool, ids=None, race=None,
                      scan=None, order_width: int = 0, above=None,
-                     bits: int = _BOUND_KEY_BITS,
+                     bits: int = BOUND_KEY_BITS,
                      num_warps: int | None = None, active=None,
                      window=None):
   """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded), no sort,
-  under ``params`` (or their ``_param_table``).
+  under ``params`` (or their ``pack_param_table``).
 
   Bound mode searches order keys bit by bit (``_bound_thresholds``: one
   search of ``bits`` block reductions, counting ``above`` ``[B]`` (default
@@ -222,7 +222,7 @@ def select_threshold(y, row_max, t1, params: SamplingParams | jax.Array,
       compiler_params=plgpu.CompilerParams(
           num_warps=num_warps or _SELECT_WARPS, num_stages=1),
       interpret=interpret, name="jaxsample_select_threshold")(
-          y, row_max, t1, _param_table(params), mass,
+          y, row_max, t1, pack_param_table(params), mass,
           *([] if active is None else [active.astype(jnp.int32)]),
           *(([] if above is None else [above]) + list(window or ()) if bound
             else [scan.astype(jnp.int32), ids, race]))

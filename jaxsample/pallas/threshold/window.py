@@ -10,12 +10,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxsample.pallas import common
-from jaxsample.pallas.threshold.base import (_SAMPLE_STRIDE, _param_table,
-                                             _pow2_ceil, _row_params,
-                                             _sanitize)
-from jaxsample.pallas.threshold.search import (_BOUND_KEY_BITS, _NEG_INF_KEY,
-                                               _count_reaches, _largest_key,
-                                               _largest_keys)
+from jaxsample.pallas.threshold.base import (SAMPLE_STRIDE, pack_param_table,
+                                             pow2_ceil, row_params, sanitize)
+from jaxsample.pallas.threshold.search import (BOUND_KEY_BITS, NEG_INF_KEY,
+                                               count_reaches, largest_key,
+                                               largest_keys)
 from jaxsample.params import SamplingParams
 
 
@@ -24,18 +23,18 @@ from jaxsample.params import SamplingParams
 # ---------------------------------------------------------------------------
 
 # The window's buffer, in candidate buffers.  A top-p estimate from the
-# sample's mass is tight; the top-k estimate ``k / _SAMPLE_STRIDE`` misses
-# the ``k``-th largest by about ``sqrt(_SAMPLE_STRIDE * V / 4)`` elements (one
+# sample's mass is tight; the top-k estimate ``k / SAMPLE_STRIDE`` misses
+# the ``k``-th largest by about ``sqrt(SAMPLE_STRIDE * V / 4)`` elements (one
 # standard deviation, at k = V / 2), so its window is twice as wide: with
 # V = 151936, 5 standard deviations (a simulation of 2000 random-normal rows
 # missed 0.8% of them at 8 buffers).
-_WINDOW_BUFFERS = 8
-_TOP_K_WINDOW_BUFFERS = 16
-_WINDOW_WARPS = 16  # the window and its exact search: long serial searches
+WINDOW_BUFFERS = 8
+TOP_K_WINDOW_BUFFERS = 16
+WINDOW_WARPS = 16  # the window and its exact search: long serial searches
 
 
-def _window_half(capacity: int) -> int:
-  return max(1, capacity * 11 // (16 * 2 * _SAMPLE_STRIDE))
+def window_half(capacity: int) -> int:
+  return max(1, capacity * 11 // (16 * 2 * SAMPLE_STRIDE))
 
 
 def _window_kernel(param_ref, sample_ref, row_max_ref, t1_ref, mass_ref,
@@ -53,45 +52,45 @@ def _window_kernel(param_ref, sample_ref, row_max_ref, t1_ref, mass_ref,
   @pl.when(active_ref[row] != 0)
   def _():
     width = sample_ref.shape[1]
-    lanes = jnp.arange(_pow2_ceil(width), dtype=jnp.int32)
+    lanes = jnp.arange(pow2_ceil(width), dtype=jnp.int32)
     x = plgpu.load(sample_ref.at[row, jnp.where(lanes < width, lanes, 0)],
                    mask=lanes < width, other=-jnp.inf)
-    params, _ = _row_params(param_ref, row)
-    y = common.KernelMath(interpret).temper(_sanitize(x), params.temperature)
+    params, _ = row_params(param_ref, row)
+    y = common.KernelMath(interpret).temper(sanitize(x), params.temperature)
     t1 = t1_ref[row]
     finite = y > -jnp.inf
     survives = finite & (y >= t1)
     key = common.order_key(y)
     if by_count:
-      rank = params.top_k // _SAMPLE_STRIDE
+      rank = params.top_k // SAMPLE_STRIDE
     else:
       p = params.top_p
       e = jnp.where(finite, jnp.exp(y - row_max_ref[row]),
-                    0.0) * _SAMPLE_STRIDE
+                    0.0) * SAMPLE_STRIDE
       # The mass below the threshold is (1 - p) of the survivors' mass, made
       # of many small terms: the sample estimates it well.
       below_t1 = jnp.sum(jnp.where(finite & ~survives, e, 0.0))
       target = (1 - p) * mass_ref[row] + p * below_t1
-      threshold_key = _largest_key(
+      threshold_key = largest_key(
           lambda v: jnp.sum(jnp.where(key < v, e, 0.0)) <= target,
-          _BOUND_KEY_BITS)
+          BOUND_KEY_BITS)
       rank = jnp.sum(jnp.where(survives & (key >= threshold_key), 1, 0))
 
     # The (rank - half)-th and (rank + half)-th largest survivors (rounded
     # down; -inf if none), and the listing's, searched together.
     ranks = (rank - half, rank + half) + (
         (list_rank + list_half,) if list_half else ())
-    found = _largest_keys(tuple(_count_reaches(key, survives, n)
-                                for n in ranks), _BOUND_KEY_BITS)
-    ranked = [jnp.where(f > _NEG_INF_KEY, common.key_value(f), -jnp.inf)
+    found = largest_keys(tuple(count_reaches(key, survives, n)
+                               for n in ranks), BOUND_KEY_BITS)
+    ranked = [jnp.where(f > NEG_INF_KEY, common.key_value(f), -jnp.inf)
               for f in found]
     # The upper end rounds up (the search's next key): rounded down, it
     # could leave its rank's tie group above the window, and a threshold
     # there to the pivot search (bf16 rows: groups of ~1000 equal values).
     upper = jnp.where(
         rank <= half, jnp.inf,
-        jnp.where(found[0] > _NEG_INF_KEY, common.key_value(
-            found[0] + jnp.uint32(1 << (32 - _BOUND_KEY_BITS))), -jnp.inf))
+        jnp.where(found[0] > NEG_INF_KEY, common.key_value(
+            found[0] + jnp.uint32(1 << (32 - BOUND_KEY_BITS))), -jnp.inf))
     lower_ref[row] = jnp.maximum(ranked[1], t1)
     # With fewer survivors in the sample than ``rank - half``, every finite
     # survivor is above the window (counted, not written).
@@ -112,7 +111,7 @@ def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
   caller checks both), from the rows' ``sample`` (``RowBounds.sample``,
   tempered here by ``params.temperature`` as the kernels temper logits).
   ``mass``: the row's mass relative to ``row_max``.  Two or three searches of
-  ``_BOUND_KEY_BITS`` block reductions over the sample.
+  ``BOUND_KEY_BITS`` block reductions over the sample.
 
   With ``list_rows``, also ``list_lower`` ``[B]`` of those rows (a
   ``Listing``'s lower end, ``_listing_capacity(list_width)`` slots): the
@@ -123,15 +122,15 @@ def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
   listing = list_rows is not None
   rows = active | list_rows if listing else active
   kernel = functools.partial(
-      _window_kernel, half=_window_half(capacity), by_count=by_count,
-      list_rank=list_width // _SAMPLE_STRIDE,
-      list_half=_window_half(list_capacity) if listing else 0,
+      _window_kernel, half=window_half(capacity), by_count=by_count,
+      list_rank=list_width // SAMPLE_STRIDE,
+      list_half=window_half(list_capacity) if listing else 0,
       interpret=interpret)
   shape = jax.ShapeDtypeStruct((batch,), jnp.float32)
   return pl.pallas_call(
       kernel, out_shape=[shape] * (2 + listing), grid=(batch,),
-      compiler_params=plgpu.CompilerParams(num_warps=_WINDOW_WARPS,
+      compiler_params=plgpu.CompilerParams(num_warps=WINDOW_WARPS,
                                            num_stages=1),
       interpret=interpret, name="jaxsample_threshold_window")(
-          _param_table(params), sample, row_max, t1, mass,
+          pack_param_table(params), sample, row_max, t1, mass,
           rows.astype(jnp.int32))
