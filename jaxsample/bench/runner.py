@@ -92,10 +92,10 @@ def add_common_options(parser: argparse.ArgumentParser, defaults: dict) -> None:
   parser.add_argument("--temperature", type=float, default=d["temperature"],
                       help="every request's temperature")
   parser.add_argument("--implementation", default="auto",
-                      choices=("auto", "pallas", "xla"),
+                      choices=("auto", "pallas", "xla_search", "xla"),
                       help="jaxsample's backend in the 'jaxsample' ops (auto: the kernels "
-                      "on GPU, XLA elsewhere; pallas off GPU: interpret mode); the XLA "
-                      "reference is timed as its own op")
+                      "on GPU, xla_search elsewhere; pallas off GPU: interpret mode); the "
+                      "sort-based XLA reference is timed as its own op")
   parser.add_argument("--iters", type=int, default=d["iters"], help="calls per timed block")
   parser.add_argument("--repeats", type=int, default=d["repeats"],
                       help="timed blocks (the median is reported)")

@@ -48,8 +48,12 @@ def _sampler(params, *, static=False, mask_cap=0, zero_keys=False, **config):
   cfg = js.SamplerConfig(**config, **({"max_mask_ids": mask_cap} if mask_cap else {}))
 
   def run(x, params):
-    key = jnp.zeros((x.shape[0], 2), jnp.uint32) if zero_keys else _KEY
-    return js.sample(x, params, key, config=cfg, return_mask=bool(mask_cap))
+    if zero_keys:  # per-request zero keys at position 0
+      keys = dict(key=jnp.zeros((x.shape[0], 2), jnp.uint32),
+                  positions=jnp.zeros((x.shape[0],), jnp.int32))
+    else:
+      keys = dict(key=_KEY)
+    return js.sample(x, params, **keys, config=cfg, return_mask=bool(mask_cap))
 
   if static:
     jitted = jax.jit(functools.partial(run, params=params))
@@ -164,16 +168,18 @@ def _build_extract(args, case) -> Group:
       jitted = jax.jit(lambda x, p, config=config: js.extract_sampling_mask(x, p, config=config))
       ops[f"extract_sampling_mask {impl} K_cap={cap}"] = (
           lambda x, jitted=jitted: jitted(x, params))
-    ids = {}
     x = case.logits()
-    for name in (f"sample's mask K_cap={cap}",
-                 f"extract_sampling_mask {args.implementation} K_cap={cap}"):
-      out = ops[name](x)
-      mask = out[1] if isinstance(out, tuple) else out
-      ids[name] = [np.asarray(getattr(mask, f)) for f in ("ids", "count", "truncated", "overflow")]
-    same = all(np.array_equal(a, b) for a, b in zip(*ids.values()))
-    for name in ids:
-      extra[name] = {"same_ids_as_sample": same}
+    names = (f"sample's mask K_cap={cap}",
+             f"extract_sampling_mask {args.implementation} K_cap={cap}")
+    masks = [jax.device_get(ops[name](x)) for name in names]
+    sampled, extracted = (m[1] if isinstance(m, tuple) else m for m in masks)
+    # On overflow, sample's mask puts the sampled token in the last slot (mask.with_token).
+    same = (all(np.array_equal(getattr(sampled, f), getattr(extracted, f))
+                for f in ("count", "truncated", "overflow")) and
+            np.array_equal(sampled.ids[:, :-1], extracted.ids[:, :-1]) and
+            np.array_equal(sampled.ids[~sampled.overflow], extracted.ids[~sampled.overflow]))
+    for name in names:
+      extra[name] = {"same_ids_as_sample": bool(same)}
   return _group(args, case, ops, extra=extra)
 
 
@@ -330,13 +336,13 @@ def _build_spec(args, sc: SpecCase) -> Group:
     rates = None if rate is None else jnp.full((k,), rate, jnp.float32)
 
     @jax.jit
-    def run(inputs, rates):
+    def run(inputs, rates, positions):  # positions are data, as in a decode loop
       target, draft, drafts = inputs
       return spec.rejection_sample(target, drafts, n, params, keys, draft_logits=draft,
                                    synthetic_rates=rates, positions=positions, config=config,
                                    return_mask=bool(mask_cap))
 
-    return functools.partial(run, rates=rates)
+    return functools.partial(run, rates=rates, positions=positions)
 
   impl = args.implementation
   ops = {"jaxsample": op(impl)}
