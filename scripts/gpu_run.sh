@@ -4,7 +4,8 @@
 # Steps:
 #   smoke      scripts/gpu_smoke.py: every kernel variant lowers and matches the reference
 #   tests      the gpu-marked tests of tests/test_gpu.py;  alltests: of every tests/test_gpu*.py
-#   main       the README's table: python -m jaxsample.bench sample --cases main --params both
+#   main       the README's table (sample suite, B = 1, 32, 128, V = 151936; plain, top-k 50 +
+#              top-p 0.9, top-p 0.95, min-p 0.05): main-fp32 and main-bf16, one dtype each
 #   bench      the Gumbel kernel: sample suite, all B, fp32/bf16, randn and llm rows, FP64
 #              noise, params closed over (a batch without filters compiles the kernel alone)
 #   mask       issue 5's table: truncation suite, sample + mask against sample alone
@@ -14,10 +15,11 @@
 # Logs and JSON go to $OUT (the device tool's output folder) or ./gpu-out, one STEP.log and
 # STEP.json per step.  GPU_TEST_WORKERS: pytest-xdist workers for the tests (default 6; 0: none).
 set -uo pipefail
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then sed -n '2,15p' "$0" | cut -c3-; exit 0; fi
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then sed -n '2,16p' "$0" | cut -c3-; exit 0; fi
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 out="${OUT:-gpu-out}"; mkdir -p "$out"
 steps=("$@"); [[ ${#steps[@]} -gt 0 ]] || steps=(smoke tests bench)
+steps=($(printf '%s\n' "${steps[@]}" | sed 's/^main$/main-fp32\nmain-bf16/'))
 quiet() { grep -v "UserWarning\|warnings.warn"; }
 workers="${GPU_TEST_WORKERS:-6}"; xdist=(); [[ "$workers" == 0 ]] || xdist=(-n "$workers")
 status=0
@@ -37,8 +39,12 @@ for step in "${steps[@]}"; do
         2>&1 | quiet > "$out/gpu-$step.log"
       status=$((status | ${PIPESTATUS[0]})); grep -E "^(FAILED|ERROR)" "$out/gpu-$step.log"
       tail -n 3 "$out/gpu-$step.log" ;;
-    main) bench main sample --cases main --params both --iters 16 --repeats 3 ;;
-    bench) bench bench sample --dists randn,llm --params static --fp64 --iters 32 --repeats 5 ;;
+    main-fp32|main-bf16)
+      bench "$step" sample --batch 1,32,128 --dtypes "$([[ $step == main-fp32 ]] && echo float32 \
+        || echo bfloat16)" --settings plain,top_k50+top_p0.9,top_p0.95,min_p0.05 --params both \
+        --iters 16 --repeats 3 ;;
+    bench) bench bench sample --dists randn,llm --params static --fp64 --no-reference \
+             --iters 32 --repeats 5 ;;
     mask) bench mask truncation --batch 1,32,128,256 --settings top_k50+top_p0.9,top_p0.95 \
             --mask-caps 64,1024,4096 --no-peers --no-reference --iters 16 --repeats 3 ;;
     truncation|profile|extract|fp64|spec|sweep|pivot|sort) bench "$step" "$step" ;;
