@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from jaxsample import reference
 from jaxsample.pallas import common, threshold
 from jaxsample.params import SamplerConfig
 
@@ -172,6 +173,6 @@ def log_probs_at(x, stats_shift, stats_log_sum, temperature, floor=-jnp.inf):
   ``(y - shift) - log_sum`` with ``y = x / T``, -inf for a -inf logit or
   ``y`` below the kept set's ``floor`` (reference.log_probs)."""
   t = jnp.where(temperature > 0, temperature, 1.0)
-  y = common.xla_temper(x, jnp.broadcast_to(t, x.shape))
+  y = reference.divide(x, t)
   return jnp.where((y > -jnp.inf) & (y >= floor),
                    (y - stats_shift) - stats_log_sum, -jnp.inf)
