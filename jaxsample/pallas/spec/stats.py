@@ -160,7 +160,9 @@ def combine_stats(m, arg, sumexp, temperature,
   inv_t = 1.0 / jnp.where(greedy, 1.0, t)
   total = jnp.sum(sumexp * jnp.exp((m - safe[..., None]) * inv_t[..., None]),
                   axis=-1)
-  shift = jnp.where(greedy, row_max, row_max / jnp.where(greedy, 1.0, t))
+  # The row's y by the formula of every y (log_probs_at): y <= shift.
+  shift = jnp.where(greedy, row_max,
+                    reference.divide(row_max, jnp.where(greedy, 1.0, t)))
   log_sum = jnp.log(total)
   if kept is not None:
     shift = jnp.where(kept.measured, kept.row_max, shift)
