@@ -156,6 +156,17 @@ def logsumexp_where(y: jax.Array, keep: jax.Array):
   return m_safe[:, 0], jnp.log(s)
 
 
+def holding_token(log_sum: jax.Array, token_gap: jax.Array) -> jax.Array:
+  """``log_sum`` of a normalizer ``shift + log_sum`` over a kept set that
+  holds the token, raised to at least the token's own term ``token_gap =
+  y_token - shift``: then ``logprob = token_gap - log_sum <= 0``.  A no-op
+  where the sum is exact (it holds ``exp(token_gap)``); the kernels' sums
+  (``ex2.approx`` of ``x * (1 / T)`` against a race bound) can fall short
+  by about an ulp of the largest tempered logit, which at small T is more
+  than the token's term."""
+  return jnp.maximum(log_sum, token_gap)
+
+
 def finalize(x_token: jax.Array, params: SamplingParams, tokens: jax.Array,
              log_normalizer: tuple[jax.Array, jax.Array],
              row_max: jax.Array) -> SampleResult:
@@ -163,14 +174,15 @@ def finalize(x_token: jax.Array, params: SamplingParams, tokens: jax.Array,
 
   ``x_token`` is the sanitized logit of ``tokens`` (already chosen by the
   greedy / invalid-row rule), ``log_normalizer`` the ``(shift, log_sum)`` pair
-  with ``logsumexp_K(y) = shift + log_sum`` and ``row_max`` the max of the
-  tempered logits (valid iff finite).
+  with ``logsumexp_K(y) = shift + log_sum`` (``holding_token`` applied) and
+  ``row_max`` the max of the tempered logits (valid iff finite).
   """
   valid = jnp.isfinite(row_max)
   greedy = params.temperature == 0
   shift, log_sum = log_normalizer
   # The token's y by the rows' own formula: y_token <= shift = max_K(y).
   y_token = temper(x_token, params.temperature)
+  log_sum = holding_token(log_sum, y_token - shift)
   logprobs = jnp.where(greedy, 0.0, (y_token - shift) - log_sum)
   logprobs = jnp.where(valid, logprobs, -jnp.inf)
   return SampleResult(tokens, logprobs.astype(jnp.float32), valid)

@@ -71,9 +71,11 @@ leading token axis: fields ``[k + 1, B, ...]``, ``ids`` ``[k + 1, B, K_cap]``
 (``K_cap = SamplerConfig.max_mask_ids``).  Slot ``i <= j`` of request ``b``
 (an emitted token) holds the mask of target row ``i``, row ``b`` of
 ``extract_sampling_mask(target_logits[:, i], params, config=config)``: the
-kept set ``tokens[b, i]`` was scored in.  A valid row's token lies in it,
-with ``logprobs[b, i] = y_t - lse - logz`` at the token ``t`` (0 for greedy
-rows), except a synthetic-mode accepted draft outside it (logprob -inf).
+kept set ``tokens[b, i]`` was scored in, with the token listed
+(``mask.with_token``: on overflow, in the last slot if not among the first
+``K_cap``).  A valid row's token lies in it, with ``logprobs[b, i] = y_t -
+lse - logz`` at the token ``t`` (0 for greedy rows), except a
+synthetic-mode accepted draft outside it (logprob -inf, not listed).
 Slots ``i > j`` are blank, defined like an invalid row's mask: ``ids`` all
 -1, ``count`` 0, ``truncated`` True, ``overflow`` False, ``logz = lse =
 -inf``; ``to_json(num_tokens=num_accepted + 1)`` lists the emitted slots

@@ -82,7 +82,7 @@ def test_key_searches_from_a_shared_prefix():
 
 
 def check_logit_floor_splits_like_the_quotient(seed):
-  """``x < logit_floor(floor, T)`` iff ``xla_temper(x, T) < floor`` (the
+  """``x < logit_floor(floor, T)`` iff ``reference.divide(x, T) < floor`` (the
   kernels' ``y``), for x within 64 ulps of the logit floor and at random,
   on rows whose floors are tempered logits (as thresholds are), arbitrary
   values, -inf, +inf and values no finite x reaches."""
@@ -91,7 +91,7 @@ def check_logit_floor_splits_like_the_quotient(seed):
   t = r.choice([0.05, 0.3, 0.7, 1.0, 1.3, 3.0, 1e-3], rows).astype(np.float32)
   x_at = (r.standard_normal(rows) * r.choice([1, 30, 1e4], rows)).astype(
       np.float32)
-  floor = np.array(common.xla_temper(jnp.asarray(x_at), jnp.asarray(t)))
+  floor = np.array(reference.divide(jnp.asarray(x_at), jnp.asarray(t)))
   floor[::5] = r.standard_normal(rows)[::5] * 20
   floor[1::37], floor[2::37], floor[3::37] = -np.inf, np.inf, 3.4e38
   x_floor = jax.jit(common.logit_floor)(jnp.asarray(floor), jnp.asarray(t))
@@ -107,7 +107,7 @@ def check_logit_floor_splits_like_the_quotient(seed):
   spread = np.minimum(np.abs(near), np.float32(1e37)) * 2
   x = np.concatenate([x, r.standard_normal((rows, 64)).astype(np.float32) *
                       spread, np.float32([[-np.inf, np.inf]] * rows)], axis=1)
-  y = np.asarray(jax.jit(common.xla_temper)(
+  y = np.asarray(jax.jit(reference.divide)(
       jnp.asarray(x), jnp.asarray(np.broadcast_to(t[:, None], x.shape))))
   np.testing.assert_array_equal(x < x_floor[:, None], y < floor[:, None])
 

@@ -20,7 +20,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxsample import rng
+from jaxsample import reference, rng
 from jaxsample.params import SamplerConfig
 
 warnings.filterwarnings("ignore", message=".*Pallas Triton backend is deprecated.*")
@@ -207,9 +207,8 @@ class KernelMath:
     return x / t if self.interpret else gpu_div(x, t)
 
   def temper(self, x, t):
-    """``reference.temper``'s ``x / t`` for a row's ``t``: ``div.full.f32`` on
-    a GPU; on CPU XLA computes that division by a broadcast as ``x * (1 /
-    t)`` (its algebraic simplifier), which interpret mode spells out."""
+    """``reference.divide``'s ``x / t`` for a row's ``t``: ``div.full.f32``
+    on a GPU, ``x * (1 / t)`` in interpret mode."""
     return x * (1.0 / t) if self.interpret else gpu_div(x, t)
 
   def exp2_approx(self, x):
@@ -384,14 +383,6 @@ def row_chunk_loader(x_ref, row, size: int, fill=-jnp.inf):
   return load
 
 
-def xla_temper(x, t):
-  """``KernelMath.temper`` in XLA code outside a kernel (elements gathered from
-  rows, ``t`` their rows' temperatures, same shape): ``x * (1 / t)`` on CPU
-  (as XLA computes a row's division by a broadcast), XLA's division on a
-  GPU (``div.full.f32``, as the kernels)."""
-  return x / t if jax.default_backend() == "gpu" else x * (1.0 / t)
-
-
 def order_key(y: jax.Array) -> jax.Array:
   """uint32 keys ordered like the fp32 values (-0.0 and +0.0 share a key)."""
   # A select, not ``y + 0.0``: XLA folds that add away, and -0.0 stays.
@@ -411,7 +402,7 @@ _POS_INF_KEY = 0xFF800000  # order_key(inf); larger keys are NaN patterns
 
 
 def logit_floor(floor, t):
-  """``[B]``: the least fp32 ``x`` with ``xla_temper(x, t) >= floor`` (rows'
+  """``[B]``: the least fp32 ``x`` with ``reference.divide(x, t) >= floor`` (rows'
   kept sets ``{y >= floor}``, temperatures ``t``; ``t <= 0`` reads as 1), so
   that ``x < logit_floor`` iff ``y < floor`` for every non-NaN ``x`` (the
   division is monotone in ``x``): -inf where ``floor`` is -inf, +inf where
@@ -424,7 +415,7 @@ def logit_floor(floor, t):
   for bit in range(31, -1, -1):
     key = below | jnp.uint32(1 << bit)
     reaches = ((key > jnp.uint32(_POS_INF_KEY)) |
-               (xla_temper(key_value(key), t) >= floor))
+               (reference.divide(key_value(key), t) >= floor))
     below = jnp.where(reaches, below, key)
   return key_value(below + jnp.uint32(1))
 

@@ -459,8 +459,12 @@ def sample_untruncated(logits: jax.Array, params: SamplingParams,
 def finish_sampling(logits, params: SamplingParams, partials: GumbelPartials):
   """``(SampleResult, row_max, (shift, log_sum))`` of a row's partials
   (``combine_partials``), with the token's logprob under the raced set."""
-  token, row_max, lse = combine_partials(partials)
-  x_token = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
-  result = reference.finalize(reference.sanitize(x_token), params, token, lse,
-                              row_max)
+  token, row_max, (shift, log_sum) = combine_partials(partials)
+  x_token = reference.sanitize(
+      jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0])
+  # The sum-exp approximates y against the race bound: at least the token's
+  # term, so lse (the masks') and the logprob agree and logprob <= 0.
+  lse = (shift, reference.holding_token(
+      log_sum, reference.temper(x_token, params.temperature) - shift))
+  result = reference.finalize(x_token, params, token, lse, row_max)
   return result, row_max, lse

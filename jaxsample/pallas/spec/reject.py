@@ -115,7 +115,7 @@ def _reject_one_hot(target_logits, d, n, params: SamplingParams, noise_keys,
   # Add the left-out drafts back into their rows' normalizers and validity.
   first_row = jnp.arange(batch, dtype=jnp.int32) * k1
   x_d = reference.sanitize(target2d[first_row[:, None] + slots[:k], d])
-  y_d = common.xla_temper(x_d, jnp.where(greedy, 1.0, t)[:, None])
+  y_d = reference.divide(x_d, jnp.where(greedy, 1.0, t)[:, None])
   pad = lambda a, v: jnp.concatenate([a, jnp.full((batch, 1), v, a.dtype)], 1)
   y_out = pad(jnp.where(drafted & (y_d >= floor_t[:, :k]), y_d, -jnp.inf),
               -jnp.inf)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from jaxsample import reference
 from jaxsample.pallas import common, threshold
 from jaxsample.params import SamplerConfig
 
@@ -159,7 +160,9 @@ def combine_stats(m, arg, sumexp, temperature,
   inv_t = 1.0 / jnp.where(greedy, 1.0, t)
   total = jnp.sum(sumexp * jnp.exp((m - safe[..., None]) * inv_t[..., None]),
                   axis=-1)
-  shift = jnp.where(greedy, row_max, row_max / jnp.where(greedy, 1.0, t))
+  # The row's y by the formula of every y (log_probs_at): y <= shift.
+  shift = jnp.where(greedy, row_max,
+                    reference.divide(row_max, jnp.where(greedy, 1.0, t)))
   log_sum = jnp.log(total)
   if kept is not None:
     shift = jnp.where(kept.measured, kept.row_max, shift)
@@ -172,6 +175,6 @@ def log_probs_at(x, stats_shift, stats_log_sum, temperature, floor=-jnp.inf):
   ``(y - shift) - log_sum`` with ``y = x / T``, -inf for a -inf logit or
   ``y`` below the kept set's ``floor`` (reference.log_probs)."""
   t = jnp.where(temperature > 0, temperature, 1.0)
-  y = common.xla_temper(x, jnp.broadcast_to(t, x.shape))
+  y = reference.divide(x, t)
   return jnp.where((y > -jnp.inf) & (y >= floor),
                    (y - stats_shift) - stats_log_sum, -jnp.inf)

@@ -116,7 +116,7 @@ def sample_truncated(logits, params: SamplingParams,
       race=candidates.race,
       scan=candidates.count,  # rows that overflow the buffer are not ranked
       order_width=min(order_width, capacity), active=stats.narrow)
-  log_kept = jnp.log(kept_mass)
+  log_kept = reference.holding_token(jnp.log(kept_mass), token_y - safe_max)
   logprob = (token_y - safe_max) - log_kept
   # Exact iff every kept element and every top-k survivor is a candidate
   # (pass_bound == t1: the candidates are all min-p survivors).
