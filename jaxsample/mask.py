@@ -56,6 +56,7 @@ import numpy as np
 
 from jaxsample import reference, xla_search
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
+from jaxsample.processors import LogitsProcessors, maybe_apply
 
 __all__ = ["MaskOverflowError", "SamplingMask", "assemble",
            "extract_sampling_mask", "from_processed", "with_token"]
@@ -230,7 +231,9 @@ def from_processed(proc: reference.Processed, params: SamplingParams,
 
 
 def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
-                          config: SamplerConfig | None = None) -> SamplingMask:
+                          config: SamplerConfig | None = None,
+                          processors: LogitsProcessors | None = None
+                          ) -> SamplingMask:
   """The sampling mask of ``logits`` ``[B, V]`` under ``params``, no token.
 
   Equivalent to ``jaxsample.sample(logits, params, key, return_mask=True,
@@ -240,7 +243,8 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   kernel path is the truncation kernels' kept sets without a race
   (``sampling.extract_pallas``), in 32 bits whatever ``use_fp64_gumbel``
   says (``logz``/``lse`` equal the kernel path's up to fp32 rounding: see
-  ``sample``).
+  ``sample``).  ``processors``: as ``sample``'s (the mask of the processed
+  distribution).
 
   Raises:
     ValueError: for logits that ``jaxsample.sample`` rejects.
@@ -250,6 +254,7 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   config = as_config(config)
   logits = jnp.asarray(logits)
   params = sampling.check_logits(logits, params)
+  logits = maybe_apply(logits, processors)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(logits.shape[1])
   backend = sampling.backend(config)

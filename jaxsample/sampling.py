@@ -10,7 +10,8 @@ from typing import Literal, overload
 import jax
 import jax.numpy as jnp
 
-from jaxsample import mask, reference, rng, rowwise, xla_search
+from jaxsample import mask, processors as processing, reference, rng, rowwise
+from jaxsample import xla_search
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.reference import SampleResult
 
@@ -64,7 +65,9 @@ def x64_scope(enabled: bool, *arrays):
 def sample(logits: jax.Array, params: SamplingParams, key: jax.Array, *,
            positions: jax.Array | None = None,
            config: SamplerConfig | str | None = None,
-           return_mask: Literal[False] = False) -> SampleResult:
+           return_mask: Literal[False] = False,
+           processors: processing.LogitsProcessors | None = None
+           ) -> SampleResult:
   ...
 
 
@@ -72,7 +75,8 @@ def sample(logits: jax.Array, params: SamplingParams, key: jax.Array, *,
 def sample(logits: jax.Array, params: SamplingParams, key: jax.Array, *,
            positions: jax.Array | None = None,
            config: SamplerConfig | str | None = None,
-           return_mask: Literal[True]
+           return_mask: Literal[True],
+           processors: processing.LogitsProcessors | None = None
            ) -> tuple[SampleResult, mask.SamplingMask]:
   ...
 
@@ -83,7 +87,8 @@ def sample(logits: jax.Array,
            *,
            positions: jax.Array | None = None,
            config: SamplerConfig | str | None = None,
-           return_mask: bool = False
+           return_mask: bool = False,
+           processors: processing.LogitsProcessors | None = None
            ) -> SampleResult | tuple[SampleResult, mask.SamplingMask]:
   """Samples one token per row of ``logits`` ``[B, V]``.
 
@@ -130,6 +135,7 @@ def sample(logits: jax.Array,
   config = as_config(config)
   logits = jnp.asarray(logits)
   params = check_logits(logits, params)
+  logits = processing.maybe_apply(logits, processors)
   batch, vocab = logits.shape
   streams, _ = rng.row_streams(key, positions, batch, vocab)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete

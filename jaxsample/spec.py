@@ -121,6 +121,7 @@ import numpy as np
 
 from jaxsample import mask, reference, rng, rowwise, sampling
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
+from jaxsample.processors import LogitsProcessors, apply_to_slots
 from jaxsample.sampling import use_pallas, x64_scope
 
 
@@ -354,7 +355,8 @@ def rejection_sample(target_logits: jax.Array, draft_tokens: jax.Array,
                      synthetic_rates: jax.Array | None = None,
                      positions: jax.Array | None = None,
                      config: SamplerConfig | str | None = None,
-                     return_mask: Literal[False] = False) -> SpecResult:
+                     return_mask: Literal[False] = False,
+                     processors: LogitsProcessors | None = None) -> SpecResult:
   ...
 
 
@@ -365,7 +367,8 @@ def rejection_sample(target_logits: jax.Array, draft_tokens: jax.Array,
                      synthetic_rates: jax.Array | None = None,
                      positions: jax.Array | None = None,
                      config: SamplerConfig | str | None = None,
-                     return_mask: Literal[True]
+                     return_mask: Literal[True],
+                     processors: LogitsProcessors | None = None
                      ) -> tuple[SpecResult, mask.SamplingMask]:
   ...
 
@@ -380,7 +383,8 @@ def rejection_sample(target_logits: jax.Array,
                      synthetic_rates: jax.Array | None = None,
                      positions: jax.Array | None = None,
                      config: SamplerConfig | str | None = None,
-                     return_mask: bool = False
+                     return_mask: bool = False,
+                     processors: LogitsProcessors | None = None
                      ) -> SpecResult | tuple[SpecResult, mask.SamplingMask]:
   """Verifies draft tokens against the target model (module doc: exact math).
 
@@ -423,6 +427,10 @@ def rejection_sample(target_logits: jax.Array,
       Gumbel kernel over the target rows without one
       (``sampling.kept_set_masks``).
 
+    processors: per-request ``LogitsProcessors``, applied to every target
+      and draft row first (``processors.apply_to_slots``: slot ``i``'s
+      history includes drafts ``0 .. i - 1``).
+
   Returns:
     ``SpecResult``; with ``return_mask``, the pair ``(SpecResult,
     SamplingMask)``.
@@ -435,6 +443,8 @@ def rejection_sample(target_logits: jax.Array,
       positions = arrays
   _check_inputs(target_logits, draft_tokens, num_draft, params, draft_logits,
                 synthetic_rates, positions)
+  target_logits, draft_logits = apply_to_slots(processors, target_logits,
+                                               draft_tokens, draft_logits)
   batch, k1, vocab = target_logits.shape
   params = SamplingParams.rows(params, batch)
   if rng.key_words(key).ndim == 2 or positions is not None:
