@@ -180,8 +180,8 @@ def test_passes_are_triton_kernels(with_draft):
   params = SamplingParams.make(batch)
   fn = jax.jit(lambda t, d: spec.rejection_sample(
       t, jnp.zeros((batch, k), jnp.int32), jnp.full((batch,), k, jnp.int32),
-      params, keys(batch), draft_logits=d,
-      config=SamplerConfig(implementation="auto")))
+      params, keys(batch), positions=jnp.zeros((batch,), jnp.int32),
+      draft_logits=d, config=SamplerConfig(implementation="auto")))
   text = fn.lower(target, draft).as_text()
   # Params closed over without filters: the untruncated passes alone.
   assert text.count("__gpu$xla.gpu.triton") == (2 if with_draft else 1)

@@ -237,7 +237,7 @@ def test_masks_match_reference(setting, kind, cap, fp64):
   config = SamplerConfig(implementation="pallas", max_mask_ids=cap,
                          use_fp64_gumbel=fp64)
   with jax.enable_x64(fp64):
-    _, m = jax.jit(lambda x: jaxsample.sample(
+    res, m = jax.jit(lambda x: jaxsample.sample(
         x, params, jax.random.key(1), config=config, return_mask=True))(x)
   if setting == "top_p0.9":
     assert m.overflow.all()
@@ -246,12 +246,14 @@ def test_masks_match_reference(setting, kind, cap, fp64):
   # extract_sampling_mask on the kernels (FP32 noise whatever the config).
   alone = jax.jit(lambda x: jaxsample.extract_sampling_mask(
       x, params, config=config))(x)
-  for got in (m, alone):
+  # sample's mask lists its token (in the last slot when the set overflows).
+  listed = jaxsample.mask.with_token(want, res.tokens, res.valid)
+  for got, expect in ((m, listed), (alone, want)):
     for f in ("ids", "count", "truncated", "overflow"):
-      np.testing.assert_array_equal(getattr(got, f), getattr(want, f),
+      np.testing.assert_array_equal(getattr(got, f), getattr(expect, f),
                                     err_msg=f)
-    np.testing.assert_allclose(got.logz, want.logz, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(got.lse, want.lse, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got.logz, expect.logz, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got.lse, expect.lse, rtol=1e-5, atol=1e-5)
 
 
 # fp16/bf16 truncation and the per-row masses, compiled: the checks of
