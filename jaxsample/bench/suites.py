@@ -122,7 +122,18 @@ def sample_ops(args, case) -> dict:
 
 
 def _build_sample(args, case) -> Group:
-  return _group(args, case, sample_ops(args, case))
+  """``sample_ops``; with the reference timed, each ``jaxsample`` op's tokens
+  are checked against the reference's on one input (fields ``same_tokens``)."""
+  ops = sample_ops(args, case)
+  extra = {}
+  if args.reference:
+    x = case.logits()
+    want = np.asarray(ops["jaxsample xla reference"](x).tokens)
+    other_draw = ("+mask", "greedy", "threefry", "fp64", "reference")  # or no tokens
+    for name, fn in ops.items():
+      if name.startswith("jaxsample") and not any(w in name for w in other_draw):
+        extra[name] = {"same_tokens": bool(np.array_equal(np.asarray(fn(x).tokens), want))}
+  return _group(args, case, ops, extra=extra)
 
 
 SAMPLE = Suite(
