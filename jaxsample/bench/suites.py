@@ -22,7 +22,7 @@ from jaxsample import spec
 from jaxsample.bench import cases as cases_lib
 from jaxsample.bench.runner import Group, Suite
 
-__all__ = ["SUITES", "SpecCase"]
+__all__ = ["SUITES", "SpecCase", "breakdown", "grid_cases", "sample_ops"]
 
 _KEY = jax.random.key(1)
 
