@@ -28,7 +28,7 @@ try:
 except ImportError:  # the "bench" extra; without it, no progress bar
   tqdm = None
 
-__all__ = ["Group", "Suite", "run_suite", "ROW_KEYS", "JSON_KEYS"]
+__all__ = ["Group", "JSON_KEYS", "ROW_KEYS", "Suite", "add_common_options", "run_suite"]
 
 # Keys every JSON row and the JSON document carry (tests/test_bench.py).
 ROW_KEYS = ("suite", "op", "case", "us", "wall_us", "floor_us", "x_floor")
