@@ -20,7 +20,7 @@ SUITE_ARGS = {
                     "--no-peers", "--no-reference"],
                    ["jaxsample", "jaxsample +mask K_cap=8"]),
     "profile": (["--settings", "min_p0.05", "--implementation", "xla", "--mask-caps", "",
-                 "--no-peers", "--no-reference"], ["jaxsample"]),
+                 "--no-peers", "--no-reference", "--resident"], ["jaxsample"]),
     "extract": (["--settings", "top_p0.9", "--implementation", "xla", "--mask-caps", "8",
                  "--no-peers"], ["sample's mask K_cap=8", "extract_sampling_mask xla K_cap=8"]),
     "fp64": (["--settings", "top_k50", "--implementation", "xla", "--no-peers",
@@ -49,6 +49,7 @@ def test_suite_writes_rows_and_json(suite, tmp_path, capsys):
   assert set(runner.JSON_KEYS) <= set(doc) and doc["suite"] == suite
   ops = [row["op"] for row in doc["rows"]]
   assert set(want_ops) <= set(ops), ops
+  assert all(row.get("resident", False) == ("--resident" in extra) for row in doc["rows"])
   if suite == "sample":
     assert [r["same_tokens"] for r in doc["rows"] if r["op"] == "jaxsample"] == [True]
   for row in doc["rows"]:
