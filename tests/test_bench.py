@@ -11,7 +11,8 @@ TINY = ["--batch", "2", "--vocab", "256", "--dtypes", "float32", "--iters", "1",
         "--repeats", "1", "--bandwidth-gib", "0.001", "--no-progress"]
 # Per suite: extra options keeping it to a few compiles, and ops every run must time.
 SUITE_ARGS = {
-    "sample": (["--settings", "top_k50+top_p0.9", "--implementation", "xla"],
+    "sample": (["--settings", "top_k50+top_p0.9", "--dists", "heads", "--implementation",
+                "xla_search"],
                ["jaxsample", "jaxsample xla reference", "jnp.max (one read)",
                 "jax.random.categorical", "lax.top_k(50)+categorical",
                 "sort top-p(0.9)+categorical"]),
@@ -19,7 +20,7 @@ SUITE_ARGS = {
                     "--no-peers", "--no-reference"],
                    ["jaxsample", "jaxsample +mask K_cap=8"]),
     "profile": (["--settings", "min_p0.05", "--implementation", "xla", "--mask-caps", "",
-                 "--no-peers", "--no-reference"], ["jaxsample"]),
+                 "--no-peers", "--no-reference", "--resident"], ["jaxsample"]),
     "extract": (["--settings", "top_p0.9", "--implementation", "xla", "--mask-caps", "8",
                  "--no-peers"], ["sample's mask K_cap=8", "extract_sampling_mask xla K_cap=8"]),
     "fp64": (["--settings", "top_k50", "--implementation", "xla", "--no-peers",
@@ -48,11 +49,15 @@ def test_suite_writes_rows_and_json(suite, tmp_path, capsys):
   assert set(runner.JSON_KEYS) <= set(doc) and doc["suite"] == suite
   ops = [row["op"] for row in doc["rows"]]
   assert set(want_ops) <= set(ops), ops
+  assert all(row.get("resident", False) == ("--resident" in extra) for row in doc["rows"])
+  if suite == "sample":
+    assert [r["same_tokens"] for r in doc["rows"] if r["op"] == "jaxsample"] == [True]
   for row in doc["rows"]:
     assert set(runner.ROW_KEYS) <= set(row)
     assert row["us"] > 0 and row["floor_us"] > 0 and row["batch"] == 2
-    # The suites' own checks: a sweep's plans give the default plan's tokens,
-    # extract gives sample's ids (an unstable one-key sort may break ties).
+    # The suites' own checks: jaxsample's tokens are the reference's, a
+    # sweep's plans give the default plan's tokens, extract gives sample's ids
+    # (an unstable one-key sort may break ties).
     for check in ("same_tokens", "same_ids_as_sample", "exact"):
       if check in row and row["op"] != "xla sort unstable (-y, ids)":
         assert row[check], (row["op"], check)

@@ -4,4 +4,7 @@ import sys
 
 from jaxsample.bench.cli import main
 
-sys.exit(main())
+__all__ = []
+
+if __name__ == "__main__":  # importing this module alone runs nothing
+  sys.exit(main())

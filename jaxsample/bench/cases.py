@@ -16,6 +16,8 @@ Logit distributions (``DISTS``; each row independent, fp32 before the cast):
 * ``flat``: every entry equal (buffer ``i`` holds ``0.5 + i``): ties no
   candidate buffer or window holds.
 * ``halves``: ``N(0, 1)`` rounded to halves (about 20 distinct values).
+* ``heads``: ``3 * N(0, 1)`` plus head logits ``HEADS`` (25, 24.5, 22) at
+  random ids: the rows of issue 36 (a peaked LLM row, small kept sets).
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ import jax.numpy as jnp
 from jaxsample.bench.timing import L2_BYTES
 from jaxsample.params import SamplingParams
 
-__all__ = ["Case", "DISTS", "LLM_HEADS", "NAMED", "SETTINGS", "buffer_count", "grid",
+__all__ = ["Case", "DISTS", "HEADS", "LLM_HEADS", "NAMED", "SETTINGS", "buffer_count", "grid",
            "make_logits", "rotating_inputs"]
 
-DISTS = ("randn", "llm", "randn_x1", "randn_x5", "zipf", "flat", "halves")
+DISTS = ("randn", "llm", "randn_x1", "randn_x5", "zipf", "flat", "halves", "heads")
 LLM_HEADS = 8
+HEADS = (25.0, 24.5, 22.0)
 
 # Filter settings by name: ``SamplingParams.make`` keywords besides temperature.
 SETTINGS = {
@@ -58,10 +61,13 @@ def make_logits(key, batch: int, vocab: int, dist: str = "randn", index: int = 0
   x = jax.random.normal(bulk_key, (batch, vocab), jnp.float32)
   if dist in ("randn", "llm"):
     x = 2 * x
-  if dist == "llm":
-    ids = jax.vmap(lambda k: jax.random.choice(k, vocab, (LLM_HEADS,), replace=False))(
+  if dist in ("llm", "heads"):
+    count = LLM_HEADS if dist == "llm" else len(HEADS)
+    ids = jax.vmap(lambda k: jax.random.choice(k, vocab, (count,), replace=False))(
         jax.random.split(id_key, batch))
-    heads = jax.random.uniform(value_key, (batch, LLM_HEADS), jnp.float32, 15.0, 25.0)
+    heads = (jax.random.uniform(value_key, (batch, count), jnp.float32, 15.0, 25.0)
+             if dist == "llm" else jnp.broadcast_to(jnp.float32(HEADS), (batch, count)))
+    x = x if dist == "llm" else 3 * x
     return x.at[jnp.arange(batch)[:, None], ids].set(heads)
   if dist in ("randn", "randn_x1"):
     return x

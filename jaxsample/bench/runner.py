@@ -28,7 +28,7 @@ try:
 except ImportError:  # the "bench" extra; without it, no progress bar
   tqdm = None
 
-__all__ = ["Group", "Suite", "run_suite", "ROW_KEYS", "JSON_KEYS"]
+__all__ = ["Group", "JSON_KEYS", "ROW_KEYS", "Suite", "add_common_options", "run_suite"]
 
 # Keys every JSON row and the JSON document carry (tests/test_bench.py).
 ROW_KEYS = ("suite", "op", "case", "us", "wall_us", "floor_us", "x_floor")
@@ -106,6 +106,9 @@ def add_common_options(parser: argparse.ArgumentParser, defaults: dict) -> None:
                       help="also time a torch sort-based sampler (needs torch with CUDA)")
   parser.add_argument("--kernels", type=int, default=d["kernels"],
                       help="print the N costliest device ops of each row")
+  parser.add_argument("--resident", action="store_true",
+                      help="time every op on one input buffer, which stays in the L2 when it "
+                      "fits: what an op costs when HBM is not its bound (rows say resident)")
   parser.add_argument("--bandwidth-gib", type=float, default=2.0,
                       help="size of the copy that measures the bandwidth")
   parser.add_argument("--out", default="", help="write the rows as JSON to this path")
@@ -144,6 +147,9 @@ def run_suite(suite: Suite, args: argparse.Namespace) -> dict:
   rows = []
   for case in cases:
     group = suite.build(args, case)
+    if args.resident:
+      group.inputs = group.inputs[:1]
+      group.label["resident"] = True
     ops = dict(group.ops)
     if args.peers and group.peer_rows is not None:
       vocab = group.label["vocab"]

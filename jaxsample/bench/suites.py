@@ -22,7 +22,7 @@ from jaxsample import spec
 from jaxsample.bench import cases as cases_lib
 from jaxsample.bench.runner import Group, Suite
 
-__all__ = ["SUITES", "SpecCase"]
+__all__ = ["SUITES", "SpecCase", "breakdown", "grid_cases", "sample_ops"]
 
 _KEY = jax.random.key(1)
 
@@ -69,6 +69,14 @@ def _sampler(params, *, static=False, mask_cap=0, zero_keys=False, **config):
       return call(x)
 
   return call_x64
+
+
+def _same_tokens(ops: dict, names, baseline: str, x) -> dict:
+  """``{name: {"same_tokens": bool}}``: whether each op's tokens on ``x`` are
+  the ``baseline`` op's."""
+  want = np.asarray(ops[baseline](x).tokens)
+  return {name: {"same_tokens": bool(np.array_equal(np.asarray(ops[name](x).tokens), want))}
+          for name in names}
 
 
 def _group(args, case, ops: dict, **kw) -> Group:
@@ -122,7 +130,14 @@ def sample_ops(args, case) -> dict:
 
 
 def _build_sample(args, case) -> Group:
-  return _group(args, case, sample_ops(args, case))
+  """``sample_ops``; with the reference timed, each ``jaxsample`` op's tokens
+  are checked against the reference's on one input (fields ``same_tokens``)."""
+  ops = sample_ops(args, case)
+  other_draw = ("+mask", "greedy", "threefry", "fp64", "reference")  # or no tokens
+  same_draw = [name for name in ops if not any(w in name for w in other_draw)]
+  extra = (_same_tokens(ops, same_draw, "jaxsample xla reference", case.logits())
+           if args.reference else {})
+  return _group(args, case, ops, extra=extra)
 
 
 SAMPLE = Suite(
@@ -244,10 +259,7 @@ def _build_sweep(args, case) -> Group:
                                             ("block", block)) if v is not None)
     ops[f"jaxsample {name}"] = _sampler(params, static=True, implementation=args.implementation,
                                         num_splits=splits, num_warps=warps, block_size=block)
-  x = case.logits()
-  want = np.asarray(ops["jaxsample default plan"](x).tokens)
-  extra = {name: {"same_tokens": bool(np.array_equal(np.asarray(fn(x).tokens), want))}
-           for name, fn in ops.items()}
+  extra = _same_tokens(ops, ops, "jaxsample default plan", case.logits())
   return _group(args, case, ops, extra=extra)
 
 

@@ -4,7 +4,8 @@ Each op is warmed up, then called ``iters * repeats`` times on rotating inputs
 under one JAX profiler trace.  The GPU events (kernels and copies) of the
 trace are cut into calls in time order; device time per call is the median
 over ``repeats`` consecutive blocks of ``iters`` calls of the block's mean,
-with the wall-clock time per call (dispatch included) alongside.  Off GPU the
+with the wall-clock time per call (dispatch included, the same median over
+blocks, each block waiting for its last call) alongside.  Off GPU the
 profiler is not started (it has no device plane) and the wall-clock figure
 stands in.
 """
@@ -55,12 +56,16 @@ def time_op(fn: Callable, inputs: list, iters: int, repeats: int) -> dict:
   calls = iters * repeats
 
   def timed_calls() -> float:
-    start = time.perf_counter()
-    out = None
-    for i in range(calls):
-      out = fn(inputs[i % len(inputs)])
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) * 1e6 / calls
+    """The median over ``repeats`` blocks of the block's wall time per call."""
+    blocks = []
+    for r in range(repeats):
+      start = time.perf_counter()
+      out = None
+      for i in range(r * iters, (r + 1) * iters):
+        out = fn(inputs[i % len(inputs)])
+      jax.block_until_ready(out)
+      blocks.append((time.perf_counter() - start) * 1e6 / iters)
+    return statistics.median(blocks)
 
   events = None
   if jax.default_backend() == "gpu":
