@@ -1,11 +1,14 @@
 """jaxsample: exact, reproducible LLM token samplers for JAX with Pallas GPU kernels."""
 
-from jaxsample.mask import SamplingMask, extract_sampling_mask
+from jaxsample.mask import extract_sampling_mask
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.reference import SampleResult
 from jaxsample.sampling import sample
+from jaxsample.sampling_mask import SamplingMask
+from jaxsample.spec import rejection_sample
+from jaxsample.spec_reference import SpecResult
 from jaxsample import pallas, spec  # pallas: see its __init__
 
 __all__ = ["SampleResult", "SamplerConfig", "SamplingMask", "SamplingParams",
-           "extract_sampling_mask", "sample"]
+           "SpecResult", "extract_sampling_mask", "rejection_sample", "sample"]
 __version__ = "0.1.0"

@@ -51,6 +51,10 @@ import jax.numpy as jnp
 from jaxsample import rng
 from jaxsample.params import SamplingParams
 
+__all__ = ["divide", "finalize", "keep_threshold", "log_probs",
+           "logsumexp_where", "process", "Processed", "race_tokens",
+           "sample_reference", "SampleResult", "sanitize", "temper", "top_ids"]
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)

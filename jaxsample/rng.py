@@ -48,6 +48,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+__all__ = ["bits_at", "check_positions", "FP32_TINY", "FP64_TINY", "Generator",
+           "GENERATORS", "gumbel", "gumbel_noise", "key_words", "mulhi",
+           "MulHiLo", "mulhilo", "philox4x32", "PHILOX_LANES", "PHILOX_TILE",
+           "row_streams", "RowStreams", "threefry2x32", "tile_bits", "uniform"]
+
 Generator = Literal["threefry", "philox"]
 GENERATORS: tuple[str, ...] = ("threefry", "philox")
 

@@ -7,6 +7,9 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 
+__all__ = ["cond", "only_if", "pack_rows", "switch", "unpack_rows",
+           "where_rows"]
+
 
 def where_rows(where: jax.Array, a, b):
   """Per-row choice between two pytrees of ``[B, ...]`` arrays."""

@@ -24,9 +24,9 @@ from conftest import (IMPLEMENTATIONS, STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB,
                       assert_binned_chi2_fits, assert_chi2_fits,
                       chi2_critical, chi2_statistic, closing_over,
                       oracle_keep, without_truncation)
-from jaxsample import SamplerConfig, SamplingMask, SamplingParams, sampling
+from jaxsample import SamplerConfig, SamplingMask, SamplingParams
 from jaxsample.mask import MaskOverflowError
-from jaxsample.pallas import threshold
+from jaxsample.pallas import sampler, threshold
 from test_reference import KINDS, M_VALUES, P_VALUES, k_values, make_row
 from test_threshold import kept_set_batch
 from test_truncated_sampling import (LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL,
@@ -86,7 +86,7 @@ def assert_mask_types(m, batch, cap):
 def with_token(ids, token) -> list:
   """An overflowed row's listed ``ids`` (the first ``K_cap`` of its kept
   set) as the sampler lists them: its ``token`` in the last slot if it is
-  not among them (``mask.with_token``)."""
+  not among them (``sampling_mask.with_token``)."""
   ids = [int(i) for i in ids]
   return ids if int(token) in ids else ids[:-1] + [int(token)]
 
@@ -466,7 +466,7 @@ def test_kernel_lists_large_kept_sets_like_the_reference(fp64, cap):
 
 @pytest.mark.parametrize("cap", [40, 8])
 def test_masks_from_kept_sets_equal_the_samplers(cap):
-  """``sampling.kept_set_masks`` of ``kept_sets(..., measure_all=True)``
+  """``sampler.kept_set_masks`` of ``kept_sets(..., measure_all=True)``
   (``extract_sampling_mask``'s kernel path; the spec sampler's masks)
   equals the mask of ``sample`` on the kernels: kept sets the candidate
   buffer or a window search measured, a min-p row and a row with flat ties
@@ -490,7 +490,7 @@ def test_masks_from_kept_sets_equal_the_samplers(cap):
   def masks(x):  # extract_sampling_mask's kernel path, sets included
     sets = threshold.kept_sets(x, canon, config, order_width=cap,
                                measure_all=True)
-    return sets, sampling.kept_set_masks(x, canon, sets, config)
+    return sets, sampler.kept_set_masks(x, canon, sets, config)
 
   sets, got = to_np(masks(jnp.asarray(x)))
   kept = sets.threshold > -np.inf

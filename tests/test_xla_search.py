@@ -20,7 +20,7 @@ import pytest
 
 from conftest import FP32_EPS, oracle_keep, sort_operands
 import jaxsample
-from jaxsample import SamplerConfig, SamplingParams, reference, rng, sampling
+from jaxsample import SamplerConfig, SamplingParams, dispatch, reference, rng
 from jaxsample import xla_search
 
 GENERATORS = ("philox", "threefry")
@@ -335,8 +335,8 @@ def test_per_request_keys_and_positions():
 
 def test_auto_off_gpu_is_the_search_path():
   assert jax.default_backend() != "gpu"
-  assert sampling.backend(SamplerConfig()) == "xla_search"
-  assert sampling.backend(SamplerConfig(implementation="xla")) == "xla"
+  assert dispatch.backend(SamplerConfig()) == "xla_search"
+  assert dispatch.backend(SamplerConfig(implementation="xla")) == "xla"
 
 
 def test_extract_sampling_mask_matches_reference():

@@ -23,6 +23,14 @@ from jax.experimental.pallas import triton as plgpu
 from jaxsample import reference, rng
 from jaxsample.params import SamplerConfig
 
+__all__ = ["argmax_finish", "argmax_update", "below_floor", "Chunk",
+           "chunk_loop", "excluding_loader", "floored_loader", "gpu_div",
+           "gpu_exp2_approx", "gpu_mulhilo", "gpu_mulhilo_pair",
+           "join_fp64_words", "KernelMath", "KernelPlan", "key_value",
+           "logit_floor", "make_plan", "Noise", "order_key", "row_chunk_loader",
+           "split_argmax", "split_fp64_words", "split_sumexp", "STREAM_DTYPES",
+           "table_row", "Tile", "tile_loop", "xla_temper"]
+
 warnings.filterwarnings("ignore", message=".*Pallas Triton backend is deprecated.*")
 
 _SM_COUNT_DEFAULT = 132  # H100 / H200; only shapes the split heuristic.

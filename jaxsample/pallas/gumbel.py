@@ -44,6 +44,10 @@ from jaxsample.pallas import common
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.reference import SampleResult
 
+__all__ = ["combine_partials", "finish_sampling", "G_MAX", "gumbel_partials",
+           "GumbelPartials", "GumbelRace", "MIN_ONE_MINUS_U", "options",
+           "sample_untruncated", "TILE_SKIP"]
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)

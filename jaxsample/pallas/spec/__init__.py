@@ -26,7 +26,7 @@ draft (``w_v = y_v``, ``v != d_i``) whichever slot is the first rejection,
 and the plain race at ``i = n_b`` (the bonus token).  An XLA step adds
 ``d_i`` back into its row's normalizer and validity (from its gathered
 logit), decides acceptance exactly as the reference
-(``jaxsample.spec.accepted_count``) and picks slot ``j``'s race.  Reads:
+(``spec_reference.accepted_count``) and picks slot ``j``'s race.  Reads:
 the target logits of slots ``<= n_b`` once; noise is drawn for each of those
 rows (the price of needing no second pass).
 

@@ -12,10 +12,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jaxsample import rng, rowwise
-from jaxsample import spec as spec_ref
+from jaxsample import spec_reference as spec_ref
 from jaxsample.pallas import common, gumbel
 from jaxsample.pallas.spec.stats import kernel_switch
 from jaxsample.params import SamplerConfig
+
+__all__ = ["emit_partials", "EmitRequest", "GREEDY", "RACE", "RESIDUAL", "SKIP"]
 
 
 # ---------------------------------------------------------------------------
@@ -31,7 +33,7 @@ class _ResidualMath(common.KernelMath):
 
   ``GumbelRace.chunk_step`` races ``div(x, T) + g`` and filters on ``x / T``
   alone; with ``div(x, T) = w = y + log1p(-exp(ld - lt)) <= y``
-  (``jaxsample.spec.residual_logits``) its filter stays a valid bound and its
+  (``spec_reference.residual_logits``) its filter stays a valid bound and its
   exact branch races ``w + g``, computing ``w`` only for chunks that may win.
   """
 

@@ -9,13 +9,15 @@ import jax
 import jax.numpy as jnp
 
 from jaxsample import reference, rng
-from jaxsample import spec as spec_ref
+from jaxsample import spec_reference as spec_ref
 from jaxsample.pallas import common, gumbel, threshold
 from jaxsample.pallas.spec.stats import (combine_stats, log_probs_at,
                                          stats_partials)
 from jaxsample.pallas.spec.emit import (EmitRequest, GREEDY, RACE, RESIDUAL,
                                         SKIP, emit_partials)
 from jaxsample.params import SamplerConfig, SamplingParams
+
+__all__ = ["kept_floors", "KeptFloors", "reject"]
 
 
 def _race_winner(race, index):

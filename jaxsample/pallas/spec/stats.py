@@ -14,6 +14,9 @@ from jaxsample import reference
 from jaxsample.pallas import common, threshold
 from jaxsample.params import SamplerConfig
 
+__all__ = ["combine_stats", "kernel_switch", "log_probs_at", "SlotStats",
+           "STATS_BLOCK", "stats_partials", "stats_plan"]
+
 STATS_BLOCK = 4096
 """Default elements per load of pass 1 (``SamplerConfig.block_size`` overrides)."""
 

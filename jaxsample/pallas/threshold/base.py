@@ -12,6 +12,10 @@ from jaxsample import rowwise
 from jaxsample.pallas import common
 from jaxsample.params import SamplerConfig, SamplingParams
 
+__all__ = ["FILTER_SLACK", "LOG2E", "ONE_BITS", "pack_param_table", "pass_plan",
+           "pow2_ceil", "row_params", "SAMPLE_STRIDE", "sanitize",
+           "segment_size", "TOP_K_FIELD", "TOP_P_FIELD"]
+
 LOG2E = 1.4426950408889634
 # |x * (1 / T) - x / T| <= 2 ulp: the filter widens the candidate test by this.
 FILTER_SLACK = 2.0**-21

@@ -16,6 +16,8 @@ from jaxsample.pallas.threshold.base import (LOG2E, pack_param_table, pass_plan,
 from jaxsample.pallas.threshold.search import bit_length
 from jaxsample.params import SamplerConfig, SamplingParams
 
+__all__ = ["pivot_threshold"]
+
 
 # ---------------------------------------------------------------------------
 # Fixed-pass search: thresholds no buffer holds.

@@ -20,6 +20,10 @@ from jaxsample.pallas.threshold.candidates import (Candidates, Listing,
 from jaxsample.pallas.threshold.pivot import pivot_threshold
 from jaxsample.params import SamplerConfig, SamplingParams
 
+__all__ = ["floored_race", "joint_kept_sets", "kept_sets", "KeptSetQuery",
+           "KeptSets", "large_kept_ids", "large_thresholds", "sample_large",
+           "sample_truncated", "Truncation", "untruncated_sets"]
+
 
 # ---------------------------------------------------------------------------
 # The truncated sampler.

@@ -9,6 +9,9 @@ from jax import lax
 
 from jaxsample.pallas import common
 
+__all__ = ["bit_length", "BOUND_KEY_BITS", "count_reaches", "kept_bound",
+           "largest_key", "largest_keys", "NEG_INF_KEY"]
+
 
 # ---------------------------------------------------------------------------
 # The exact threshold search over a small buffer of values.

@@ -15,6 +15,8 @@ from jaxsample.pallas.threshold.base import (pack_param_table, pow2_ceil,
 from jaxsample.pallas.threshold.search import BOUND_KEY_BITS, kept_bound
 from jaxsample.params import SamplingParams
 
+__all__ = ["select_threshold"]
+
 _SELECT_WARPS = 4  # the final select
 
 

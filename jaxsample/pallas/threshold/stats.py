@@ -21,6 +21,8 @@ from jaxsample.pallas.threshold.base import (FILTER_SLACK, ONE_BITS,
 from jaxsample.pallas.threshold.search import BOUND_KEY_BITS, kept_bound
 from jaxsample.params import SamplerConfig, SamplingParams
 
+__all__ = ["row_bounds", "RowBounds", "StatsPartials"]
+
 # Top-p bounds from segment maxima aim this much above ``p * Z`` so fp32 sums
 # never place the bound above the exact threshold.
 _BOUND_MARGIN = 2.0**-10

@@ -17,6 +17,9 @@ from jaxsample.pallas.threshold.search import (BOUND_KEY_BITS, NEG_INF_KEY,
                                                largest_keys)
 from jaxsample.params import SamplingParams
 
+__all__ = ["threshold_window", "TOP_K_WINDOW_BUFFERS", "WINDOW_BUFFERS",
+           "window_half", "WINDOW_WARPS"]
+
 
 # ---------------------------------------------------------------------------
 # Large kept sets: a window around the threshold, from a sample.

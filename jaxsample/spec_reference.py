@@ -1,0 +1,200 @@
+"""The XLA reference of speculative-decoding rejection sampling
+(``jaxsample.spec.rejection_sample``; ``jaxsample.spec``'s module doc is the
+spec), and the pieces the fused kernels share with it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jaxsample import reference, rng, sampling_mask
+from jaxsample.params import SamplingParams
+from jaxsample.sampling_mask import SamplingMask
+
+__all__ = ["SpecResult", "acceptance_uniforms", "accepted_count", "assemble",
+           "per_row_params", "reject_xla", "residual_logits", "slot_masks",
+           "stream_keys"]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SpecResult:
+  """Emitted ``tokens`` ``[B, k + 1]`` int32 (-1 padded), ``num_accepted``
+  ``[B]`` int32 and ``logprobs`` ``[B, k + 1]`` fp32 (0 padded)."""
+
+  tokens: jax.Array
+  num_accepted: jax.Array
+  logprobs: jax.Array
+
+
+def stream_keys(key, batch_size: int) -> tuple[jax.Array, jax.Array]:
+  """``(noise_keys, accept_keys)``, raw ``[B, 2]`` uint32 (module doc)."""
+  data = rng.key_words(key)
+  if data.ndim == 1:
+    base = jax.random.wrap_key_data(data, impl="threefry2x32")
+    requests = jax.vmap(jax.random.fold_in, (None, 0))(
+        base, jnp.arange(batch_size, dtype=jnp.uint32))
+  elif data.shape == (batch_size, 2):
+    requests = jax.random.wrap_key_data(data, impl="threefry2x32")
+  else:
+    raise ValueError(f"key must be one key or {batch_size} per-request keys; "
+                     f"got key data of shape {data.shape}")
+  purpose = lambda i: jax.random.key_data(
+      jax.vmap(jax.random.fold_in, (0, None))(requests, i))
+  return purpose(0), purpose(1)
+
+
+def _gather(a: jax.Array, index: jax.Array) -> jax.Array:
+  """``a[b, i, index[b, i]]`` for ``a`` ``[B, m, V]`` and ``index`` ``[B, m]``."""
+  return jnp.take_along_axis(a, index[..., None], axis=-1)[..., 0]
+
+
+def _at(a: jax.Array, j: jax.Array) -> jax.Array:
+  """Slot ``j[b]`` of each request of ``a`` ``[B, m, ...]``."""
+  j = j.reshape(j.shape + (1,) * (a.ndim - 1))
+  return jnp.take_along_axis(a, j, axis=1)[:, 0]
+
+
+def per_row_params(params: SamplingParams, m: int,
+                   live: jax.Array | None = None) -> SamplingParams:
+  """The params of the ``B * m`` rows of ``[B, m, V]`` logits, request-major;
+  ``live`` ``[B, m]``: rows outside it are greedy (no filter runs on them:
+  rows no output reads)."""
+  rows = jax.tree.map(lambda a: jnp.repeat(a, m), params)
+  if live is None:
+    return rows
+  return dataclasses.replace(rows, temperature=jnp.where(
+      live.reshape(-1), rows.temperature, 0.0))
+
+
+def _process(logits, params, order_width: int = 0):
+  """``reference.process`` (with ``order_width``) and ``log_probs`` of ``[B,
+  m, V]`` rows, in one batch (equal target and draft rows get equal results)."""
+  batch, m, vocab = logits.shape
+  rows = per_row_params(params, m)
+  proc = reference.process(logits.reshape(batch * m, vocab), rows,
+                           order_width=order_width)
+  lq = reference.log_probs(proc, rows)
+  return jax.tree.map(lambda a: a.reshape((batch, m) + a.shape[1:]),
+                      (proc, lq))
+
+
+def acceptance_uniforms(accept_keys, positions, k: int, vocab: int,
+                        generator: str) -> jax.Array:
+  """``u`` ``[B, k]``: vocab index 0 of stream ``(accept_b, p + i)`` (module doc)."""
+  batch = accept_keys.shape[0]
+  slots = jnp.arange(k, dtype=jnp.uint32)
+  streams, _ = rng.row_streams(
+      jnp.repeat(accept_keys, k, axis=0),
+      (positions[:, None] + slots).reshape(-1), batch * k, vocab)
+  ((_, bits), *_) = rng.tile_bits(generator, streams, 0, jnp.uint32(0))
+  return rng.uniform(bits).reshape(batch, k)
+
+
+def accepted_count(u, lt_d, ld_d, greedy_ok, greedy, valid_t, n,
+                   synthetic_rates) -> jax.Array:
+  """``num_accepted`` ``[B]`` from the per-slot quantities ``[B, k]`` (module
+  doc): ``lt_d`` / ``ld_d`` the target / draft log-probabilities of the draft
+  tokens, ``greedy_ok`` whether the draft is the target argmax."""
+  k = u.shape[1]
+  if synthetic_rates is None:
+    ratio = jnp.where(ld_d > -jnp.inf, lt_d - ld_d, -jnp.inf)
+    accept = jnp.where(greedy[:, None], greedy_ok, jnp.log(u) < ratio)
+  else:
+    accept = u < synthetic_rates.astype(jnp.float32)
+  accept &= valid_t & (jnp.arange(k) < n[:, None])
+  return jnp.sum(jnp.cumprod(accept, axis=1), axis=1).astype(jnp.int32)
+
+
+def residual_logits(y, lt, ld) -> jax.Array:
+  """The residual race's logits ``w = y + log1p(-exp(ld - lt))`` where
+  ``ld < lt``, -inf elsewhere (module doc); ``w - y`` is ``log(1 - q_d / q_t)``."""
+  return jnp.where(ld < lt, y + jnp.log1p(-jnp.exp(ld - lt)), -jnp.inf)
+
+
+def assemble(d, j, token, lt_d, lp_token) -> SpecResult:
+  """Outputs from the drafts ``d`` ``[B, k]``, ``num_accepted`` ``j``, the
+  emitted ``token`` and the log-probabilities of the accepted drafts
+  (``lt_d`` ``[B, k]``) and of the emitted token (``lp_token`` ``[B]``)."""
+  batch, k = d.shape
+  all_slots = jnp.arange(k + 1)
+  at_j = all_slots == j[:, None]
+  tokens = jnp.concatenate([d, jnp.zeros((batch, 1), jnp.int32)], axis=1)
+  tokens = jnp.where(at_j, token[:, None], tokens)
+  logprobs = jnp.concatenate([lt_d, jnp.zeros((batch, 1), jnp.float32)],
+                             axis=1)
+  logprobs = jnp.where(at_j, lp_token[:, None], logprobs)
+  emitted = all_slots <= j[:, None]
+  return SpecResult(jnp.where(emitted, tokens, -1), j,
+                    jnp.where(emitted, logprobs, 0.0).astype(jnp.float32))
+
+
+def slot_masks(rows: SamplingMask, j: jax.Array, k1: int) -> SamplingMask:
+  """``[k + 1, B, ...]`` masks from ``rows``, those of the ``B * (k + 1)``
+  target rows (request-major), blank past slot ``j`` ``[B]`` (module doc)."""
+  batch = j.shape[0]
+  emitted = jnp.arange(k1)[:, None] <= j
+  blank = SamplingMask(ids=-1, count=0, logz=-jnp.inf, lse=-jnp.inf,
+                       truncated=True, overflow=False)
+
+  def by_slot(a, fill):
+    a = jnp.swapaxes(a.reshape((batch, k1) + a.shape[1:]), 0, 1)
+    return jnp.where(emitted.reshape(emitted.shape + (1,) * (a.ndim - 2)), a,
+                     fill)
+
+  return jax.tree.map(by_slot, rows, blank)
+
+
+def reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,
+               synthetic_rates, positions, generator, fp64, mask_ids: int):
+  """The reference: ``(SpecResult, the target rows' masks)``, the masks
+  ``mask_ids`` wide, or None for ``mask_ids = 0``."""
+  batch, k1, vocab = target_logits.shape
+  k = k1 - 1
+  d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
+  greedy = params.temperature == 0
+  noise_keys, accept_keys = stream_keys(key, batch)
+  positions = positions.astype(jnp.uint32)
+
+  one_hot = jnp.where(jnp.arange(vocab) == d[..., None], jnp.float32(0),
+                      jnp.float32(-jnp.inf))
+  if draft_logits is None:
+    target, lt = _process(target_logits, params, mask_ids)
+    ld = one_hot
+  else:
+    both, lq = _process(jnp.concatenate([target_logits.astype(jnp.float32),
+                                         draft_logits.astype(jnp.float32)],
+                                        axis=1), params, mask_ids)
+    target, lt = jax.tree.map(lambda a: a[:, :k1], (both, lq))
+    valid_d = jnp.isfinite(both.row_max[:, k1:])
+    ld = jnp.where(valid_d[..., None], lq[:, k1:], one_hot)
+  valid_t = jnp.isfinite(target.row_max)  # [B, k + 1]
+
+  u = acceptance_uniforms(accept_keys, positions, k, vocab, generator)
+  lt_d = _gather(lt[:, :k], d)
+  argmax = jnp.argmax(target.y[:, :k], axis=-1)
+  j = accepted_count(u, lt_d, _gather(ld, d), d == argmax, greedy,
+                     valid_t[:, :k], n, synthetic_rates)
+
+  # Emission at slot j: residual draw after a rejection, else plain sampling.
+  streams, _ = rng.row_streams(noise_keys, positions + j.astype(jnp.uint32),
+                               batch, vocab)
+  noise = rng.gumbel_noise(generator, streams, vocab, fp64=fp64)
+  target_j = jax.tree.map(lambda a: _at(a, j), target)
+  plain = reference.race_tokens(target_j, params, noise)
+  lt_j = _at(lt, j)
+  ld_j = _at(ld, jnp.minimum(j, k - 1)) if k else jnp.full_like(lt_j, -jnp.inf)
+  w = residual_logits(target_j.y, lt_j, ld_j)
+  residual = jnp.argmax(w.astype(noise.dtype) + noise, axis=-1)
+  use_residual = ((j < n) & ~greedy & jnp.isfinite(target_j.row_max) &
+                  jnp.any(w > -jnp.inf, axis=-1))
+  token = jnp.where(use_residual, residual, plain).astype(jnp.int32)
+  result = assemble(d, j, token, lt_d,
+                    _gather(lt_j[:, None], token[:, None])[:, 0])
+  if not mask_ids:
+    return result, None
+  rows = jax.tree.map(lambda a: a.reshape((batch * k1,) + a.shape[2:]), target)
+  return result, sampling_mask.from_processed(
+      rows, per_row_params(params, k1), mask_ids)

@@ -1,0 +1,167 @@
+"""The package's layout: every module imports alone, imports form no cycle,
+no import hides inside a function, backends never import the public API and
+every public module declares ``__all__`` (the README's layout table:
+``test_readme.py``)."""
+
+import ast
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "jaxsample"
+# The public API: entry points that validate, canonicalize and dispatch.
+PUBLIC_API = {"jaxsample", "jaxsample.sampling", "jaxsample.mask",
+              "jaxsample.spec"}
+# Applications built on the public API (nothing in the package imports them).
+APPS = ("jaxsample.bench", "jaxsample.demo")
+
+
+def is_app(name: str) -> bool:
+  return any(name == app or name.startswith(app + ".") for app in APPS)
+
+
+def module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(ROOT).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_modules(name: str, tree: ast.Module) -> set[str]:
+  """The package modules ``tree`` imports: for ``from a import b``, ``a.b``
+  where it is a module, else ``a``."""
+  found = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      found |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:  # relative: resolve against this module's package
+        package = name if MODULES[name].name == "__init__.py" else (
+            name.rpartition(".")[0])
+        parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(parts + ([node.module] if node.module else []))
+      found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
+                for a in node.names}
+  return {m for m in found if m in MODULES}
+
+
+GRAPH = {name: imported_modules(name, ast.parse(path.read_text()))
+         for name, path in MODULES.items()}
+
+
+def test_tree_is_found():
+  assert {"jaxsample", "jaxsample.sampling", "jaxsample.pallas.gumbel",
+          "jaxsample.pallas.threshold.route"} <= set(MODULES)
+
+
+# Imports JAX once, then imports each module in a forked child with no
+# jaxsample module loaded: the module alone, as a fresh interpreter would,
+# without paying JAX's import per module.
+_IMPORT_EACH_ALONE = """
+import importlib, os, sys, traceback
+import jax, jax.numpy, numpy
+from jax.experimental import pallas
+from jax.experimental.pallas import triton
+assert not any(m.startswith("jaxsample") for m in sys.modules)
+failed = []
+for name in sys.argv[1:]:
+  pid = os.fork()
+  if pid == 0:
+    try:
+      importlib.import_module(name)
+    except BaseException:
+      traceback.print_exc()
+      os._exit(1)
+    os._exit(0)
+  if os.waitpid(pid, 0)[1]:
+    failed.append(name)
+print("FAILED", failed)
+sys.exit(1 if failed else 0)
+"""
+
+
+def test_every_module_imports_alone():
+  """Each module imports with no other jaxsample module loaded first (no
+  order dependence; ``__main__`` modules run when imported)."""
+  names = [name for name in sorted(MODULES) if not name.endswith(".__main__")]
+  done = subprocess.run([sys.executable, "-c", _IMPORT_EACH_ALONE, *names],
+                        cwd=ROOT, capture_output=True, text=True, timeout=600,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu",
+                                 PYTHONPATH=str(ROOT)))
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-6000:]
+  assert "FAILED []" in done.stdout
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  """A cycle of ``graph`` as a path ``[a, ..., a]``, or None."""
+  state = {}  # 1: on the stack, 2: done
+
+  def visit(node, path):
+    state[node] = 1
+    for succ in sorted(graph[node]):
+      if state.get(succ) == 1:
+        return path[path.index(succ):] + [succ]
+      if succ not in state:
+        cycle = visit(succ, path + [succ])
+        if cycle:
+          return cycle
+    state[node] = 2
+    return None
+
+  for node in sorted(graph):
+    if node not in state:
+      cycle = visit(node, [node])
+      if cycle:
+        return cycle
+  return None
+
+
+def test_find_cycle_finds_cycles():
+  assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [
+      "a", "b", "c", "a"]
+  assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_no_import_cycle():
+  assert find_cycle(GRAPH) is None
+
+
+def test_no_import_inside_a_function():
+  found = []
+  for name, path in MODULES.items():
+    for func in ast.walk(ast.parse(path.read_text())):
+      if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        found += [f"{name}:{node.lineno}" for node in ast.walk(func)
+                  if isinstance(node, (ast.Import, ast.ImportFrom))]
+  assert not found
+
+
+def test_backends_do_not_import_the_public_api():
+  """Only the public modules (and applications) import the public API; the
+  reference, the shared helpers and the Pallas routes sit below it."""
+  found = {name: GRAPH[name] & PUBLIC_API for name in MODULES
+           if name not in PUBLIC_API and not is_app(name)}
+  assert not {name: deps for name, deps in found.items() if deps}
+
+
+def test_nothing_in_the_package_imports_an_application():
+  assert not {name: deps for name, deps in GRAPH.items()
+              if not is_app(name) and any(is_app(d) for d in deps)}
+
+
+def test_every_public_module_declares_all():
+  missing = []
+  for name, path in MODULES.items():
+    if is_app(name) or name.rpartition(".")[2].startswith("_"):
+      continue
+    targets = [t for node in ast.parse(path.read_text()).body
+               for t in (node.targets if isinstance(node, ast.Assign) else
+                         [node.target] if isinstance(node, ast.AnnAssign)
+                         else [])]
+    if not any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+      missing.append(name)
+  assert not missing
