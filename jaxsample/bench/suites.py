@@ -48,8 +48,11 @@ def _sampler(params, *, static=False, mask_cap=0, zero_keys=False, **config):
   cfg = js.SamplerConfig(**config, **({"max_mask_ids": mask_cap} if mask_cap else {}))
 
   def run(x, params):
-    key = jnp.zeros((x.shape[0], 2), jnp.uint32) if zero_keys else _KEY
-    return js.sample(x, params, key, config=cfg, return_mask=bool(mask_cap))
+    if zero_keys:  # per-request keys (and their positions)
+      return js.sample(x, params, jnp.zeros((x.shape[0], 2), jnp.uint32),
+                       positions=jnp.zeros(x.shape[0], jnp.int32), config=cfg,
+                       return_mask=bool(mask_cap))
+    return js.sample(x, params, _KEY, config=cfg, return_mask=bool(mask_cap))
 
   if static:
     jitted = jax.jit(functools.partial(run, params=params))
