@@ -220,16 +220,15 @@ def check_invariants(x, params, result):
 
 def test_random_bad_input_xla():
   r = np.random.default_rng(36)
-  for case in range(12):
+  for case in range(10):
     batch, vocab = int(r.integers(1, 6)), int(r.choice([1, 2, 5, 33, 130]))
     dtype = r.choice([jnp.float32, jnp.bfloat16, jnp.float16])
     x, params = random_case(r, batch, vocab, dtype)
     per_request = bool(r.integers(2))
     key = (jax.random.split(jax.random.key(case), batch) if per_request
            else jax.random.key(case))
-    result = jaxsample.sample(
-        x, params, key, config="xla",
-        positions=jnp.arange(batch) if per_request else None)
+    result = _sample(x, params, key, config="xla",
+                     positions=jnp.arange(batch) if per_request else None)
     check_invariants(x, params, result)
 
 

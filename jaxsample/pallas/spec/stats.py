@@ -176,8 +176,11 @@ def combine_stats(m, arg, sumexp, temperature,
 def log_probs_at(x, stats_shift, stats_log_sum, temperature, floor=-jnp.inf):
   """``lt(v)`` of sampled valid rows from the sanitized logit ``x`` at ``v``:
   ``(y - shift) - log_sum`` with ``y = x / T``, -inf for a -inf logit or
-  ``y`` below the kept set's ``floor`` (reference.log_probs)."""
+  ``y`` below the kept set's ``floor`` (reference.log_probs); the
+  normalizer holds ``v``'s own term (``reference.holding_token``), so the
+  result is ``<= 0``."""
   t = jnp.where(temperature > 0, temperature, 1.0)
   y = reference.divide(x, t)
+  gap = y - stats_shift
   return jnp.where((y > -jnp.inf) & (y >= floor),
-                   (y - stats_shift) - stats_log_sum, -jnp.inf)
+                   gap - reference.holding_token(stats_log_sum, gap), -jnp.inf)
