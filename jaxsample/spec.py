@@ -115,7 +115,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsample import mask, reference, rng, rowwise, sampling
+from jaxsample import mask, reference, rng, rowwise, sampling, xla_search
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.sampling import use_pallas, x64_scope
 
@@ -208,13 +208,15 @@ def per_row_params(params: SamplingParams, m: int,
       live.reshape(-1), rows.temperature, 0.0))
 
 
-def _process(logits, params, order_width: int = 0):
-  """``reference.process`` (with ``order_width``) and ``log_probs`` of ``[B,
-  m, V]`` rows, in one batch (equal target and draft rows get equal results)."""
+def _process(logits, params, order_width: int = 0, *,
+             process=reference.process):
+  """``process`` (``reference.process`` or ``xla_search.process``, with
+  ``order_width``) and ``log_probs`` of ``[B, m, V]`` rows, in one batch
+  (equal target and draft rows get equal results)."""
   batch, m, vocab = logits.shape
   rows = per_row_params(params, m)
-  proc = reference.process(logits.reshape(batch * m, vocab), rows,
-                           order_width=order_width)
+  proc = process(logits.reshape(batch * m, vocab), rows,
+                 order_width=order_width)
   lq = reference.log_probs(proc, rows)
   return jax.tree.map(lambda a: a.reshape((batch, m) + a.shape[1:]),
                       (proc, lq))
@@ -288,9 +290,11 @@ def _slot_masks(rows: mask.SamplingMask, j: jax.Array,
 
 
 def _reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,
-                synthetic_rates, positions, generator, fp64, mask_ids: int):
+                synthetic_rates, positions, generator, fp64, mask_ids: int,
+                process=reference.process):
   """The reference: ``(SpecResult, the target rows' masks)``, the masks
-  ``mask_ids`` wide, or None for ``mask_ids = 0``."""
+  ``mask_ids`` wide, or None for ``mask_ids = 0``; ``process`` finds the
+  kept sets (``xla_search.process``: the same sets without a sort)."""
   batch, k1, vocab = target_logits.shape
   k = k1 - 1
   d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
@@ -301,12 +305,13 @@ def _reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,
   one_hot = jnp.where(jnp.arange(vocab) == d[..., None], jnp.float32(0),
                       jnp.float32(-jnp.inf))
   if draft_logits is None:
-    target, lt = _process(target_logits, params, mask_ids)
+    target, lt = _process(target_logits, params, mask_ids, process=process)
     ld = one_hot
   else:
     both, lq = _process(jnp.concatenate([target_logits.astype(jnp.float32),
                                          draft_logits.astype(jnp.float32)],
-                                        axis=1), params, mask_ids)
+                                        axis=1), params, mask_ids,
+                                process=process)
     target, lt = jax.tree.map(lambda a: a[:, :k1], (both, lq))
     valid_d = jnp.isfinite(both.row_max[:, k1:])
     ld = jnp.where(valid_d[..., None], lq[:, k1:], one_hot)
@@ -374,8 +379,10 @@ def rejection_sample(target_logits: jax.Array,
       runs this reference, "pallas" the fused kernels (interpret mode off
       GPU), after the threshold kernels' kept sets in a batch where some
       sampled request truncates (a ``lax.cond`` with traced params; none
-      where the caller's ``jit`` closes over them), "auto" the kernels on
-      GPU and the reference elsewhere.
+      where the caller's ``jit`` closes over them), "xla_search" this
+      reference with the kept sets found without a sort
+      (``xla_search.process``), "auto" the kernels on GPU and
+      "xla_search" elsewhere.
       ``block_size`` / ``num_splits`` / ``num_warps`` / ``num_stages`` shape
       both kernel passes (``jaxsample.pallas.spec``).
     return_mask: static; also return the ``SamplingMask`` of every slot
@@ -423,7 +430,9 @@ def rejection_sample(target_logits: jax.Array,
       result, rows = _reject_xla(
           target_logits, draft_tokens, n, params, key, draft_logits,
           synthetic_rates, positions, config.rng, config.use_fp64_gumbel,
-          config.max_mask_ids * return_mask)
+          config.max_mask_ids * return_mask,
+          xla_search.process if sampling.backend(config) == "xla_search"
+          else reference.process)
     else:
       # pylint: disable-next=g-import-not-at-top
       from jaxsample.pallas import spec as kernels, threshold

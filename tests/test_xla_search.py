@@ -383,3 +383,29 @@ def test_concrete_params_pick_one_candidate_width():
       r"top_k\[axis=1 is_stable=True k=(\d+)\]", text))
   assert widths(closed) == [256]
   assert widths(traced) == list(xla_search.CANDIDATE_WIDTHS)
+
+
+def test_spec_rejection_sample_matches_reference():
+  """Speculative verification off GPU finds its kept sets by the search."""
+  r = np.random.default_rng(17)
+  batch, k = BATCH // 4, 3
+  target = jnp.asarray(_rows("peaked", batch * (k + 1), VOCAB, r).reshape(
+      batch, k + 1, VOCAB), jnp.float32)
+  draft = jnp.asarray(_rows("peaked", batch * k, VOCAB, r).reshape(
+      batch, k, VOCAB), jnp.float32)
+  tokens = jnp.asarray(r.integers(0, VOCAB, (batch, k)), jnp.int32)
+  params = SamplingParams.make(batch, top_k=[50, 0, 1500, 0],
+                               top_p=[0.9, 0.95, 1.0, 1.0],
+                               min_p=[0.0, 0.0, 0.0, 0.05])
+  run = lambda impl: jax.tree.map(np.asarray, jax.jit(
+      lambda t, d, tok, p: jaxsample.spec.rejection_sample(
+          t, tok, jnp.full((batch,), k), p, jax.random.key(18),
+          draft_logits=d, config=SamplerConfig(implementation=impl,
+                                               max_mask_ids=16),
+          return_mask=True))(target, draft, tokens, params))
+  got, want = run("auto"), run("xla")
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    if np.issubdtype(a.dtype, np.floating):
+      np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    else:
+      np.testing.assert_array_equal(a, b)
