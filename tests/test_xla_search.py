@@ -131,8 +131,13 @@ def _mixed_params(batch: int, vocab: int, r) -> SamplingParams:
 
 @functools.partial(jax.jit, static_argnames=("impl", "generator", "width"))
 def _run(logits, params, key, *, impl, generator, width):
+  """``(result, mask)`` with a mask ``width`` wide, or ``(result, None)``
+  for ``width = 0`` (the search path's candidates then come from the fp32
+  logits themselves, not the tempered row)."""
   config = SamplerConfig(implementation=impl, rng=generator,
-                         max_mask_ids=width)
+                         max_mask_ids=max(width, 1))
+  if not width:
+    return jaxsample.sample(logits, params, key, config=config), None
   return jaxsample.sample(logits, params, key, config=config, return_mask=True)
 
 
@@ -142,12 +147,14 @@ def _process(logits, params, *, fn):
 
 
 def _compare(logits, params, key, *, generator="philox", width=16):
-  """Asserts the search path equals the reference on one batch; returns the
-  search path's (result, mask)."""
+  """Asserts the search path equals the reference on one batch, with a mask
+  and without; returns the search path's (result, mask)."""
   ref, ref_mask = _run(logits, params, key, impl="xla", generator=generator,
                        width=width)
   out, out_mask = _run(logits, params, key, impl="xla_search",
                        generator=generator, width=width)
+  unmasked, _ = _run(logits, params, key, impl="xla_search",
+                     generator=generator, width=0)
   vocab = logits.shape[1]
   canon = params.canonical(vocab)
   keep_ref = np.asarray(_process(logits, params, fn=reference.process))
@@ -167,12 +174,13 @@ def _compare(logits, params, key, *, generator="philox", width=16):
         f"row {b}: kept {keep[b].sum()} entries, reference {keep_ref[b].sum()}"
         f" (params {jax.tree.map(lambda a: a[b], canon)})")
   assert same_set.mean() >= 0.9
-  np.testing.assert_array_equal(np.asarray(out.valid), np.asarray(ref.valid))
-  np.testing.assert_array_equal(np.asarray(out.tokens)[same_set],
-                                np.asarray(ref.tokens)[same_set])
-  np.testing.assert_allclose(np.asarray(out.logprobs)[same_set],
-                             np.asarray(ref.logprobs)[same_set], rtol=0,
-                             atol=ulps)
+  for got in (out, unmasked):
+    np.testing.assert_array_equal(np.asarray(got.valid), np.asarray(ref.valid))
+    np.testing.assert_array_equal(np.asarray(got.tokens)[same_set],
+                                  np.asarray(ref.tokens)[same_set])
+    np.testing.assert_allclose(np.asarray(got.logprobs)[same_set],
+                               np.asarray(ref.logprobs)[same_set], rtol=0,
+                               atol=ulps)
   for name in ("ids", "count", "truncated", "overflow"):
     np.testing.assert_array_equal(np.asarray(getattr(out_mask, name))[same_set],
                                   np.asarray(getattr(ref_mask, name))[same_set],
