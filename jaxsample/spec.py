@@ -119,8 +119,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsample import (dispatch, mask, rng, rowwise, sampling_mask,
-                       spec_reference)
+from jaxsample import (dispatch, mask, reference, rng, rowwise, sampling_mask,
+                       spec_reference, xla_search)
 from jaxsample.pallas import sampler, threshold
 from jaxsample.pallas import spec as kernels
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
@@ -236,8 +236,10 @@ def rejection_sample(target_logits: jax.Array,
       runs this reference, "pallas" the fused kernels (interpret mode off
       GPU), after the threshold kernels' kept sets in a batch where some
       sampled request truncates (a ``lax.cond`` with traced params; none
-      where the caller's ``jit`` closes over them), "auto" the kernels on
-      GPU and the reference elsewhere.
+      where the caller's ``jit`` closes over them), "xla_search" this
+      reference with the kept sets found without a sort
+      (``xla_search.process``), "auto" the kernels on GPU and
+      "xla_search" elsewhere.
       ``block_size`` / ``num_splits`` / ``num_warps`` / ``num_stages`` shape
       both kernel passes (``jaxsample.pallas.spec``).
     return_mask: static; also return the ``SamplingMask`` of every slot
@@ -294,7 +296,9 @@ def rejection_sample(target_logits: jax.Array,
       result, rows = spec_reference.reject_xla(
           target_logits, draft_tokens, n, params, key, draft_logits,
           synthetic_rates, positions, config.rng, config.use_fp64_gumbel,
-          config.max_mask_ids * return_mask)
+          config.max_mask_ids * return_mask,
+          xla_search.process if dispatch.backend(config) == "xla_search"
+          else reference.process)
     else:
       noise_keys, accept_keys = stream_keys(key, batch)
       d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)

@@ -69,13 +69,15 @@ def per_row_params(params: SamplingParams, m: int,
       live.reshape(-1), rows.temperature, 0.0))
 
 
-def _process(logits, params, order_width: int = 0):
-  """``reference.process`` (with ``order_width``) and ``log_probs`` of ``[B,
-  m, V]`` rows, in one batch (equal target and draft rows get equal results)."""
+def _process(logits, params, order_width: int = 0, *,
+             process=reference.process):
+  """``process`` (``reference.process`` or ``xla_search.process``, with
+  ``order_width``) and ``log_probs`` of ``[B, m, V]`` rows, in one batch
+  (equal target and draft rows get equal results)."""
   batch, m, vocab = logits.shape
   rows = per_row_params(params, m)
-  proc = reference.process(logits.reshape(batch * m, vocab), rows,
-                           order_width=order_width)
+  proc = process(logits.reshape(batch * m, vocab), rows,
+                 order_width=order_width)
   lq = reference.log_probs(proc, rows)
   return jax.tree.map(lambda a: a.reshape((batch, m) + a.shape[1:]),
                       (proc, lq))
@@ -148,9 +150,11 @@ def slot_masks(rows: SamplingMask, j: jax.Array, k1: int) -> SamplingMask:
 
 
 def reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,
-               synthetic_rates, positions, generator, fp64, mask_ids: int):
+               synthetic_rates, positions, generator, fp64, mask_ids: int,
+               process=reference.process):
   """The reference: ``(SpecResult, the target rows' masks)``, the masks
-  ``mask_ids`` wide, or None for ``mask_ids = 0``."""
+  ``mask_ids`` wide, or None for ``mask_ids = 0``; ``process`` finds the
+  kept sets (``xla_search.process``: the same sets without a sort)."""
   batch, k1, vocab = target_logits.shape
   k = k1 - 1
   d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
@@ -161,12 +165,13 @@ def reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,
   one_hot = jnp.where(jnp.arange(vocab) == d[..., None], jnp.float32(0),
                       jnp.float32(-jnp.inf))
   if draft_logits is None:
-    target, lt = _process(target_logits, params, mask_ids)
+    target, lt = _process(target_logits, params, mask_ids, process=process)
     ld = one_hot
   else:
     both, lq = _process(jnp.concatenate([target_logits.astype(jnp.float32),
                                          draft_logits.astype(jnp.float32)],
-                                        axis=1), params, mask_ids)
+                                        axis=1), params, mask_ids,
+                        process=process)
     target, lt = jax.tree.map(lambda a: a[:, :k1], (both, lq))
     valid_d = jnp.isfinite(both.row_max[:, k1:])
     ld = jnp.where(valid_d[..., None], lq[:, k1:], one_hot)

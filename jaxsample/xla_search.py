@@ -125,38 +125,52 @@ def reaching_key(keys: jax.Array, weights: jax.Array, goal: jax.Array,
   return lax.fori_loop(0, 32, step, jnp.zeros(keys.shape[:1], jnp.uint32))
 
 
+def tempered(logits: jax.Array, temperature: jax.Array) -> jax.Array:
+  """``reference.temper(reference.sanitize(logits), temperature)`` with -0
+  as +0 (the reference's sort order has them equal)."""
+  y = reference.temper(reference.sanitize(logits), temperature)
+  return jnp.where(y == 0, 0.0, y)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Search:
   """A batch's kept sets, found without a sort.
 
-  ``x``/``y``: sanitized and tempered logits ``[B, V]``; ``row_max =
-  max(y)`` (valid iff finite); ``threshold``: kept set ``{y >= threshold,
-  y > -inf}`` (-inf on rows without a filter, greedy and invalid rows);
-  ``logsumexp_K(y) = shift + log_sum`` on sampled valid rows; ``order`` ``[B,
-  W]`` the first ids by descending ``y``, smallest id first among equal
-  values (``reference.top_ids``); ``first`` ``[B]`` the first of that
-  order (``argmax(y)`` on valid rows); ``token`` the Gumbel-max over the
-  kept candidates and ``decided`` whether it is the reference's token (both
-  ``[B]``, only with noise).
+  ``logits`` ``[B, V]`` and ``temperature`` ``[B]`` as given (``y()``: the
+  tempered logits, computed where used); ``row_max = max(y)`` (valid iff
+  finite); ``threshold``: kept set ``{y >= threshold, y > -inf}`` (-inf on
+  rows without a filter, greedy and invalid rows); ``logsumexp_K(y) = shift
+  + log_sum`` on sampled valid rows; ``order`` ``[B, W]`` the first ids by
+  descending ``y``, smallest id first among equal values
+  (``reference.top_ids``); ``first`` ``[B]`` the smallest id of the largest
+  value among the candidates (``argmax(y)`` on valid rows unless
+  ``first_unsure``: the candidates are all that value); ``token`` the
+  Gumbel-max over the kept candidates and ``decided`` whether it is the
+  reference's token (both ``[B]``, only with noise).
   """
 
-  x: jax.Array
-  y: jax.Array
+  logits: jax.Array
+  temperature: jax.Array
   row_max: jax.Array
   threshold: jax.Array
   shift: jax.Array
   log_sum: jax.Array
   order: jax.Array
   first: jax.Array
+  first_unsure: jax.Array
   token: jax.Array | None = None
   decided: jax.Array | None = None
 
+  def y(self) -> jax.Array:
+    return tempered(self.logits, self.temperature)
+
   def processed(self) -> Processed:
     """``reference.process``'s result for these kept sets."""
-    keep = (self.y >= self.threshold[:, None]) & (self.y > -jnp.inf)
-    return Processed(self.x, self.y, keep, self.row_max, self.shift,
-                     self.log_sum, self.order)
+    y = self.y()
+    keep = (y >= self.threshold[:, None]) & (y > -jnp.inf)
+    return Processed(reference.sanitize(self.logits), y, keep, self.row_max,
+                     self.shift, self.log_sum, self.order)
 
 
 def _where_needed(needed: jax.Array, compute, default: jax.Array):
@@ -166,24 +180,39 @@ def _where_needed(needed: jax.Array, compute, default: jax.Array):
   return jnp.where(needed, found, default)
 
 
-def _candidate_search(y, row_max, params: SamplingParams, active, sampled,
-                      width: int, order_width: int, noise_at, reduce: Reduce):
-  """The kept sets (module doc) from ``width`` candidates: ``(threshold,
-  log_sum, order, first, token, decided)`` (the last two None without
-  ``noise_at``).  ``y`` ``[B, V]`` tempered logits of valid rows (others 0,
-  -0 as +0), ``row_max`` their max; ``active`` rows take the filters,
-  ``sampled`` rows (valid, T > 0) get ``log_sum`` and a token."""
-  vocab = y.shape[-1]
+def _candidate_search(logits, operand, nan_rows, params: SamplingParams,
+                      width: int, order_width: int, noise_at,
+                      reduce: Reduce):
+  """The kept sets (module doc) from ``width`` candidates: ``(row_max,
+  threshold, log_sum, order, first, first_unsure, token, decided)`` (the
+  last two None without ``noise_at``).  The candidates are the top-k of
+  ``operand``: the tempered logits, or the fp32 logits themselves (``x /
+  T`` is monotone, so their top-k holds the top-k values of ``y``; ties may
+  list other ids, so no ``order``), with ``nan_rows`` ``[B]`` (their NaN
+  may rank anywhere; None for a tempered ``operand``).  Sampled valid rows with a filter take it, sampled
+  valid rows get ``log_sum`` and a token.  Passes over the row compute
+  ``y`` where they run (inside their conds)."""
+  vocab = logits.shape[-1]
   # The barrier keeps XLA:CPU's top-k a TopK call: folding the uses of its
   # slice of a sort into gathers would leave a full sort of every row.
-  vals, ids = lax.optimization_barrier(lax.top_k(y, width))
+  vals, ids = lax.optimization_barrier(lax.top_k(operand, width))
+  if nan_rows is not None:
+    vals = tempered(vals, params.temperature)
+  else:
+    nan_rows = False
+  row_max = jnp.where(nan_rows, jnp.inf, vals[:, 0])
+  valid = jnp.isfinite(row_max)
+  sampled = valid & (params.temperature > 0)
+  active = sampled & params.truncates()
+  head = (row_max,)
+  row_max = jnp.where(valid, row_max, 0.0)
   last = vals[:, -1]
   inside = lambda t: (width >= vocab) | (last < t) | (last == -jnp.inf)
-  finite = y > -jnp.inf
-  mass = lambda: jnp.exp(y - row_max[:, None])
-  above = lambda t: finite & (y >= t[:, None])
+  y = lambda: tempered(logits, params.temperature)
+  mass = lambda: jnp.exp(y() - row_max[:, None])
+  above = lambda t: (y() > -jnp.inf) & (y() >= t[:, None])
   search_keys = lambda weights, goal: key_value(
-      reaching_key(order_keys(y), weights, goal, reduce))
+      reaching_key(order_keys(y()), weights, goal, reduce))
 
   t1 = jnp.where(params.min_p > 0, row_max + jnp.log(params.min_p), -jnp.inf)
   k = params.top_k
@@ -218,7 +247,10 @@ def _candidate_search(y, row_max, params: SamplingParams, active, sampled,
                                                  reduce),
       jnp.sum(jnp.where(kept, jnp.exp(vals - row_max[:, None]), 0.0),
               axis=-1)))
-  head = (threshold, log_sum, ids[:, :order_width], ids[:, 0])
+  top = vals == vals[:, :1]
+  head += (threshold, log_sum, ids[:, :order_width],
+           jnp.min(jnp.where(top, ids, vocab), axis=-1),
+           top[:, -1] & (width < vocab))
   if noise_at is None:
     return head + (None, None)
   noise = noise_at(ids)
@@ -241,27 +273,25 @@ def search(logits: jax.Array, params: SamplingParams, *, order_width: int = 0,
   """
   vocab = logits.shape[-1]
   order_width = min(order_width, vocab)
-  x = reference.sanitize(logits)
-  y = reference.temper(x, params.temperature)
-  row_max = jnp.max(y, axis=-1)
-  valid = jnp.isfinite(row_max)
-  sampled = valid & (params.temperature > 0)
-  y_safe = jnp.where(valid[:, None] & (y != 0), y, 0.0)
-  active = sampled & params.truncates()
+  if logits.dtype == jnp.float32 and not order_width:
+    # The top-k of the logits: no pass writes the tempered row; one reads
+    # it for NaN.
+    operand, nan_rows = logits, jnp.any(jnp.isnan(logits), axis=-1)
+  else:
+    operand, nan_rows = tempered(logits, params.temperature), None
   widths = sorted({min(max(w, order_width), vocab) for w in CANDIDATE_WIDTHS})
   branches = [functools.partial(
-      _candidate_search, y_safe, jnp.where(valid, row_max, 0.0), params,
-      active, sampled, width=w, order_width=order_width, noise_at=noise_at,
-      reduce=reduce) for w in widths]
+      _candidate_search, logits, operand, nan_rows, params, width=w,
+      order_width=order_width, noise_at=noise_at, reduce=reduce)
+              for w in widths]
   with jax.ensure_compile_time_eval():  # known for concrete params
     top_k = (params.temperature > 0) & params.truncates() & (
         params.top_k <= widths[-1])
     branch = jnp.sum(jnp.max(jnp.where(top_k, params.top_k, 0)) >
                      jnp.asarray(widths[:-1], jnp.int32))
-  found = rowwise.switch(branch, branches)
-  threshold, log_sum, *rest = found
-  return Search(x, y, row_max, threshold, jnp.where(valid, row_max, 0.0),
-                log_sum, *rest)
+  row_max, threshold, log_sum, *rest = rowwise.switch(branch, branches)
+  return Search(logits, params.temperature, row_max, threshold, jnp.where(
+      jnp.isfinite(row_max), row_max, 0.0), log_sum, *rest)
 
 
 def process(logits: jax.Array, params: SamplingParams, *,
@@ -285,17 +315,19 @@ def sample(logits: jax.Array, params: SamplingParams,
   noise_at = lambda ids: rng.gumbel(rng.uniform(rng.bits_at(
       generator, columns, ids, wide=fp64)))
   found = search(logits, params, order_width=order_width, noise_at=noise_at)
-  proc = found.processed()
   valid = jnp.isfinite(found.row_max)
   greedy = params.temperature == 0
-  tokens = _where_needed(  # invalid rows: the first NaN, +inf or overflow
-      ~valid, lambda: jnp.argmax(found.y, axis=-1).astype(jnp.int32),
+  # invalid rows: the first NaN, +inf or overflow; greedy rows: argmax
+  tokens = _where_needed(
+      ~valid | (greedy & found.first_unsure),
+      lambda: jnp.argmax(found.y(), axis=-1).astype(jnp.int32),
       jnp.where(greedy, found.first, found.token))
   tokens = _where_needed(
       valid & ~greedy & ~found.decided, lambda: reference.race_tokens(
-          proc, params, rng.gumbel_noise(generator, streams, vocab,
-                                         fp64=fp64)), tokens)
-  x_token = jnp.take_along_axis(found.x, tokens[:, None], axis=-1)[:, 0]
+          found.processed(), params, rng.gumbel_noise(
+              generator, streams, vocab, fp64=fp64)), tokens)
+  x_token = reference.sanitize(jnp.take_along_axis(
+      logits, tokens[:, None], axis=-1)[:, 0])
   return reference.finalize(x_token, params, tokens,
                             (found.shift, found.log_sum),
-                            found.row_max), proc
+                            found.row_max), found.processed()

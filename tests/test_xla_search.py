@@ -131,8 +131,13 @@ def _mixed_params(batch: int, vocab: int, r) -> SamplingParams:
 
 @functools.partial(jax.jit, static_argnames=("impl", "generator", "width"))
 def _run(logits, params, key, *, impl, generator, width):
+  """``(result, mask)`` with a mask ``width`` wide, or ``(result, None)``
+  for ``width = 0`` (the search path's candidates then come from the fp32
+  logits themselves, not the tempered row)."""
   config = SamplerConfig(implementation=impl, rng=generator,
-                         max_mask_ids=width)
+                         max_mask_ids=max(width, 1))
+  if not width:
+    return jaxsample.sample(logits, params, key, config=config), None
   return jaxsample.sample(logits, params, key, config=config, return_mask=True)
 
 
@@ -142,12 +147,14 @@ def _process(logits, params, *, fn):
 
 
 def _compare(logits, params, key, *, generator="philox", width=16):
-  """Asserts the search path equals the reference on one batch; returns the
-  search path's (result, mask)."""
+  """Asserts the search path equals the reference on one batch, with a mask
+  and without; returns the search path's (result, mask)."""
   ref, ref_mask = _run(logits, params, key, impl="xla", generator=generator,
                        width=width)
   out, out_mask = _run(logits, params, key, impl="xla_search",
                        generator=generator, width=width)
+  unmasked, _ = _run(logits, params, key, impl="xla_search",
+                     generator=generator, width=0)
   vocab = logits.shape[1]
   canon = params.canonical(vocab)
   keep_ref = np.asarray(_process(logits, params, fn=reference.process))
@@ -167,12 +174,13 @@ def _compare(logits, params, key, *, generator="philox", width=16):
         f"row {b}: kept {keep[b].sum()} entries, reference {keep_ref[b].sum()}"
         f" (params {jax.tree.map(lambda a: a[b], canon)})")
   assert same_set.mean() >= 0.9
-  np.testing.assert_array_equal(np.asarray(out.valid), np.asarray(ref.valid))
-  np.testing.assert_array_equal(np.asarray(out.tokens)[same_set],
-                                np.asarray(ref.tokens)[same_set])
-  np.testing.assert_allclose(np.asarray(out.logprobs)[same_set],
-                             np.asarray(ref.logprobs)[same_set], rtol=0,
-                             atol=ulps)
+  for got in (out, unmasked):
+    np.testing.assert_array_equal(np.asarray(got.valid), np.asarray(ref.valid))
+    np.testing.assert_array_equal(np.asarray(got.tokens)[same_set],
+                                  np.asarray(ref.tokens)[same_set])
+    np.testing.assert_allclose(np.asarray(got.logprobs)[same_set],
+                               np.asarray(ref.logprobs)[same_set], rtol=0,
+                               atol=ulps)
   for name in ("ids", "count", "truncated", "overflow"):
     np.testing.assert_array_equal(np.asarray(getattr(out_mask, name))[same_set],
                                   np.asarray(getattr(ref_mask, name))[same_set],
@@ -383,3 +391,29 @@ def test_concrete_params_pick_one_candidate_width():
       r"top_k\[axis=1 is_stable=True k=(\d+)\]", text))
   assert widths(closed) == [256]
   assert widths(traced) == list(xla_search.CANDIDATE_WIDTHS)
+
+
+def test_spec_rejection_sample_matches_reference():
+  """Speculative verification off GPU finds its kept sets by the search."""
+  r = np.random.default_rng(17)
+  batch, k = BATCH // 4, 3
+  target = jnp.asarray(_rows("peaked", batch * (k + 1), VOCAB, r).reshape(
+      batch, k + 1, VOCAB), jnp.float32)
+  draft = jnp.asarray(_rows("peaked", batch * k, VOCAB, r).reshape(
+      batch, k, VOCAB), jnp.float32)
+  tokens = jnp.asarray(r.integers(0, VOCAB, (batch, k)), jnp.int32)
+  params = SamplingParams.make(batch, top_k=[50, 0, 1500, 0],
+                               top_p=[0.9, 0.95, 1.0, 1.0],
+                               min_p=[0.0, 0.0, 0.0, 0.05])
+  run = lambda impl: jax.tree.map(np.asarray, jax.jit(
+      lambda t, d, tok, p: jaxsample.spec.rejection_sample(
+          t, tok, jnp.full((batch,), k), p, jax.random.key(18),
+          draft_logits=d, config=SamplerConfig(implementation=impl,
+                                               max_mask_ids=16),
+          return_mask=True))(target, draft, tokens, params))
+  got, want = run("auto"), run("xla")
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    if np.issubdtype(a.dtype, np.floating):
+      np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    else:
+      np.testing.assert_array_equal(a, b)
