@@ -96,19 +96,24 @@ def outside_conds(jaxpr, found=None, *, nested: bool = False) -> dict:
   branches) and the kernels (by name) that run on every call.  On a GPU
   each cond that runs sends its predicate to the host."""
   found = {"cond": 0, "nested": 0} if found is None else found
+  # ``lax.platform_dependent``'s cond picks its branch while compiling (its
+  # index is a ``platform_index``): no predicate travels, no nesting.
+  platform = {v for eqn in jaxpr.eqns if eqn.primitive.name == "platform_index"
+              for v in eqn.outvars}
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
     if name == "pallas_call":
       if not nested:
         found[eqn.params["name"]] = True
       continue
-    if name == "cond":
+    runtime_cond = name == "cond" and eqn.invars[0] not in platform
+    if runtime_cond:
       found["nested" if nested else "cond"] += 1
     for value in eqn.params.values():
       for sub in value if isinstance(value, (tuple, list)) else (value,):
         sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's jaxpr
         if hasattr(sub, "eqns"):
-          outside_conds(sub, found, nested=nested or name == "cond")
+          outside_conds(sub, found, nested=nested or runtime_cond)
   return found
 
 
