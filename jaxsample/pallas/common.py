@@ -29,7 +29,7 @@ __all__ = ["argmax_finish", "argmax_update", "below_floor", "Chunk",
            "join_fp64_words", "KernelMath", "KernelPlan", "key_value",
            "logit_floor", "make_plan", "Noise", "order_key", "row_chunk_loader",
            "split_argmax", "split_fp64_words", "split_sumexp", "STREAM_DTYPES",
-           "table_row", "Tile", "tile_loop", "xla_temper"]
+           "table_row", "Tile", "tile_loop"]
 
 warnings.filterwarnings("ignore", message=".*Pallas Triton backend is deprecated.*")
 
