@@ -7,7 +7,10 @@ tokens from ``lax.top_k`` candidates, exactness checks and counting searches.
 
 Per row, with tempered logits ``y`` (``reference.sanitize`` and ``temper``,
 -0 read as +0), row max ``m`` and the ``K`` candidates ``c_1 >= ... >= c_K``
-of ``lax.top_k(y, K)`` (equal values in id order, as the reference's order):
+of ``lax.top_k(y, K)`` (equal values in id order, as the reference's order;
+for fp32 logits without a mask, the top-k of the logits, tempered after:
+``x / T`` is monotone in ``x``, so they hold the same values, and one read of
+the row finds NaN, which that top-k may rank last):
 
 * a set ``{y >= t}`` lies *inside* the candidates iff ``c_K < t``, ``c_K =
   -inf`` or ``K = V``: every other entry is ``<= c_K``;

@@ -227,6 +227,9 @@ def test_invalid_and_special_rows():
   x[4, ::2] = -0.0  # -0 and +0 tie
   x[4, 600:] = -1.0
   x[5] = 3e38  # tempered overflow at T < 1
+  x[8, 100] = np.copysign(np.nan, -1.0)  # a NaN the fp32 top-k ranks last
+  x[15] = -1.0  # greedy: -0 and +0 tie for the max, -0 first
+  x[15, 3], x[15, 9] = -0.0, 0.0
   params = SamplingParams.make(
       batch, temperature=[1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 1.0, 0.0] * 2,
       top_k=[5, 0, 3, 10, 9, 2, 100, 3] * 2, top_p=0.9, min_p=0.0)
@@ -236,6 +239,7 @@ def test_invalid_and_special_rows():
                                  True])
   np.testing.assert_array_equal(np.asarray(out_mask.ids)[4, :9],
                                 np.arange(9))
+  assert not out.valid[8] and out.tokens[8] == 100 and out.tokens[15] == 3
 
 
 @pytest.mark.parametrize("width", [8, 1024, 4096])
