@@ -49,7 +49,7 @@ from jaxsample.models import Transformer, TransformerConfig, load_embedded
 
 __all__ = ["SHAPES", "main"]
 
-CACHE_LEN, START = 1024, 512
+CACHE_LEN = 1024
 SHAPES = {
     "llama-3.1-8b": TransformerConfig(
         vocab_size=128256, d_model=4096, num_layers=32, num_heads=32,
@@ -140,11 +140,9 @@ def make_step(lm, config: js.SamplerConfig):
 
 
 def start_state(lm, weights, config: TransformerConfig, batch: int,
-                cache_len: int, truncate: bool) -> serve_loop.DecodeState:
-  """Every slot at position ``cache_len // 2`` with a zero-filled cache."""
-  params = js.SamplingParams.make(batch, temperature=1.0,
-                                  top_k=TOP_K if truncate else 0,
-                                  top_p=TOP_P if truncate else 1.0)
+                cache_len: int) -> serve_loop.DecodeState:
+  """Every slot at position ``cache_len // 2`` (T = 1) with a zero cache."""
+  params = js.SamplingParams.make(batch, temperature=1.0)
   keys = jax.random.key_data(jax.random.split(jax.random.key(3), batch))
   cache = jax.jit(lambda w: lm.init_cache(w, batch, cache_len))(weights)
   return serve_loop.DecodeState(
@@ -174,7 +172,7 @@ def bench_shape(name, config, batches, steps, sampler_config, iters):
   weight_bytes = sum(a.nbytes for a in jax.tree.leaves(weights))
   rows = []
   for batch in batches:
-    state = start_state(lm, weights, config, batch, config.max_len, False)
+    state = start_state(lm, weights, config, batch, config.max_len)
     cache_bytes = sum(a.nbytes for a in jax.tree.leaves(state.cache))
     times = {}
     for which, chooser in enumerate(CHOOSERS):

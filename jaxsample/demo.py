@@ -47,10 +47,15 @@ SETTINGS = [  # (name, temperature, top_k, top_p, min_p)
 ]
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter,
+                    argparse.ArgumentDefaultsHelpFormatter):
+  """The module docstring as written, and each flag's default."""
+
+
 def parse_args(argv):
   parser = argparse.ArgumentParser(
-      description=__doc__.split("\n\n")[0],
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+      prog="scripts/dev demo", description=__doc__,
+      formatter_class=HelpFormatter)
   parser.add_argument("--prompt", action="append", dest="prompts",
                       metavar="TEXT",
                       help="a prompt (repeat the flag for several); default: "
@@ -58,7 +63,9 @@ def parse_args(argv):
   parser.add_argument("--max-new-tokens", type=int, default=48,
                       help="tokens to generate per request")
   parser.add_argument("--seed", type=int, default=0,
-                      help="request i uses key fold_in(key(seed), i)")
+                      help="request i of round r uses key "
+                           "fold_in(fold_in(key(seed), r), i); round 0 is the "
+                           "printed warm-up call")
   parser.add_argument("--rounds", type=int, default=1,
                       help="timed generate calls after the compiling warm-up "
                            "call, whose completions are printed (fresh keys "

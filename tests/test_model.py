@@ -53,7 +53,8 @@ def test_embedded_model_speaks_shakespeare():
   logits, _ = model(ids[:, :-1], jnp.arange(ids.shape[1] - 1)[None])
   nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), ids[:, 1:, None],
                              axis=-1).mean()
-  assert float(nll) < 4.5, float(nll)  # uniform: log(2048) = 7.6
+  # Uniform: log(2048) = 7.6; the unigram baseline: 6.1 (docs/model.md).
+  assert float(nll) < 5.0, float(nll)
   prompt = tokenizer.encode("ROMEO.\n").ids
   out = serve_loop.generate(model, [prompt], params=js.SamplingParams.make(
       1, temperature=0.0), keys=jax.random.split(jax.random.key(0), 1),
