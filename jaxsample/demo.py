@@ -24,6 +24,7 @@ from tqdm import tqdm
 import jaxsample as js
 from jaxsample import serve_loop
 from jaxsample.models import load_embedded
+from jaxsample.params import IMPLEMENTATIONS
 
 __all__ = ["PROMPTS", "SETTINGS", "main"]
 
@@ -79,8 +80,8 @@ def parse_args(argv):
                       help="JAX persistent compilation cache (later runs skip "
                            "compiling); '' turns it off")
   parser.add_argument("--implementation", default="auto",
-                      choices=["auto", "pallas", "xla"],
-                      help="sampler backend (auto: Pallas kernels on GPU)")
+                      choices=IMPLEMENTATIONS,
+                      help="sampler backend (auto: the Pallas kernels on GPU)")
   parser.add_argument("--rng", default="philox", choices=["philox", "threefry"],
                       help="counter-based noise generator")
   args = parser.parse_args(argv)

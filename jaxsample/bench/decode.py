@@ -1,4 +1,4 @@
-"""Decode-step benchmarks: ``python -m jaxsample.bench_decode [--tiny]``.
+"""Decode-step benchmarks: ``python -m jaxsample.bench.decode [--tiny]``.
 
 Three tables:
 
@@ -18,7 +18,7 @@ Three tables:
    ``--steps`` consecutive steps (asynchronous dispatch, one sync at the end).
    The sampler's share: (step - argmax step) / step.
 3. Each sampler alone on ``[B, V]`` fp32 logits from the model, device time
-   (``jaxsample.bench.time_op``; wall clock on CPU), and its share of the
+   (``jaxsample.bench.timing.time_op``; wall clock on CPU), and its share of the
    step.  For the 0.5B shape, the floor: logits bytes over weight + cache
    bytes (the least a sampler that reads the logits once can cost, relative
    to a memory-bound step).
@@ -44,7 +44,7 @@ from flax import nnx
 
 import jaxsample as js
 from jaxsample import serve_loop
-from jaxsample.bench import time_op
+from jaxsample.bench.timing import time_op
 from jaxsample.models import Transformer, TransformerConfig, load_embedded
 
 __all__ = ["SHAPES", "main"]
@@ -288,8 +288,7 @@ def main(argv=None) -> int:
   new_tokens = 16 if args.tiny else args.new_tokens
   sampler_config = js.SamplerConfig()
   print(f"jaxsample {js.__version__} on {jax.devices()[0].device_kind} "
-        f"({jax.default_backend()}); sampler implementation "
-        f"{'pallas' if jax.default_backend() == 'gpu' else 'xla'}")
+        f"({jax.default_backend()}); sampler implementation auto")
   embedded = [] if args.skip_embedded else bench_embedded(
       embedded_batches, new_tokens, sampler_config)
   rows = []
