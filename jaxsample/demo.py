@@ -93,10 +93,14 @@ def parse_args(argv):
 def show_masks(choice, tokenizer, width: int) -> None:
   for token, logprob, ids, logz in zip(choice["token_ids"], choice["logprobs"],
                                        choice["sampling_mask"], choice["logz"]):
-    kept = "all" if ids is None else (
-        f"{len(ids)} kept: " + " ".join(repr(tokenizer.decode([i]))
-                                        for i in ids[:width])
-        + (" ..." if len(ids) > width else ""))
+    if ids is None:
+      kept = "all"
+    else:
+      count = ids["count"] if isinstance(ids, dict) else len(ids)
+      listed = ids["ids"] if isinstance(ids, dict) else ids
+      kept = (f"{count} kept: " + " ".join(repr(tokenizer.decode([i]))
+                                          for i in listed[:width])
+              + (" ..." if count > width else ""))
     print(f"    {tokenizer.decode([token])!r:16s} logprob {logprob:8.4f}  "
           f"logz {logz:8.4f}  {kept}")
 

@@ -17,14 +17,16 @@ TINY = TransformerConfig(vocab_size=50, d_model=32, num_layers=2, num_heads=4,
 
 def test_cached_chunks_match_the_full_causal_forward():
   model = Transformer(TINY, rngs=nnx.Rngs(0))
+  forward = nnx.jit(lambda m, t, p, c: m(t, p, c))
   tokens = jax.random.randint(jax.random.key(0), (3, 12), 0, TINY.vocab_size)
   positions = jnp.broadcast_to(jnp.arange(12), (3, 12))
-  full, _ = model(tokens, positions)
+  full, _ = forward(model, tokens, positions, None)
   cache = model.init_cache(3, TINY.max_len)
-  first, cache = model(tokens[:, :7], positions[:, :7], cache)
+  first, cache = forward(model, tokens[:, :7], positions[:, :7], cache)
   pieces = [first]
   for i in range(7, 12):
-    logits, cache = model(tokens[:, i:i + 1], positions[:, i:i + 1], cache)
+    logits, cache = forward(model, tokens[:, i:i + 1], positions[:, i:i + 1],
+                            cache)
     pieces.append(logits)
   np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full,
                              rtol=1e-5, atol=1e-5)

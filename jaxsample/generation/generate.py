@@ -72,8 +72,9 @@ class Generation:
     """Per request, an OpenAI-like choice: ``token_ids``, ``logprobs``,
     ``finish_reason`` (``"stop"``, ``"length"`` or ``"invalid"``), ``text``
     (with a ``tokenizer`` that has ``decode``), and with masks
-    ``sampling_mask`` (per token the kept ids, or None where nothing was
-    truncated; ``SamplingMask.to_json``) and ``logz`` (per token)."""
+    ``sampling_mask`` (per token the kept ids, None where nothing was
+    truncated, or past ``max_mask_ids`` the overflow dict; as
+    ``SamplingMask.to_json``) and ``logz`` (per token)."""
     host = jax.device_get(self)
     counts = np.asarray(host.num_tokens)
     choices = []
