@@ -30,7 +30,7 @@ import numpy as np
 
 from jaxsample.generation.lm import LanguageModel, as_language_model
 from jaxsample.generation.step import (DecodeState, StepOutput, decode_step,
-                                       emit, raw_keys)
+                                       prefill, raw_keys)
 from jaxsample.mask import SamplingMask
 from jaxsample.params import SamplerConfig, SamplingParams
 
@@ -188,19 +188,13 @@ def _stop_lists(stop_tokens, batch: int) -> list[list[int]]:
 def _generate(lm: LanguageModel, config, return_masks: bool, cache_len: int,
               steps: int, weights, tokens, lengths, params, keys, stop_ids,
               budgets) -> Generation:
-  slots, width = tokens.shape
-  positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32),
-                               (slots, width))
-  cache = lm.init_cache(weights, slots, cache_len)
-  logits, cache = lm.apply(weights, tokens, positions, cache)
-  last = lengths - 1
+  cache = lm.init_cache(weights, tokens.shape[0], cache_len)
   state = DecodeState(
-      tokens=jnp.take_along_axis(tokens, last[:, None], axis=1)[:, 0],
-      positions=last, keys=keys, params=params, finished=budgets <= 0,
-      stop_tokens=stop_ids, remaining=budgets, cache=cache)
-  step_logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
-  state, first = emit(state, step_logits, config=config,
-                      return_mask=return_masks)
+      tokens=tokens, positions=lengths - 1, keys=keys, params=params,
+      finished=budgets <= 0, stop_tokens=stop_ids, remaining=budgets,
+      cache=cache)
+  state, first = prefill(lm, weights, state, config=config,
+                         return_mask=return_masks)
 
   def record(buffers, out: StepOutput, t):
     write = lambda buf, value: buf.at[t].set(value)

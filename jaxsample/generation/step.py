@@ -28,7 +28,7 @@ from jaxsample.mask import SamplingMask
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.sampling import sample
 
-__all__ = ["DecodeState", "StepOutput", "decode_step", "emit"]
+__all__ = ["DecodeState", "StepOutput", "decode_step", "emit", "prefill"]
 
 
 @jax.tree_util.register_dataclass
@@ -133,6 +133,28 @@ def decode_step(lm: LanguageModel, weights, state: DecodeState, *,
                            state.positions[:, None], state.cache)
   state = dataclasses.replace(state, cache=cache)
   return emit(state, logits[:, 0], config=config, return_mask=return_mask)
+
+
+def prefill(lm: LanguageModel, weights, prompts: DecodeState, *,
+            config: SamplerConfig | None = None, return_mask: bool = False
+            ) -> tuple[DecodeState, StepOutput]:
+  """Runs whole prompts through the model, then ``emit``s each first token.
+
+  ``prompts`` is a ``DecodeState`` whose ``tokens`` are ``[B, P]`` prompts,
+  left-aligned (padding after each prompt is ignored), and whose
+  ``positions`` hold each prompt's last index (``length - 1``); its cache
+  must be fresh or the slots' own (positions ``0 .. P - 1`` are written).
+  Returns the ready-to-decode state and the first tokens' ``StepOutput``.
+  """
+  batch, width = prompts.tokens.shape
+  columns = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
+  logits, cache = lm.apply(weights, prompts.tokens, columns, prompts.cache)
+  last = prompts.positions
+  state = dataclasses.replace(
+      prompts, tokens=jnp.take_along_axis(prompts.tokens, last[:, None],
+                                          axis=1)[:, 0], cache=cache)
+  step_logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+  return emit(state, step_logits, config=config, return_mask=return_mask)
 
 
 def raw_keys(keys, batch_size: int) -> jax.Array:
