@@ -497,10 +497,10 @@ def test_tempered_overflow_rows_are_invalid(impl, gen):
   row whose x / T overflows fp32 is invalid, its token is the first entry of
   max(y) and its logprob -inf (never NaN); other rows are unaffected."""
   x = np.array(random_logits(26, B, V, scale=1.0))
-  x[0, 5] = 1e30  # with T = 1e-10: y = +inf at index 5
-  x[0, 9] = 2e30  # also +inf: the first +inf entry (5) is the token
+  x[0, 5] = 1e35  # with T = 1e-4 (sampled: T >= MIN_TEMPERATURE): y = +inf
+  x[0, 9] = 2e35  # also +inf: the first +inf entry (5) is the token
   x[1, :] = -3e38  # with T = 0.5: every y overflows to -inf
-  params = SamplingParams.make(B, temperature=[1e-10, 0.5, 1.0, 1.0, 1.0])
+  params = SamplingParams.make(B, temperature=[1e-4, 0.5, 1.0, 1.0, 1.0])
   out = run_sample(jnp.asarray(x), params, jax.random.key(26), impl=impl, rng=gen)
   assert_result_types(out, B, V)
   np.testing.assert_array_equal(out.valid, [False, False, True, True, True])
