@@ -245,7 +245,7 @@ def check_positions(positions, batch_size: int) -> jax.Array:
                      f"got {positions.dtype}{list(positions.shape)}")
   if not isinstance(positions, jax.core.Tracer) and positions.size and (
       jnp.issubdtype(positions.dtype, jnp.signedinteger) and
-      int(jnp.min(positions)) < 0):
+      int(np.min(np.asarray(positions))) < 0):  # concrete, even under jit
     raise ValueError(f"positions must be >= 0; got {np.asarray(positions)} "
                      "(traced positions count modulo 2^32)")
   return positions
