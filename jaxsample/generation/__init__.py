@@ -1,0 +1,3 @@
+"""Generation internals; the public names live in ``jaxsample.serve_loop``."""
+
+__all__: list[str] = []

@@ -1,0 +1,89 @@
+"""Saving and loading ``Transformer`` weights (safetensors) and tokenizers.
+
+A model directory holds ``config.json`` (the ``TransformerConfig`` fields),
+``model.safetensors`` (parameters named by their NNX path, e.g.
+``blocks.0.attention.query.kernel``) and ``tokenizer.json`` (a Hugging Face
+``tokenizers`` file).  ``load_embedded`` opens the directory shipped in the
+package: a model trained on Shakespeare by ``scripts/train_model.py``
+(``docs/model.md``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import safetensors.numpy
+import tokenizers
+from flax import nnx
+
+from jaxsample.models.transformer import Transformer, TransformerConfig
+
+__all__ = ["EMBEDDED_DIR", "load_embedded", "load_model", "load_tokenizer",
+           "save_model"]
+
+EMBEDDED_DIR = pathlib.Path(__file__).parent / "data" / "shakespeare"
+
+
+def _param_name(path) -> str:
+  return ".".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
+
+
+def save_model(model: Transformer, directory, *, dtype=None) -> None:
+  """Writes ``config.json`` and ``model.safetensors`` (weights cast to ``dtype``)."""
+  directory = pathlib.Path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
+  config = dataclasses.asdict(model.config)
+  if dtype is not None:
+    config["dtype"] = jnp.dtype(dtype).name
+  if config["dtype"] not in ("float32", "float16"):
+    raise ValueError(f"save_model: dtype must be float32 or float16 "
+                     f"(safetensors.numpy has no bfloat16); got {config['dtype']}")
+  (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+  flat = jax.tree_util.tree_flatten_with_path(nnx.state(model, nnx.Param))[0]
+  tensors = {_param_name(path): np.asarray(value, dtype=config["dtype"])
+             for path, value in flat}
+  safetensors.numpy.save_file(tensors, str(directory / "model.safetensors"))
+
+
+def load_model(directory=EMBEDDED_DIR, *, dtype: str | None = None) -> Transformer:
+  """Builds a ``Transformer`` from a model directory (optionally recast)."""
+  directory = pathlib.Path(directory)
+  fields = json.loads((directory / "config.json").read_text())
+  if dtype is not None:
+    fields["dtype"] = jnp.dtype(dtype).name
+  config = TransformerConfig(**fields)
+  model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+  tensors = safetensors.numpy.load_file(str(directory / "model.safetensors"))
+  state = nnx.state(model, nnx.Param)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(state)
+  names = [_param_name(path) for path, _ in flat]
+  missing = sorted(set(names) - set(tensors))
+  extra = sorted(set(tensors) - set(names))
+  if missing or extra:
+    raise ValueError(f"{directory}/model.safetensors does not match "
+                     f"config.json: missing {missing[:5]}, unexpected {extra[:5]}")
+  leaves = []
+  for (path, shape), name in zip(flat, names):
+    if tensors[name].shape != shape.shape:
+      raise ValueError(f"{name}: stored shape {tensors[name].shape}, "
+                       f"config wants {shape.shape}")
+    leaves.append(jnp.asarray(tensors[name], config.dtype))
+  nnx.update(model, jax.tree_util.tree_unflatten(treedef, leaves))
+  return model
+
+
+def load_tokenizer(directory=EMBEDDED_DIR) -> tokenizers.Tokenizer:
+  """The ``tokenizers.Tokenizer`` saved as ``tokenizer.json`` in ``directory``."""
+  return tokenizers.Tokenizer.from_file(
+      str(pathlib.Path(directory) / "tokenizer.json"))
+
+
+def load_embedded(*, dtype: str | None = None
+                  ) -> tuple[Transformer, tokenizers.Tokenizer]:
+  """The packaged Shakespeare model and its tokenizer."""
+  return load_model(EMBEDDED_DIR, dtype=dtype), load_tokenizer(EMBEDDED_DIR)
