@@ -1,9 +1,13 @@
-"""The main job (for now): sample from synthetic logits with per-request settings.
+"""The main job: generate Shakespeare with the embedded model and jaxsample.
 
-``python -m jaxsample.demo`` builds a batch of Zipf-like logits, runs a few
-jitted decode-style steps with per-request keys and positions and prints each
-request's settings, tokens, logprobs and validity, then the time per step.
-Runs on CPU (the XLA path) or GPU (the Pallas kernels).
+``scripts/dev demo`` (``python -m jaxsample.demo``) loads the packaged Flax
+NNX model (``docs/model.md``) and generates, in one batch, a completion for
+each prompt, request ``i`` using setting ``i mod 4``: greedy, T = 0.8 with
+top-p 0.9, top-k 20, and min-p 0.05.  It prints each completion and the
+throughput (generated tokens per second of the jitted ``generate``, measured
+after a compiling warm-up call); ``--masks`` also prints, per token, its
+logprob and its sampling mask (the kept ids and ``logz``).  On a GPU the
+sampler runs the Pallas kernels (``--implementation auto``).
 """
 
 from __future__ import annotations
@@ -13,76 +17,125 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+from tqdm import tqdm
 
 import jaxsample as js
+from jaxsample import serve_loop
+from jaxsample.models import load_embedded
 
-REQUESTS = [  # (name, temperature, top_k, top_p, min_p)
+__all__ = ["PROMPTS", "SETTINGS", "main"]
+
+PROMPTS = [
+    "ROMEO.\nBut soft, what light",
+    "HAMLET.\nTo be, or not to be",
+    "KING LEAR.\nBlow, winds, and",
+    "MACBETH.\nIs this a dagger",
+    "PORTIA.\nThe quality of mercy",
+    "PROSPERO.\nWe are such stuff",
+    "First Citizen.\nWhat say you",
+    "OTHELLO.\nIt is the cause",
+]
+SETTINGS = [  # (name, temperature, top_k, top_p, min_p)
     ("greedy", 0.0, 0, 1.0, 0.0),
-    ("plain T=1", 1.0, 0, 1.0, 0.0),
-    ("cool T=0.7", 0.7, 0, 1.0, 0.0),
-    ("top-k 50", 1.0, 50, 1.0, 0.0),
-    ("top-p 0.9", 0.8, 0, 0.9, 0.0),
-    ("top-k 20 + top-p 0.95", 0.9, 20, 0.95, 0.0),
-    ("min-p 0.1", 1.0, 0, 1.0, 0.1),
-    ("hot T=1.5 min-p 0.05", 1.5, 0, 1.0, 0.05),
+    ("T=0.8 top-p 0.9", 0.8, 0, 0.9, 0.0),
+    ("top-k 20", 1.0, 20, 1.0, 0.0),
+    ("min-p 0.05", 1.0, 0, 1.0, 0.05),
 ]
 
 
-def synthetic_logits(key, batch: int, vocab: int) -> jax.Array:
-  """Zipf-like rows: a random permutation of ``-1.1 * log(rank)`` plus noise."""
-  keys = jax.random.split(key, batch)
-  ranks = jnp.arange(1, vocab + 1, dtype=jnp.float32)
-  base = -1.1 * jnp.log(ranks)
-  rows = [jax.random.permutation(k, base) for k in keys]
-  noise = 0.3 * jax.random.normal(key, (batch, vocab))
-  return jnp.stack(rows) + noise
+def parse_args(argv):
+  parser = argparse.ArgumentParser(
+      description=__doc__.split("\n\n")[0],
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser.add_argument("--prompt", action="append", dest="prompts",
+                      metavar="TEXT",
+                      help="a prompt (repeat the flag for several); default: "
+                           f"{len(PROMPTS)} built-in openings")
+  parser.add_argument("--max-new-tokens", type=int, default=48,
+                      help="tokens to generate per request")
+  parser.add_argument("--seed", type=int, default=0,
+                      help="request i uses key fold_in(key(seed), i)")
+  parser.add_argument("--rounds", type=int, default=1,
+                      help="timed generate calls after the compiling warm-up "
+                           "call, whose completions are printed (fresh keys "
+                           "each; a progress bar shows when > 1)")
+  parser.add_argument("--masks", action="store_true",
+                      help="print each token's logprob and sampling mask "
+                           "(kept ids, or 'all' when nothing was cut, and logz)")
+  parser.add_argument("--mask-ids", type=int, default=8,
+                      help="with --masks: kept ids to show per token")
+  parser.add_argument("--implementation", default="auto",
+                      choices=["auto", "pallas", "xla"],
+                      help="sampler backend (auto: Pallas kernels on GPU)")
+  parser.add_argument("--rng", default="philox", choices=["philox", "threefry"],
+                      help="counter-based noise generator")
+  args = parser.parse_args(argv)
+  if args.max_new_tokens < 1 or args.rounds < 1 or args.mask_ids < 1:
+    parser.error("--max-new-tokens, --rounds and --mask-ids must be >= 1")
+  return args
+
+
+def show_masks(choice, tokenizer, width: int) -> None:
+  for token, logprob, ids, logz in zip(choice["token_ids"], choice["logprobs"],
+                                       choice["sampling_mask"], choice["logz"]):
+    kept = "all" if ids is None else (
+        f"{len(ids)} kept: " + " ".join(repr(tokenizer.decode([i]))
+                                        for i in ids[:width])
+        + (" ..." if len(ids) > width else ""))
+    print(f"    {tokenizer.decode([token])!r:16s} logprob {logprob:8.4f}  "
+          f"logz {logz:8.4f}  {kept}")
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--vocab", type=int, default=32000)
-  parser.add_argument("--steps", type=int, default=4)
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--implementation", default="auto",
-                      choices=["auto", "pallas", "xla"])
-  parser.add_argument("--rng", default="philox", choices=["philox", "threefry"])
-  args = parser.parse_args(argv)
-
-  names, temps, ks, ps, mps = zip(*REQUESTS)
-  batch = len(REQUESTS)
-  params = js.SamplingParams.make(batch, temperature=temps, top_k=ks,
+  args = parse_args(argv)
+  start = time.perf_counter()
+  model, tokenizer = load_embedded()
+  texts = args.prompts or PROMPTS
+  prompts = [tokenizer.encode(text).ids for text in texts]
+  if not all(prompts):
+    print("error: --prompt must not be empty", file=sys.stderr)
+    return 2
+  settings = [SETTINGS[i % len(SETTINGS)] for i in range(len(texts))]
+  names, temps, ks, ps, mps = zip(*settings)
+  params = js.SamplingParams.make(len(texts), temperature=temps, top_k=ks,
                                   top_p=ps, min_p=mps)
   config = js.SamplerConfig(implementation=args.implementation, rng=args.rng)
-  request_keys = jax.random.split(jax.random.key(args.seed), batch)
+  stop = [tokenizer.token_to_id("<|endoftext|>")]
 
-  @jax.jit
-  def step(logits, positions):
-    return js.sample(logits, params, request_keys, positions=positions,
-                     config=config)
+  def run(round_index):
+    base = jax.random.fold_in(jax.random.key(args.seed), round_index)
+    keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(
+        np.arange(len(texts)))
+    out = serve_loop.generate(model, prompts, params=params, keys=keys,
+                              max_new_tokens=args.max_new_tokens,
+                              stop_tokens=stop, config=config,
+                              return_masks=args.masks)
+    return jax.block_until_ready(out)
 
   print(f"jaxsample {js.__version__} on {jax.devices()[0].device_kind} "
         f"({jax.default_backend()}), implementation={args.implementation}, "
-        f"rng={args.rng}, B={batch}, V={args.vocab}")
-  logits = synthetic_logits(jax.random.key(args.seed + 1), batch, args.vocab)
-  positions = jnp.zeros((batch,), jnp.int32)
-  jax.block_until_ready(step(logits, positions))  # compile
-  times, history = [], []
-  for _ in range(args.steps):
-    start = time.perf_counter()
-    result = jax.block_until_ready(step(logits, positions))
-    times.append(time.perf_counter() - start)
-    history.append(jax.device_get(result))
-    positions = positions + 1
-  print(f"{'request':24s} {'tokens':>34s}  {'logprobs':>36s} valid")
-  for b, name in enumerate(names):
-    tokens = " ".join(f"{int(h.tokens[b]):7d}" for h in history)
-    logprobs = " ".join(f"{float(h.logprobs[b]):8.3f}" for h in history)
-    valid = all(bool(h.valid[b]) for h in history)
-    print(f"{name:24s} {tokens:>34s}  {logprobs:>36s} {valid}")
-  print(f"time per step (jitted, host-timed, {args.steps} steps): median "
-        f"{np.median(times) * 1e3:.3f} ms")
+        f"{len(texts)} requests, up to {args.max_new_tokens} new tokens each")
+  warm = time.perf_counter()
+  first = run(0)  # compiles
+  compile_s = time.perf_counter() - warm
+  timed, tokens = 0.0, 0
+  for r in tqdm(range(1, args.rounds + 1), desc="generate",
+                disable=args.rounds == 1):
+    t0 = time.perf_counter()
+    out = run(r)
+    timed += time.perf_counter() - t0
+    tokens += int(np.sum(out.num_tokens))
+  for text, name, choice in zip(texts, names,
+                                first.to_openai(tokenizer=tokenizer)):
+    print(f"\n[{name}] ({len(choice['token_ids'])} tokens, "
+          f"{choice['finish_reason']})")
+    print(text + choice["text"])
+    if args.masks:
+      show_masks(choice, tokenizer, args.mask_ids)
+  print(f"\n{tokens} tokens in {timed:.2f} s: {tokens / timed:.1f} tokens/s "
+        f"(batch {len(texts)}, {args.rounds} round(s)); first call with "
+        f"compilation {compile_s:.1f} s; total {time.perf_counter() - start:.1f} s")
   return 0
 
 

@@ -131,6 +131,13 @@ def generate(model, prompts: Sequence[Sequence[int]], *,
     if not 1 <= n < cache_len:
       raise ValueError(f"prompts[{b}] has {n} tokens; each prompt needs 1 to "
                        f"{cache_len - 1} tokens (cache_len {cache_len})")
+  high = lm.vocab_size or 2**31 - 1
+  for b, prompt in enumerate(prompts):
+    ids = np.asarray(prompt)
+    if not np.issubdtype(ids.dtype, np.integer) or np.any(
+        (ids < 0) | (ids >= high)):
+      raise ValueError(f"prompts[{b}] must hold token ids in the vocabulary "
+                       f"[0, {high}); got {list(prompt)[:8]}...")
   budgets = np.broadcast_to(np.asarray(max_new_tokens), (batch,))
   if not np.issubdtype(budgets.dtype, np.integer) or np.any(budgets < 0):
     raise ValueError(f"max_new_tokens must be an int or {batch} ints >= 0; "

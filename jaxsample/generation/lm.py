@@ -34,13 +34,15 @@ __all__ = ["FunctionLM", "LanguageModel", "NnxLM", "as_language_model"]
 
 
 class LanguageModel:
-  """Interface: ``apply``, ``init_cache`` and ``max_len`` (None if unbounded).
+  """Interface: ``apply``, ``init_cache``, ``max_len`` (the default cache
+  length) and ``vocab_size`` (for checking prompt ids); None if unknown.
 
   Subclasses must be hashable and compare equal when they compute the same
   function: they are static arguments of the jitted generation loop.
   """
 
   max_len: int | None = None
+  vocab_size: int | None = None
 
   def apply(self, weights, tokens: jax.Array, positions: jax.Array, cache
             ) -> tuple[jax.Array, Any]:
@@ -60,13 +62,16 @@ class NnxLM(LanguageModel):
 
   graphdef: Any
   max_len: int | None = None
+  vocab_size: int | None = None
 
   @classmethod
   def split(cls, module: nnx.Module) -> tuple["NnxLM", Any]:
-    """``(NnxLM, state)`` of ``module``; ``max_len`` from ``module.config``."""
+    """``(NnxLM, state)`` of ``module``; ``max_len`` and ``vocab_size`` from
+    ``module.config`` where it has them."""
     graphdef, state = nnx.split(module)
     config = getattr(module, "config", None)
-    return cls(graphdef, getattr(config, "max_len", None)), state
+    return cls(graphdef, getattr(config, "max_len", None),
+               getattr(config, "vocab_size", None)), state
 
   def apply(self, weights, tokens, positions, cache):
     return nnx.merge(self.graphdef, weights)(tokens, positions, cache)
@@ -83,6 +88,7 @@ class FunctionLM(LanguageModel):
   apply_fn: Callable[..., tuple[jax.Array, Any]]
   init_cache_fn: Callable[..., Any]
   max_len: int | None = None
+  vocab_size: int | None = None
 
   def apply(self, weights, tokens, positions, cache):
     return self.apply_fn(weights, tokens, positions, cache)

@@ -1,0 +1,262 @@
+"""decode_step and generate on a tiny random-weight NNX transformer (CPU)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jaxsample as js
+from jaxsample import reference, serve_loop
+from jaxsample.generation.generate import _generate
+from jaxsample.models import Transformer, TransformerConfig
+
+CONFIG = TransformerConfig(vocab_size=96, d_model=32, num_layers=2,
+                           num_heads=4, num_kv_heads=2, mlp_dim=64, max_len=64)
+SETTINGS = [  # temperature, top_k, top_p, min_p
+    (0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (0.8, 0, 0.9, 0.0),
+    (1.0, 20, 1.0, 0.0), (1.0, 0, 1.0, 0.05), (1.3, 10, 0.8, 0.02)]
+
+
+@pytest.fixture(scope="module")
+def model():
+  # Larger weights than the default init make peaked, varied distributions.
+  model = Transformer(CONFIG, rngs=nnx.Rngs(1))
+  state = nnx.state(model, nnx.Param)
+  nnx.update(model, jax.tree.map(lambda w: w * 3.0, state))
+  return model
+
+
+def requests(n, seed=0):
+  """``n`` prompts of varied lengths, settings, keys and budgets."""
+  rng = np.random.default_rng(seed)
+  prompts = [rng.integers(0, CONFIG.vocab_size, rng.integers(1, 14)).tolist()
+             for _ in range(n)]
+  settings = [SETTINGS[i % len(SETTINGS)] for i in range(n)]
+  keys = jax.random.key_data(jax.random.split(jax.random.key(seed), n))
+  budgets = rng.integers(3, 16, n).tolist()
+  return prompts, settings, np.asarray(keys), budgets
+
+
+def run(model, prompts, settings, keys, budgets, **kw):
+  t, k, p, m = zip(*settings)
+  params = js.SamplingParams.make(len(prompts), temperature=t, top_k=k,
+                                  top_p=p, min_p=m)
+  return serve_loop.generate(model, prompts, params=params, keys=keys,
+                             max_new_tokens=budgets, **kw)
+
+
+def choices(generation):
+  return [(c["token_ids"], np.asarray(c["logprobs"]).tobytes(),
+           c["finish_reason"]) for c in generation.to_openai()]
+
+
+def test_bit_identical_across_runs_and_batch_compositions(model):
+  prompts, settings, keys, budgets = requests(6)
+  full = choices(run(model, prompts, settings, keys, budgets))
+  assert full == choices(run(model, prompts, settings, keys, budgets))
+  assert all(len(c[0]) > 0 for c in full)
+  for b in range(6):  # each request alone: slot 0 of 8, 7 padding slots
+    alone = run(model, prompts[b:b + 1], settings[b:b + 1], keys[b:b + 1],
+                budgets[b:b + 1])
+    assert choices(alone) == [full[b]], b
+  order = [4, 1, 5, 0, 3, 2]  # another order, with an extra long prompt
+  long_prompt = list(range(30))  # pushes the prompt bucket from 16 to 32
+  mixed = run(model, [prompts[i] for i in order] + [long_prompt],
+              [settings[i] for i in order] + [SETTINGS[1]],
+              np.concatenate([keys[order], keys[:1] + 7]),
+              [budgets[i] for i in order] + [5])
+  assert choices(mixed)[:6] == [full[i] for i in order]
+
+
+def test_xla_and_pallas_interpret_generate_the_same_tokens(model):
+  prompts, settings, keys, budgets = requests(6, seed=1)
+  xla = run(model, prompts, settings, keys, budgets,
+            config=js.SamplerConfig(implementation="xla"))
+  pallas = run(model, prompts, settings, keys, budgets,
+               config=js.SamplerConfig(implementation="pallas"))
+  np.testing.assert_array_equal(xla.tokens, pallas.tokens)
+  np.testing.assert_array_equal(xla.num_tokens, pallas.num_tokens)
+  np.testing.assert_allclose(xla.logprobs, pallas.logprobs, atol=1e-5)
+
+
+@nnx.jit
+def _causal_forward(model, tokens):
+  return model(tokens, jnp.arange(tokens.shape[1])[None], None)[0]
+
+
+def full_logits(model, sequence):
+  """Next-token logits after every prefix, from the cache-free causal forward
+  (padded to ``max_len``: one compilation)."""
+  tokens = np.zeros((1, CONFIG.max_len), np.int32)
+  tokens[0, :len(sequence)] = sequence
+  return _causal_forward(model, jnp.asarray(tokens))[0, :len(sequence)]
+
+
+def test_greedy_generate_equals_an_independent_greedy_loop(model):
+  prompts, _, keys, _ = requests(5, seed=2)
+  greedy = [SETTINGS[0]] * 5
+  out = run(model, prompts, greedy, keys, [12] * 5)
+  for b, prompt in enumerate(prompts):
+    sequence = list(prompt)
+    for _ in range(12):
+      sequence.append(int(jnp.argmax(full_logits(model, sequence)[-1])))
+    assert out.to_openai()[b]["token_ids"] == sequence[len(prompt):]
+    np.testing.assert_array_equal(out.logprobs[b], 0.0)
+
+
+def test_masks_hold_the_token_and_logz_matches_the_model(model):
+  prompts, settings, keys, budgets = requests(6, seed=3)
+  out = run(model, prompts, settings, keys, budgets, return_masks=True)
+  width = out.tokens.shape[1]
+  extract = jax.jit(js.extract_sampling_mask)
+  for b, choice in enumerate(out.to_openai()):
+    n, start = len(choice["token_ids"]), len(prompts[b]) - 1
+    logits = full_logits(model, prompts[b] + choice["token_ids"])
+    rows = jnp.zeros((width, CONFIG.vocab_size)).at[:n].set(
+        logits[start:start + n])
+    params = js.SamplingParams.make(width, **dict(zip(
+        ("temperature", "top_k", "top_p", "min_p"), settings[b])))
+    expected = extract(rows, params)
+    np.testing.assert_allclose(choice["logz"], expected.logz[:n], atol=2e-4)
+    for t, (ids, token) in enumerate(zip(choice["sampling_mask"],
+                                         choice["token_ids"])):
+      assert ids is None or token in ids, (b, t)
+      assert (ids is None) == (not bool(expected.truncated[t])), (b, t)
+
+
+def test_no_recompilation_across_params_prompts_keys_and_budgets(model):
+  prompts, settings, keys, budgets = requests(6, seed=4)
+  run(model, prompts, settings, keys, budgets)
+  before = _generate._cache_size()
+  for seed in (5, 6, 7):  # new prompts (same buckets), settings, keys, budgets
+    prompts, settings, keys, budgets = requests(6, seed=seed)
+    settings = settings[seed % 3:] + settings[:seed % 3]
+    run(model, prompts, settings, keys, budgets, stop_tokens=[seed])
+  assert _generate._cache_size() == before
+
+
+def processed_probs(model, sequence, params):
+  """The processed next-token distribution after ``sequence`` (one row)."""
+  one = jax.tree.map(lambda a: a[:1], params).canonical(CONFIG.vocab_size)
+  logits = full_logits(model, sequence)[-1:]
+  return np.exp(np.asarray(reference.log_probs(
+      reference.process(logits, one), one), np.float64))[0]
+
+
+def test_token_frequencies_through_the_loop_match_the_model():
+  """First and second generated tokens over 4,096 keys against the model's
+  processed distributions (the second: mixed over the first), per token
+  within 5 sigma of the sample count's binomial spread."""
+  model = Transformer(CONFIG, rngs=nnx.Rngs(2))
+  prompt, n, calls = [5, 17, 2], 512, 8
+  params = js.SamplingParams.make(n, temperature=0.9, top_k=40, top_p=0.95)
+  samples = []
+  for c in range(calls):
+    keys = jax.random.split(jax.random.key(100 + c), n)
+    out = serve_loop.generate(model, [prompt] * n, params=params, keys=keys,
+                              max_new_tokens=2)
+    samples.append(np.asarray(out.tokens[:, :2]))
+  samples = np.concatenate(samples)
+  first = processed_probs(model, prompt, params)
+  second = sum(first[f] * processed_probs(model, prompt + [f], params)
+               for f in np.flatnonzero(first))
+  for probs, drawn in ((first, samples[:, 0]), (second, samples[:, 1])):
+    freq = np.bincount(drawn, minlength=CONFIG.vocab_size) / len(drawn)
+    sigma = np.sqrt(probs * (1 - probs) / len(drawn))
+    assert np.all(np.abs(freq - probs) <= 5 * sigma + 1.0 / len(drawn))
+  assert np.count_nonzero(first) > 10  # a real distribution, not a point
+
+
+class Bigram(nnx.Module):
+  """A custom NNX model (the docs' example): logits from the last token only."""
+
+  def __init__(self, vocab, rngs):
+    self.table = nnx.Embed(vocab, vocab, rngs=rngs)
+
+  def __call__(self, tokens, positions, cache):
+    return self.table(tokens).astype(jnp.float32), cache
+
+  def init_cache(self, batch_size, length):
+    return jnp.zeros((batch_size, length), jnp.int32)
+
+
+def test_custom_module_and_function_lm_follow_the_contract(model):
+  bigram = Bigram(CONFIG.vocab_size, nnx.Rngs(0))
+  prompts, _, keys, _ = requests(3, seed=8)
+  params = js.SamplingParams.make(3, temperature=0.0)
+  out = serve_loop.generate(bigram, prompts, params=params, keys=keys,
+                            max_new_tokens=6, cache_len=32)
+  table = np.asarray(bigram.table.embedding[...])
+  for b, choice in enumerate(out.to_openai()):
+    expected, token = [], prompts[b][-1]
+    for _ in range(6):
+      token = int(np.argmax(table[token]))
+      expected.append(token)
+    assert choice["token_ids"] == expected
+  graphdef, state = nnx.split(model)
+  lm = serve_loop.FunctionLM(
+      lambda w, t, p, c: nnx.merge(graphdef, w)(t, p, c),
+      lambda w, b, n: nnx.merge(graphdef, w).init_cache(b, n),
+      max_len=CONFIG.max_len)
+  prompts, settings, keys, budgets = requests(4, seed=9)
+  assert choices(run((lm, state), prompts, settings, keys, budgets)) == \
+      choices(run(model, prompts, settings, keys, budgets))
+
+
+def test_decode_step_replays_and_admits_slots_without_reshaping(model):
+  lm, weights = serve_loop.NnxLM.split(model)
+  prompts, settings, keys, _ = requests(8, seed=10)
+  t, k, p, m = zip(*settings)
+  params = js.SamplingParams.make(8, temperature=t, top_k=k, top_p=p, min_p=m)
+  cache = model.init_cache(8, CONFIG.max_len)
+  state = serve_loop.DecodeState(
+      tokens=jnp.asarray([q[0] for q in prompts]), positions=jnp.zeros(8, int),
+      keys=jnp.asarray(keys), params=params, finished=jnp.zeros(8, bool),
+      stop_tokens=jnp.full((8, 4), -1), remaining=jnp.full(8, 5), cache=cache)
+  step = jax.jit(serve_loop.decode_step, static_argnums=0)
+
+  def roll(state, n):
+    outs = []
+    for _ in range(n):
+      state, out = step(lm, weights, state)
+      outs.append(out)
+    return state, outs
+
+  end, first = roll(state, 6)
+  _, again = roll(state, 6)
+  for a, b in zip(first, again):
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+  assert [bool(o.valid.all()) for o in first] == [True] * 5 + [False]
+  np.testing.assert_array_equal(end.positions, 5)
+  # Admit slots 2 and 5 afresh into the finished state: they replay exactly.
+  where = jnp.zeros(8, bool).at[jnp.asarray([2, 5])].set(True)
+  readmitted, outs = roll(end.replace_slots(where, state), 5)
+  for a, b in zip(first, outs):
+    np.testing.assert_array_equal(b.valid, where)
+    np.testing.assert_array_equal(a.tokens[where], b.tokens[where])
+
+
+def test_bad_requests_get_clear_errors(model):
+  params = js.SamplingParams.make(2, temperature=1.0)
+  keys = jax.random.split(jax.random.key(0), 2)
+  with pytest.raises(ValueError, match=r"prompts\[1\] has 0 tokens"):
+    serve_loop.generate(model, [[1], []], params=params, keys=keys,
+                        max_new_tokens=4)
+  with pytest.raises(ValueError, match=r"prompts\[0\] has 64 tokens"):
+    serve_loop.generate(model, [[1] * 64, [2]], params=params, keys=keys,
+                        max_new_tokens=4)
+  with pytest.raises(ValueError, match="batch size 2 but there are 3"):
+    serve_loop.generate(model, [[1], [2], [3]], params=params, keys=keys,
+                        max_new_tokens=4)
+  with pytest.raises(ValueError, match="max_new_tokens"):
+    serve_loop.generate(model, [[1], [2]], params=params, keys=keys,
+                        max_new_tokens=-1)
+  with pytest.raises(ValueError, match="vocabulary"):
+    serve_loop.generate(model, [[1], [CONFIG.vocab_size]], params=params,
+                        keys=keys, max_new_tokens=4)
+  with pytest.raises(TypeError, match="NNX module"):
+    serve_loop.generate(lambda x: x, [[1], [2]], params=params, keys=keys,
+                        max_new_tokens=4)
