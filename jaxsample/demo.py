@@ -13,6 +13,7 @@ sampler runs the Pallas kernels (``--implementation auto``).
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 import time
 
@@ -25,6 +26,8 @@ from jaxsample import serve_loop
 from jaxsample.models import load_embedded
 
 __all__ = ["PROMPTS", "SETTINGS", "main"]
+
+CACHE_DIR = pathlib.Path.home() / ".cache" / "jaxsample" / "xla"
 
 PROMPTS = [
     "ROMEO.\nBut soft, what light",
@@ -65,6 +68,9 @@ def parse_args(argv):
                            "(kept ids, or 'all' when nothing was cut, and logz)")
   parser.add_argument("--mask-ids", type=int, default=8,
                       help="with --masks: kept ids to show per token")
+  parser.add_argument("--compile-cache", default=str(CACHE_DIR), metavar="DIR",
+                      help="JAX persistent compilation cache (later runs skip "
+                           "compiling); '' turns it off")
   parser.add_argument("--implementation", default="auto",
                       choices=["auto", "pallas", "xla"],
                       help="sampler backend (auto: Pallas kernels on GPU)")
@@ -90,6 +96,9 @@ def show_masks(choice, tokenizer, width: int) -> None:
 def main(argv=None) -> int:
   args = parse_args(argv)
   start = time.perf_counter()
+  if args.compile_cache:
+    jax.config.update("jax_compilation_cache_dir", args.compile_cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   model, tokenizer = load_embedded()
   texts = args.prompts or PROMPTS
   prompts = [tokenizer.encode(text).ids for text in texts]
