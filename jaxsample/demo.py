@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 import jaxsample as js
-from jaxsample import serve_loop
+from jaxsample import serve_demo, serve_loop
 from jaxsample.models import load_embedded
 
 __all__ = ["PROMPTS", "SETTINGS", "main"]
@@ -76,6 +76,9 @@ def parse_args(argv):
                       help="sampler backend (auto: Pallas kernels on GPU)")
   parser.add_argument("--rng", default="philox", choices=["philox", "threefry"],
                       help="counter-based noise generator")
+  parser.add_argument("--serve", action="store_true",
+                      help="run the serving-loop demo instead "
+                           "(python -m jaxsample.serve_demo --help)")
   args = parser.parse_args(argv)
   if args.max_new_tokens < 1 or args.rounds < 1 or args.mask_ids < 1:
     parser.error("--max-new-tokens, --rounds and --mask-ids must be >= 1")
@@ -94,6 +97,9 @@ def show_masks(choice, tokenizer, width: int) -> None:
 
 
 def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if "--serve" in argv:  # the serving loop's demo takes the other flags
+    return serve_demo.main([a for a in argv if a != "--serve"])
   args = parse_args(argv)
   start = time.perf_counter()
   if args.compile_cache:

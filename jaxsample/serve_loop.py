@@ -18,7 +18,8 @@ from jaxsample.generation.generate import (FINISH_REASONS, Generation, bucket,
                                            generate)
 from jaxsample.generation.lm import (FunctionLM, LanguageModel, NnxLM,
                                      as_language_model)
-from jaxsample.generation.drafters import ModelDrafter, NgramDrafter
+from jaxsample.generation.drafters import (ModelDrafter, NgramDrafter,
+                                           layer_prefix)
 from jaxsample.generation.serving import (Completion, Request, ServeLoop,
                                           Speculation, StreamEvent)
 from jaxsample.generation.spec_step import SpecOutput, SpecState, spec_step
@@ -28,4 +29,5 @@ __all__ = ["Completion", "DecodeState", "FINISH_REASONS", "FunctionLM",
            "Generation", "LanguageModel", "ModelDrafter", "NgramDrafter",
            "NnxLM", "Request", "ServeLoop", "SpecOutput", "SpecState",
            "Speculation", "StepOutput", "StreamEvent", "as_language_model",
-           "bucket", "decode_step", "emit", "generate", "spec_step"]
+           "bucket", "decode_step", "emit", "generate", "layer_prefix",
+           "spec_step"]

@@ -17,7 +17,7 @@ from jaxsample.serve_loop import Request, ServeLoop, generate
 
 from toy_lm import tiny_transformer
 
-CACHE = 48
+CACHE = 32
 CONFIG = SamplerConfig(implementation="xla")
 SETTINGS = [dict(temperature=0.0), dict(temperature=1.0),
             dict(temperature=0.8, top_p=0.9), dict(temperature=1.0, top_k=5),
@@ -26,10 +26,10 @@ SETTINGS = [dict(temperature=0.0), dict(temperature=1.0),
 
 @pytest.fixture(scope="module")
 def model():
-  return tiny_transformer(seed=0, vocab=32, max_len=CACHE)
+  return tiny_transformer(seed=0, vocab=32, max_len=CACHE, layers=1)
 
 
-def random_requests(rs, count, *, max_prompt=20, max_tokens=8):
+def random_requests(rs, count, *, max_prompt=12, max_tokens=8):
   requests = []
   for i in range(count):
     prompt = rs.integers(0, 32, rs.integers(1, max_prompt + 1)).tolist()
@@ -157,7 +157,7 @@ def test_bad_requests_rejected_without_disturbing_others(model):
   loop.step()
   good = requests[0]
   bad = [(dict(prompt=[]), "prompt must be a non-empty"),
-         (dict(prompt=[1] * CACHE), "at most 47 fit the cache"),
+         (dict(prompt=[1] * CACHE), "at most 31 fit the cache"),
          (dict(prompt=[1, 32]), "prompt has token id 32 outside"),
          (dict(stop=[-1]), "stop has token id -1 outside"),
          (dict(stop=[1, 2, 3]), "max_stop_tokens"),

@@ -22,16 +22,19 @@ the draft model's processed distribution (the request's own parameters), so
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
-from jaxsample.generation.lm import LanguageModel
+from jaxsample.generation.lm import LanguageModel, NnxLM
+from jaxsample.models.transformer import Transformer
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.sampling import sample
 
 __all__ = ["DRAFT_KEY_PURPOSE", "ModelDrafter", "NgramDrafter",
-           "draft_keys"]
+           "draft_keys", "layer_prefix"]
 
 # Draft-model noise uses fold_in(request key, 2); rejection_sample uses 0 and
 # 1 (jaxsample.spec.stream_keys), so the three streams are independent.
@@ -153,3 +156,16 @@ class ModelDrafter:
         row = logits[:, 0]
     num = jnp.full(positions.shape, self.num_draft, jnp.int32)
     return (jnp.stack(drafts, 1), num, jnp.stack(rows, 1), own)
+
+
+def layer_prefix(model: Transformer, num_layers: int) -> tuple[NnxLM, Any]:
+  """A draft model from ``model``'s first ``num_layers`` blocks, its
+  embedding, final norm and head (shared weights, no training): ``(NnxLM,
+  weights)`` for ``ModelDrafter`` and ``Speculation.draft_weights``."""
+  if not 1 <= num_layers <= model.config.num_layers:
+    raise ValueError(f"num_layers must be in [1, {model.config.num_layers}]; "
+                     f"got {num_layers}")
+  draft = nnx.clone(model)
+  draft.config = dataclasses.replace(model.config, num_layers=num_layers)
+  draft.blocks = nnx.List(list(draft.blocks)[:num_layers])
+  return NnxLM.split(draft)

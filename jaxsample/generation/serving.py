@@ -26,6 +26,7 @@ import collections
 import dataclasses
 import functools
 import itertools
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -296,6 +297,11 @@ class ServeLoop:
     self._ids = itertools.count()
     self._state = self._empty_state()
     self.stats = collections.Counter()
+    """Counts (``admit_calls``, ``step_calls``, ``tokens``, ``completed``,
+    ``drafted``, ``accepted``) and seconds: ``device_s`` from each jitted
+    call's dispatch until its outputs are ready, ``busy_s`` in ``step``
+    altogether (the difference is host work: bookkeeping, inputs,
+    transfers, events)."""
 
   # -- requests ------------------------------------------------------------
 
@@ -355,16 +361,17 @@ class ServeLoop:
   def step(self) -> list[StreamEvent]:
     """Admits queued requests into free slots, runs one step call if any
     slot is busy, and returns the events it produced."""
+    start = time.perf_counter()
     events = []
     while self._queue and None in self._active:
       events += self._admit_some()
     if any(a is not None for a in self._active):
-      self._state, out = _step(self.lm, self.drafter, self.config,
-                               self.return_masks, self.steps_per_call,
-                               self.weights, self._draft_weights, self._state,
-                               self._rates)
+      out = self._timed(_step, self.lm, self.drafter, self.config,
+                        self.return_masks, self.steps_per_call, self.weights,
+                        self._draft_weights, self._state, self._rates)
       events += self._collect(out, list(range(self.slots)))
       self.stats["step_calls"] += 1
+    self.stats["busy_s"] += time.perf_counter() - start
     return events
 
   def events(self) -> Iterator[StreamEvent]:
@@ -387,15 +394,15 @@ class ServeLoop:
     while True:
       width = min(width, self.cache_len)
       inputs = self._admission_inputs([], width)
-      self._state, _ = self._call_admit(np.full(self.admit_batch, self.slots,
-                                                np.int32), inputs)
+      self._call_admit(np.full(self.admit_batch, self.slots, np.int32),
+                       inputs)
       if width >= self.cache_len:
         break
       width *= 2
-    self._state, _ = _step(self.lm, self.drafter, self.config,
-                           self.return_masks, self.steps_per_call,
-                           self.weights, self._draft_weights, self._state,
-                           self._rates)
+    self._timed(_step, self.lm, self.drafter, self.config,
+                self.return_masks, self.steps_per_call, self.weights,
+                self._draft_weights, self._state, self._rates)
+    self.stats.clear()
 
   # -- internals -----------------------------------------------------------
 
@@ -450,10 +457,18 @@ class ServeLoop:
     return (tokens, lengths, SamplingParams(**fields), keys, stop_ids,
             budgets)
 
-  def _call_admit(self, slot_ids, inputs):
-    return _admit(self.lm, self.drafter, self.config, self.return_masks,
-                  self._state_len, self.weights, self._draft_weights,
-                  self._state, slot_ids, *inputs)
+  def _timed(self, program, *args) -> _Output:
+    """Runs ``program`` (new state and output), waits for it, counts its
+    time in ``stats["device_s"]`` and returns the output."""
+    start = time.perf_counter()
+    self._state, out = jax.block_until_ready(program(*args))
+    self.stats["device_s"] += time.perf_counter() - start
+    return out
+
+  def _call_admit(self, slot_ids, inputs) -> _Output:
+    return self._timed(_admit, self.lm, self.drafter, self.config,
+                       self.return_masks, self._state_len, self.weights,
+                       self._draft_weights, self._state, slot_ids, *inputs)
 
   def _admit_some(self) -> list[StreamEvent]:
     free = [s for s, a in enumerate(self._active) if a is None]
@@ -469,8 +484,7 @@ class ServeLoop:
           [] if request.logprobs else None,
           [] if request.return_masks else None,
           [] if request.return_masks else None), callback)
-    self._state, out = self._call_admit(
-        slot_ids, self._admission_inputs(batch, width))
+    out = self._call_admit(slot_ids, self._admission_inputs(batch, width))
     self.stats["admit_calls"] += 1
     return self._collect(out, free[:len(batch)])
 
@@ -482,7 +496,9 @@ class ServeLoop:
     host = jax.device_get(dataclasses.replace(
         out, mask=out.mask if want_masks else None))
     events = []
-    for row, slot in enumerate(slots):
+    busy = np.flatnonzero((host.count.sum(axis=0) > 0) | host.finished)
+    for row in busy[busy < len(slots)].tolist():
+      slot = slots[row]
       active = self._active[slot]
       if active is None:
         continue
@@ -508,6 +524,8 @@ class ServeLoop:
       logprobs += host.logprobs[t, row, :n].tolist()
       done.drafted += int(host.drafted[t, row])
       done.accepted += int(host.accepted[t, row])
+      self.stats["drafted"] += int(host.drafted[t, row])
+      self.stats["accepted"] += int(host.accepted[t, row])
       if host.mask is not None and request.return_masks and n:
         step_mask = jax.tree.map(lambda a, t=t: a[t, :n, row:row + 1],
                                  host.mask)
