@@ -18,6 +18,7 @@ from jaxsample.serve_loop import Request, ServeLoop, generate
 from toy_lm import tiny_transformer
 
 CACHE = 32
+SLOTS = 4  # every loop has 4 slots and admits 4: the tests share compilations
 CONFIG = SamplerConfig(implementation="xla")
 SETTINGS = [dict(temperature=0.0), dict(temperature=1.0),
             dict(temperature=0.8, top_p=0.9), dict(temperature=1.0, top_k=5),
@@ -30,6 +31,8 @@ def model():
 
 
 def random_requests(rs, count, *, max_prompt=12, max_tokens=8):
+  """``count`` requests with ids ``0 ..``, prompts of 1 to ``max_prompt``
+  tokens (one bucket), random settings, budgets, stops and seeds."""
   requests = []
   for i in range(count):
     prompt = rs.integers(0, 32, rs.integers(1, max_prompt + 1)).tolist()
@@ -83,15 +86,14 @@ def run_with_arrivals(loop, requests, arrivals):
 
 def test_matches_generate_in_any_arrival_order(model):
   rs = np.random.default_rng(1)
-  requests = random_requests(rs, 12)
+  requests = random_requests(rs, 8)
   expected = generate_all(model, requests)
   for trial in range(2):
-    loop = ServeLoop(model, slots=4, cache_len=CACHE, config=CONFIG,
-                     admit_batch=2)
+    loop = ServeLoop(model, slots=SLOTS, cache_len=CACHE, config=CONFIG)
     shuffled = [requests[i] for i in rs.permutation(len(requests))]
-    arrivals = rs.integers(0, 10, len(requests)) if trial else np.zeros(12)
+    arrivals = rs.integers(0, 10, len(requests)) if trial else np.zeros(8)
     done, streamed = run_with_arrivals(loop, shuffled, arrivals)
-    assert sorted(done) == list(range(12))
+    assert sorted(done) == list(range(8))
     for r in requests:
       assert_same(done[r.request_id], expected[r.request_id])
       assert streamed.get(r.request_id, []) == done[r.request_id].token_ids
@@ -101,7 +103,7 @@ def test_steps_per_call_and_callbacks(model):
   rs = np.random.default_rng(2)
   requests = random_requests(rs, 6)
   expected = generate_all(model, requests)
-  loop = ServeLoop(model, slots=3, cache_len=CACHE, config=CONFIG,
+  loop = ServeLoop(model, slots=SLOTS, cache_len=CACHE, config=CONFIG,
                    steps_per_call=4)
   seen = {}
   for r in requests:
@@ -132,7 +134,7 @@ def test_masks_match_generate(model):
       max_new_tokens=[r.max_tokens for r in requests],
       stop_tokens=[list(r.stop) for r in requests], config=config,
       return_masks=True, cache_len=CACHE).to_openai()
-  loop = ServeLoop(model, slots=4, cache_len=CACHE, config=config,
+  loop = ServeLoop(model, slots=SLOTS, cache_len=CACHE, config=config,
                    return_masks=True)
   for r, done, choice in zip(requests, loop.run(requests), expected):
     assert done.token_ids == choice["token_ids"]
@@ -150,8 +152,7 @@ def test_bad_requests_rejected_without_disturbing_others(model):
   rs = np.random.default_rng(4)
   requests = random_requests(rs, 5)
   expected = generate_all(model, requests)
-  loop = ServeLoop(model, slots=2, cache_len=CACHE, config=CONFIG,
-                   max_stop_tokens=2)
+  loop = ServeLoop(model, slots=SLOTS, cache_len=CACHE, config=CONFIG)
   for r in requests:
     loop.submit(r)
   loop.step()
@@ -160,7 +161,7 @@ def test_bad_requests_rejected_without_disturbing_others(model):
          (dict(prompt=[1] * CACHE), "at most 31 fit the cache"),
          (dict(prompt=[1, 32]), "prompt has token id 32 outside"),
          (dict(stop=[-1]), "stop has token id -1 outside"),
-         (dict(stop=[1, 2, 3]), "max_stop_tokens"),
+         (dict(stop=[1, 2, 3, 4, 5]), "max_stop_tokens"),
          (dict(max_tokens=-1), "max_tokens must be"),
          (dict(seed=2**32), "seed must be"),
          (dict(temperature=-1.0), "temperature"),
@@ -202,9 +203,8 @@ def test_load_1000_requests(model):
   rs = np.random.default_rng(5)
   requests = random_requests(rs, 1000, max_tokens=5)
   checked = set(rs.choice(1000, 50, replace=False).tolist())
-  loop = ServeLoop(model, slots=16, cache_len=CACHE, config=CONFIG,
-                   admit_batch=8)
-  loop.warmup()
+  loop = ServeLoop(model, slots=SLOTS, cache_len=CACHE, config=CONFIG)
+  loop.warmup(max_prompt_len=12)
   completions = np.zeros(1000, np.int64)  # preallocated: no growth
   kept, live, heap = {}, [], []
   tracemalloc.start()

@@ -40,6 +40,7 @@ from jaxsample.generation.spec_step import SpecState, spec_step, write_history
 from jaxsample.generation.step import DecodeState, decode_step, emit
 from jaxsample.mask import SamplingMask
 from jaxsample.params import SamplerConfig, SamplingParams
+from jaxsample.params import _check_value as check_param  # SamplingParams.make's rules
 
 __all__ = ["Completion", "Request", "ServeLoop", "Speculation", "StreamEvent"]
 
@@ -339,13 +340,12 @@ class ServeLoop:
     if isinstance(seed, bool) or not isinstance(
         seed, (int, np.integer)) or not 0 <= seed < SEED_LIMIT:
       raise ValueError(f"seed must be an int in [0, 2^32); got {seed!r}")
-    SamplingParams.make(1, temperature=request.temperature,
-                        top_k=request.top_k, top_p=request.top_p,
-                        min_p=request.min_p)  # raises ValueError
+    rid = request.request_id
+    for name in ("temperature", "top_k", "top_p", "min_p"):
+      check_param(name, "new" if rid is None else rid, getattr(request, name))
     if request.return_masks and not self.return_masks:
       raise ValueError("return_masks needs a ServeLoop built with "
                        "return_masks=True")
-    rid = request.request_id
     if rid is None:
       rid = next(self._ids)
       request = dataclasses.replace(request, request_id=rid)
@@ -387,16 +387,18 @@ class ServeLoop:
             if e.completion is not None}
     return [done[i] for i in ids]
 
-  def warmup(self) -> None:
-    """Compiles the step and every prompt bucket's admission (no request is
-    affected: the scattered rows go nowhere)."""
+  def warmup(self, max_prompt_len: int | None = None) -> None:
+    """Compiles the step and the admission of every prompt bucket up to
+    ``max_prompt_len``'s (default: all); requests are not affected (the
+    admitted rows go nowhere)."""
+    last = min(bucket(max_prompt_len or self.cache_len, MIN_PROMPT),
+               self.cache_len)
     width = MIN_PROMPT
     while True:
-      width = min(width, self.cache_len)
-      inputs = self._admission_inputs([], width)
+      width = min(width, last)
       self._call_admit(np.full(self.admit_batch, self.slots, np.int32),
-                       inputs)
-      if width >= self.cache_len:
+                       self._admission_inputs([], width))
+      if width >= last:
         break
       width *= 2
     self._timed(_step, self.lm, self.drafter, self.config,
@@ -450,7 +452,8 @@ class ServeLoop:
       tokens[row, :len(request.prompt)] = request.prompt
       lengths[row] = len(request.prompt)
       for name, values in fields.items():
-        values[row] = getattr(request, name)
+        # top_k beyond int32 means off, as does the clipped value.
+        values[row] = np.clip(getattr(request, name), -2**31 + 1, 2**31 - 1)
       keys[row, 1] = request.seed
       stop_ids[row, :len(request.stop)] = request.stop
       budgets[row] = budget
