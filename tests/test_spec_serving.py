@@ -38,7 +38,8 @@ def test_greedy_speculative_equals_plain(drafter):
   if drafter == "ngram":
     spec = Speculation(NgramDrafter(K))
   else:
-    draft = (layer_prefix(nnx.merge(*target), 1) if drafter == "layers" else
+    draft = (layer_prefix(nnx.merge(target[0].graphdef, target[1]), 1)
+             if drafter == "layers" else
              tiny_transformer(seed=7, vocab=32, max_len=CACHE, layers=1))
     spec = Speculation(ModelDrafter(draft[0], K, CONFIG), draft[1])
   rs = np.random.default_rng(0)
