@@ -14,12 +14,12 @@
   ``jaxsample.generation.lm``; user guide: ``docs/generation.md``.
 """
 
+from jaxsample.generation.drafters import (ModelDrafter, NgramDrafter,
+                                           layer_prefix)
 from jaxsample.generation.generate import (FINISH_REASONS, Generation, bucket,
                                            generate)
 from jaxsample.generation.lm import (FunctionLM, LanguageModel, NnxLM,
                                      as_language_model)
-from jaxsample.generation.drafters import (ModelDrafter, NgramDrafter,
-                                           layer_prefix)
 from jaxsample.generation.serving import (Completion, Request, ServeLoop,
                                           Speculation, StreamEvent)
 from jaxsample.generation.spec_step import SpecOutput, SpecState, spec_step

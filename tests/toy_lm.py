@@ -10,7 +10,6 @@ and its exact distributions are easy to enumerate (``next_logits``).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -54,11 +53,9 @@ def next_logits(weights, sequence) -> np.ndarray:
 
 def tiny_transformer(seed: int = 0, vocab: int = 32, max_len: int = 64,
                      layers: int = 2):
-  """``(NnxLM, weights)`` of a random-weight Transformer (embeddings scaled
-  up so the next-token distributions are far from uniform)."""
+  """``(NnxLM, weights)`` of a random-weight Transformer (an untied head:
+  with tied embeddings a random model mostly repeats its last token)."""
   config = TransformerConfig(vocab_size=vocab, d_model=32, num_layers=layers,
                              num_heads=4, num_kv_heads=2, mlp_dim=64,
-                             max_len=max_len)
-  model = Transformer(config, rngs=nnx.Rngs(seed))
-  model.embed.embedding[...] = model.embed.embedding[...] * 50.0
-  return NnxLM.split(model)
+                             max_len=max_len, tie_embeddings=False)
+  return NnxLM.split(Transformer(config, rngs=nnx.Rngs(seed)))

@@ -498,6 +498,10 @@ class ServeLoop:
         for s in slots)
     host = jax.device_get(dataclasses.replace(
         out, mask=out.mask if want_masks else None))
+    emitted = np.arange(host.tokens.shape[2]) < host.count[..., None]
+    drafted, accepted = host.drafted.sum(0), host.accepted.sum(0)
+    self.stats["drafted"] += int(drafted.sum())
+    self.stats["accepted"] += int(accepted.sum())
     events = []
     busy = np.flatnonzero((host.count.sum(axis=0) > 0) | host.finished)
     for row in busy[busy < len(slots)].tolist():
@@ -505,7 +509,9 @@ class ServeLoop:
       active = self._active[slot]
       if active is None:
         continue
-      event = self._advance(active, host, row)
+      active.completion.drafted += int(drafted[row])
+      active.completion.accepted += int(accepted[row])
+      event = self._advance(active, host, row, emitted[:, row])
       if host.finished[row]:
         self._finish(active)
         self._active[slot] = None
@@ -518,34 +524,32 @@ class ServeLoop:
           active.callback(event)
     return events
 
-  def _advance(self, active: _Active, host: _Output, row: int) -> StreamEvent:
+  def _advance(self, active: _Active, host: _Output, row: int,
+               emitted: np.ndarray) -> StreamEvent:
+    """Appends row ``row``'s tokens (``emitted`` ``[n, E]`` of them) to the
+    request's completion and returns the event."""
     request, done = active.request, active.completion
-    tokens, logprobs, masks, logz = [], [], [], []
-    for t in range(host.count.shape[0]):
-      n = int(host.count[t, row])
-      tokens += host.tokens[t, row, :n].tolist()
-      logprobs += host.logprobs[t, row, :n].tolist()
-      done.drafted += int(host.drafted[t, row])
-      done.accepted += int(host.accepted[t, row])
-      self.stats["drafted"] += int(host.drafted[t, row])
-      self.stats["accepted"] += int(host.accepted[t, row])
-      if host.mask is not None and request.return_masks and n:
-        step_mask = jax.tree.map(lambda a, t=t: a[t, :n, row:row + 1],
-                                 host.mask)
-        pairs = step_mask.to_lists(num_tokens=np.array([n]))[0]
-        masks += [ids for ids, _ in pairs]
-        logz += [value for _, value in pairs]
+    tokens = host.tokens[:, row][emitted].tolist()
     self.stats["tokens"] += len(tokens)
     done.token_ids += tokens
-    if done.logprobs is not None:
+    event = StreamEvent(request.request_id, tokens)
+    if request.logprobs:
+      logprobs = host.logprobs[:, row][emitted].tolist()
       done.logprobs += logprobs
-    if done.sampling_mask is not None:
+      event = dataclasses.replace(event, logprobs=logprobs)
+    if request.return_masks:
+      masks, logz = [], []
+      for t, n in enumerate(emitted.sum(axis=1).tolist()):
+        if n:
+          step = jax.tree.map(lambda a, t=t, n=n: a[t, :n, row:row + 1],
+                              host.mask)
+          for ids, value in step.to_lists(num_tokens=np.array([n]))[0]:
+            masks.append(ids)
+            logz.append(value)
       done.sampling_mask += masks
       done.logz += logz
-    return StreamEvent(
-        request.request_id, tokens, logprobs if request.logprobs else None,
-        masks if request.return_masks else None,
-        logz if request.return_masks else None)
+      event = dataclasses.replace(event, sampling_mask=masks, logz=logz)
+    return event
 
   def _finish(self, active: _Active) -> None:
     done, request = active.completion, active.request
