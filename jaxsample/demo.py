@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 import jaxsample as js
-from jaxsample import serve_loop
+from jaxsample import serve_demo, serve_loop
 from jaxsample.models import load_embedded
 from jaxsample.params import IMPLEMENTATIONS
 
@@ -82,6 +82,9 @@ def parse_args(argv):
   parser.add_argument("--implementation", default="auto",
                       choices=IMPLEMENTATIONS,
                       help="sampler backend (auto: the Pallas kernels on GPU)")
+  parser.add_argument("--serve", action="store_true",
+                      help="run the serving-loop demo instead; the other flags "
+                           "are its own (python -m jaxsample.serve_demo --help)")
   parser.add_argument("--rng", default="philox", choices=["philox", "threefry"],
                       help="counter-based noise generator")
   args = parser.parse_args(argv)
@@ -106,6 +109,9 @@ def show_masks(choice, tokenizer, width: int) -> None:
 
 
 def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if "--serve" in argv:  # the serving loop's demo takes the other flags
+    return serve_demo.main([a for a in argv if a != "--serve"])
   args = parse_args(argv)
   start = time.perf_counter()
   if args.compile_cache:

@@ -7,17 +7,30 @@
 * ``generate(model, prompts, ...)``: prefill plus a ``jax.lax.while_loop`` of
   decode steps with per-request parameters, keys and stopping
   (``jaxsample.generation.generate``; bucket policy there).
+* ``ServeLoop``: continuous batching of ``Request``s over fixed slots, with
+  streamed ``StreamEvent``s, ``Completion``s in an OpenAI-like shape and
+  optional ``Speculation`` (``NgramDrafter``, ``ModelDrafter``)
+  (``jaxsample.generation.serving``, ``drafters``, ``spec_step``; user
+  guide: ``docs/serving.md``).
 * The model contract (``LanguageModel``, ``NnxLM``, ``FunctionLM``):
   ``jaxsample.generation.lm``; user guide: ``docs/generation.md``.
 """
 
+from jaxsample.generation.drafters import (ModelDrafter, NgramDrafter,
+                                           layer_prefix)
 from jaxsample.generation.generate import (FINISH_REASONS, Generation, bucket,
                                            generate)
 from jaxsample.generation.lm import (FunctionLM, LanguageModel, NnxLM,
                                      as_language_model)
+from jaxsample.generation.serving import (Completion, Request, ServeLoop,
+                                          Speculation, StreamEvent)
+from jaxsample.generation.spec_step import SpecOutput, SpecState, spec_step
 from jaxsample.generation.step import (DecodeState, StepOutput, decode_step,
                                        emit, prefill)
 
-__all__ = ["DecodeState", "FINISH_REASONS", "FunctionLM", "Generation",
-           "LanguageModel", "NnxLM", "StepOutput", "as_language_model",
-           "bucket", "decode_step", "emit", "generate", "prefill"]
+__all__ = ["Completion", "DecodeState", "FINISH_REASONS", "FunctionLM",
+           "Generation", "LanguageModel", "ModelDrafter", "NgramDrafter",
+           "NnxLM", "Request", "ServeLoop", "SpecOutput", "SpecState",
+           "Speculation", "StepOutput", "StreamEvent", "as_language_model",
+           "bucket", "decode_step", "emit", "generate", "layer_prefix",
+           "prefill", "spec_step"]

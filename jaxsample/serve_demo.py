@@ -1,0 +1,195 @@
+"""Serving demo and benchmark: a stream of mixed requests through ``ServeLoop``.
+
+``python -m jaxsample.serve_demo`` (or ``python -m jaxsample.demo --serve``)
+loads the embedded Shakespeare model (a random-weight model of the same
+architecture with ``--random`` or when the package has no weights), submits
+``--requests`` requests with mixed settings (greedy, T = 0.8 + top-p 0.9,
+top-k 20, min-p 0.05) arriving ``--arrivals`` per step, and shows a live
+line: requests done, tokens/s, draft acceptance and the host's share of the
+loop's time (outside the jitted calls).  ``--spec`` turns on speculative
+decoding: ``ngram`` (prompt lookup), ``layers:N`` (the model's first ``N``
+layers as the draft model) or ``synthetic:R1,R2,..`` (per-position
+acceptance rates, n-gram drafts: the cost profile at a chosen acceptance).
+``--bench`` prints one summary line per ``--spec`` value instead of text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxsample.generation.drafters import ModelDrafter, NgramDrafter, layer_prefix
+from jaxsample.generation.lm import NnxLM
+from jaxsample.generation.serving import Request, ServeLoop, Speculation
+from jaxsample.models import (EMBEDDED_DIR, Transformer, TransformerConfig,
+                              load_embedded)
+from jaxsample.params import SamplerConfig
+
+__all__ = ["SETTINGS", "build_loop", "load_target", "main", "make_requests",
+           "serve"]
+
+SETTINGS = (  # (name, Request fields)
+    ("greedy", dict(temperature=0.0)),
+    ("T=0.8 top-p 0.9", dict(temperature=0.8, top_p=0.9)),
+    ("top-k 20", dict(temperature=1.0, top_k=20)),
+    ("min-p 0.05", dict(temperature=1.0, min_p=0.05)),
+)
+PROMPTS = ("ROMEO:\nBut soft, what light", "KING HENRY:\nOnce more unto the",
+           "HAMLET:\nTo be, or not to be", "First Citizen:\nBefore we proceed")
+
+
+def load_target(args):
+  """``(Transformer, tokenizer or None)``: embedded weights unless
+  ``--random`` or absent."""
+  if not args.random and (EMBEDDED_DIR / "config.json").exists():
+    return load_embedded()
+  config = TransformerConfig(vocab_size=args.vocab, d_model=args.d_model,
+                             num_layers=args.layers, num_heads=args.heads,
+                             num_kv_heads=args.kv_heads,
+                             mlp_dim=args.mlp or 4 * args.d_model,
+                             max_len=args.cache_len, dtype=args.dtype)
+  return Transformer(config, rngs=nnx.Rngs(args.seed)), None
+
+
+def build_loop(model: Transformer, spec: str, args) -> ServeLoop:
+  """A ``ServeLoop`` over ``model`` with the ``--spec`` choice ``spec``."""
+  config = SamplerConfig(implementation=args.implementation)
+  speculation = None
+  if spec == "ngram":
+    speculation = Speculation(NgramDrafter(args.k))
+  elif spec.startswith("layers:"):
+    lm, weights = layer_prefix(model, int(spec.split(":")[1]))
+    speculation = Speculation(ModelDrafter(lm, args.k, config), weights)
+  elif spec.startswith("synthetic:"):
+    rates = [float(r) for r in spec.split(":")[1].split(",")]
+    speculation = Speculation(NgramDrafter(len(rates)), synthetic_rates=rates)
+  elif spec != "none":
+    raise ValueError(f"--spec must be none, ngram, layers:N or synthetic:R,..;"
+                     f" got {spec!r}")
+  return ServeLoop(NnxLM.split(model), slots=args.slots,
+                   cache_len=args.cache_len, config=config,
+                   steps_per_call=args.steps_per_call, speculation=speculation)
+
+
+def make_requests(tokenizer, vocab: int, args) -> list[Request]:
+  """``--requests`` requests cycling through ``SETTINGS`` and ``PROMPTS``."""
+  rs = np.random.default_rng(args.seed)
+  requests = []
+  for i in range(args.requests):
+    if tokenizer is not None:
+      prompt = tokenizer.encode(PROMPTS[i % len(PROMPTS)]).ids
+    else:
+      prompt = rs.integers(0, vocab, args.prompt_len).tolist()
+    requests.append(Request(prompt=prompt[:args.cache_len // 2],
+                            max_tokens=args.max_tokens, seed=i, request_id=i,
+                            **SETTINGS[i % len(SETTINGS)][1]))
+  return requests
+
+
+def _progress(loop: ServeLoop, total: int, seconds: float) -> str:
+  s = loop.stats
+  rate = s["accepted"] / s["drafted"] if s["drafted"] else float("nan")
+  host = 1 - s["device_s"] / s["busy_s"] if s["busy_s"] else 0.0
+  return (f"requests {s['completed']}/{total} | {s['tokens']} tokens | "
+          f"{s['tokens'] / max(seconds, 1e-9):8.1f} tok/s | acceptance "
+          f"{rate:.2f} | host {100 * host:.1f}% of loop time")
+
+
+def serve(loop: ServeLoop, requests: list[Request], arrivals: int,
+          live: bool) -> tuple[dict, float]:
+  """Feeds ``arrivals`` requests per step; returns completions and seconds."""
+  done, queue = {}, list(requests)
+  start = time.perf_counter()
+  while queue or loop.pending:
+    for request in queue[:arrivals]:
+      loop.submit(request)
+    del queue[:arrivals]
+    for event in loop.step():
+      if event.completion is not None:
+        done[event.request_id] = event.completion
+    if live:
+      print("\r" + _progress(loop, len(requests),
+                             time.perf_counter() - start), end="",
+            file=sys.stderr, flush=True)
+  if live:
+    print(file=sys.stderr)
+  return done, time.perf_counter() - start
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+      description=__doc__.splitlines()[0],
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser.add_argument("--requests", type=int, default=32,
+                      help="requests in the stream")
+  parser.add_argument("--arrivals", type=int, default=4,
+                      help="requests submitted per loop step")
+  parser.add_argument("--slots", type=int, default=8, help="decode slots")
+  parser.add_argument("--max-tokens", type=int, default=48,
+                      help="tokens per request")
+  parser.add_argument("--cache-len", type=int, default=256,
+                      help="cached positions per sequence")
+  parser.add_argument("--steps-per-call", type=int, default=1,
+                      help="decode steps per jitted call")
+  parser.add_argument("--spec", nargs="+", default=["none"],
+                      help="none | ngram | layers:N | synthetic:R1,R2,..")
+  parser.add_argument("--k", type=int, default=4,
+                      help="draft tokens per step (ngram, layers)")
+  parser.add_argument("--implementation", default="auto",
+                      choices=["auto", "pallas", "xla"])
+  parser.add_argument("--bench", action="store_true",
+                      help="print a summary line per --spec, no text")
+  parser.add_argument("--show", type=int, default=4,
+                      help="completions to print (not with --bench)")
+  parser.add_argument("--random", action="store_true",
+                      help="random weights instead of the embedded model")
+  parser.add_argument("--vocab", type=int, default=2048,
+                      help="random model: vocabulary")
+  parser.add_argument("--d-model", type=int, default=128,
+                      help="random model: width")
+  parser.add_argument("--layers", type=int, default=4,
+                      help="random model: layers")
+  parser.add_argument("--heads", type=int, default=4,
+                      help="random model: query heads")
+  parser.add_argument("--kv-heads", type=int, default=2,
+                      help="random model: key/value heads")
+  parser.add_argument("--mlp", type=int, default=0,
+                      help="random model: MLP width (0: 4 * d-model)")
+  parser.add_argument("--dtype", default="float32",
+                      choices=["float32", "bfloat16"],
+                      help="random model: weights and activations")
+  parser.add_argument("--prompt-len", type=int, default=16,
+                      help="random model: prompt tokens")
+  parser.add_argument("--seed", type=int, default=0)
+  args = parser.parse_args(argv)
+
+  model, tokenizer = load_target(args)
+  what = "embedded model" if tokenizer is not None else "random weights"
+  print(f"{what}: {model.config} on {jax.devices()[0].device_kind}")
+  requests = make_requests(tokenizer, model.config.vocab_size, args)
+  for spec in args.spec:
+    loop = build_loop(model, spec, args)
+    start = time.perf_counter()
+    loop.warmup()
+    compile_s = time.perf_counter() - start
+    done, seconds = serve(loop, requests, args.arrivals, live=not args.bench)
+    print(f"spec={spec:18s} slots={args.slots} k={args.k} "
+          f"steps/call={args.steps_per_call} warmup {compile_s:.1f} s | "
+          + _progress(loop, len(requests), seconds))
+    if not args.bench:
+      for rid in sorted(done)[:args.show]:
+        choice = done[rid].to_openai(tokenizer)
+        name = SETTINGS[rid % len(SETTINGS)][0]
+        body = choice.get("text", choice["token_ids"])
+        print(f"  [{name}] {body!r} ({choice['finish_reason']}, acceptance "
+              f"{done[rid].acceptance_rate})")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
