@@ -1,0 +1,116 @@
+"""Logprob outputs beside ``sample``: top-n with ranks and the sampled token's
+rank, in vLLM's four modes (``docs/processing.md``).
+
+``mode`` picks the ``[B, V]`` values ``v`` reported:
+
+* ``"raw_logprobs"``: ``log_softmax(x)`` of the model's logits ``x`` (fp32;
+  before any processor, temperature or filter);
+* ``"raw_logits"``: ``x`` in fp32;
+* ``"processed_logprobs"``: ``log q``, the distribution ``sample`` draws from
+  after the processors, temperature and the filters (``reference.log_probs``:
+  -inf outside the kept set; a greedy row's point mass is 0 at its argmax);
+* ``"processed_logits"``: the tempered processed logits ``y`` on the kept set
+  (where ``log q > -inf``), -inf elsewhere.
+
+Raw values of an invalid row (NaN, +inf or no finite logit) are -inf for
+``raw_logprobs`` and the logits as given for ``raw_logits``.  The token's rank
+is vLLM's: ``#{i : v_i >= v_token}`` (1 for the top value; tied tokens share
+the largest rank).  The top-n are ``lax.top_k(v, n)`` (smallest id first
+among equal values), ranks 1..n.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jaxsample import reference, xla_search
+from jaxsample.params import SamplingParams
+from jaxsample.processors import LogitsProcessors, maybe_apply
+from jaxsample.sampling import check_logits
+
+__all__ = ["MAX_TOP", "MODES", "TokenLogprobs", "mode_values",
+           "token_logprobs"]
+
+MODES: tuple[str, ...] = ("raw_logprobs", "raw_logits", "processed_logprobs",
+                          "processed_logits")
+MAX_TOP = 20
+"""The largest ``num_top`` (vLLM's and OpenAI's limit)."""
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TokenLogprobs:
+  """Per row: the sampled token's value ``[B]`` and rank ``[B]`` (int32),
+  and the top ``n`` ids ``[B, n]`` (int32) with their values ``[B, n]``
+  (fp32; rank ``j + 1`` in column ``j``)."""
+
+  token_values: jax.Array
+  token_ranks: jax.Array
+  top_ids: jax.Array
+  top_values: jax.Array
+
+
+def mode_values(logits: jax.Array, params: SamplingParams, mode: str, *,
+                processors: LogitsProcessors | None = None) -> jax.Array:
+  """fp32 ``[B, V]`` values of ``mode`` (module doc) for ``sample(logits,
+  params, ..., processors=processors)``'s rows.
+
+  Raises:
+    ValueError: for a mode not in ``MODES``, or inputs ``sample`` rejects.
+  """
+  if mode not in MODES:
+    raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
+  logits = jnp.asarray(logits)
+  params = check_logits(logits, params)
+  if mode.startswith("raw"):
+    x = logits.astype(jnp.float32)
+    if mode == "raw_logits":
+      return x
+    valid = jnp.isfinite(jnp.max(reference.sanitize(logits), axis=-1,
+                                 keepdims=True))
+    return jnp.where(valid, jax.nn.log_softmax(jnp.where(valid, x, 0.0)),
+                     -jnp.inf)
+  z = maybe_apply(logits, processors)
+  with jax.ensure_compile_time_eval():  # concrete params stay concrete
+    params = params.canonical(z.shape[1])
+  process = xla_search.process if z.shape[0] else reference.process
+  proc = process(z, params)
+  log_q = reference.log_probs(proc, params)
+  if mode == "processed_logprobs":
+    return log_q
+  return jnp.where(log_q > -jnp.inf, proc.y, -jnp.inf)
+
+
+def token_logprobs(logits: jax.Array, params: SamplingParams,
+                   tokens: jax.Array, *, num_top: int = 0,
+                   mode: str = "raw_logprobs",
+                   processors: LogitsProcessors | None = None
+                   ) -> TokenLogprobs:
+  """The logprob outputs of ``tokens`` ``[B]`` sampled from ``logits``
+  ``[B, V]`` (module doc); jit it beside ``sample`` with ``num_top`` and
+  ``mode`` static and the same ``params`` and ``processors``.
+
+  Raises:
+    ValueError: ``num_top`` outside ``[0, min(20, V)]``, a bad mode, or
+      tokens that are not ``[B]``.
+  """
+  logits = jnp.asarray(logits)
+  vocab = logits.shape[-1]
+  if isinstance(num_top, bool) or not isinstance(num_top, int) or not (
+      0 <= num_top <= min(MAX_TOP, vocab)):
+    raise ValueError(f"num_top must be an int in [0, min({MAX_TOP}, V = "
+                     f"{vocab})]; got {num_top!r}")
+  tokens = jnp.asarray(tokens)
+  if tokens.shape != logits.shape[:1]:
+    raise ValueError(f"tokens must be [B] = {logits.shape[:1]}; got shape "
+                     f"{tokens.shape}")
+  values = mode_values(logits, params, mode, processors=processors)
+  token = jnp.clip(tokens.astype(jnp.int32), 0, vocab - 1)
+  token_values = jnp.take_along_axis(values, token[:, None], axis=-1)
+  ranks = jnp.sum(values >= token_values, axis=-1, dtype=jnp.int32)
+  top_values, top_ids = jax.lax.top_k(values, num_top)
+  return TokenLogprobs(token_values[:, 0], ranks, top_ids.astype(jnp.int32),
+                       top_values)
