@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jaxsample import reference, xla_search
 from jaxsample.params import SamplingParams
 from jaxsample.processors import LogitsProcessors, maybe_apply
-from jaxsample.sampling import check_logits
+from jaxsample.dispatch import check_logits
 
 __all__ = ["MAX_TOP", "MODES", "TokenLogprobs", "mode_values",
            "token_logprobs"]
