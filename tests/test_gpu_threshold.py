@@ -247,7 +247,7 @@ def test_masks_match_reference(setting, kind, cap, fp64):
   alone = jax.jit(lambda x: jaxsample.extract_sampling_mask(
       x, params, config=config))(x)
   # sample's mask lists its token (in the last slot when the set overflows).
-  listed = jaxsample.mask.with_token(want, res.tokens, res.valid)
+  listed = jaxsample.sampling_mask.with_token(want, res.tokens, res.valid)
   for got, expect in ((m, listed), (alone, want)):
     for f in ("ids", "count", "truncated", "overflow"):
       np.testing.assert_array_equal(getattr(got, f), getattr(expect, f),

@@ -14,8 +14,10 @@ PACKAGE = ROOT / "jaxsample"
 # The public API: entry points that validate, canonicalize and dispatch.
 PUBLIC_API = {"jaxsample", "jaxsample.sampling", "jaxsample.mask",
               "jaxsample.spec"}
-# Applications built on the public API (nothing in the package imports them).
-APPS = ("jaxsample.bench", "jaxsample.demo")
+# Layers built on the public API (no sampler module imports them): the
+# decode and serving loops, and the applications.
+APPS = ("jaxsample.bench", "jaxsample.demo", "jaxsample.generation",
+        "jaxsample.serve_loop", "jaxsample.serve_demo")
 
 
 def is_app(name: str) -> bool:

@@ -24,7 +24,7 @@ from conftest import (IMPLEMENTATIONS, STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB,
                       assert_binned_chi2_fits, assert_chi2_fits,
                       chi2_critical, chi2_statistic, closing_over,
                       oracle_keep, without_truncation)
-from jaxsample import SamplerConfig, SamplingMask, SamplingParams
+from jaxsample import SamplerConfig, SamplingMask, SamplingParams, sampling_mask
 from jaxsample.mask import MaskOverflowError
 from jaxsample.pallas import sampler, threshold
 from test_reference import KINDS, M_VALUES, P_VALUES, k_values, make_row
@@ -499,8 +499,12 @@ def test_masks_from_kept_sets_equal_the_samplers(cap):
   # measure their sets; min-p alone (5) and the hidden ties (2) are counted
   # by a pass (the counts below would be undefined otherwise).
   np.testing.assert_array_equal(sets.measured, kept)
-  _, want = sample_with_mask(x, params, jax.random.key(0), impl="pallas",
-                             max_candidates=64, max_mask_ids=cap)
+  result, want = sample_with_mask(x, params, jax.random.key(0), impl="pallas",
+                                  max_candidates=64, max_mask_ids=cap)
+  # sample's mask also lists its token (the last slot when a set overflows).
+  got = to_np(sampling_mask.with_token(jax.tree.map(jnp.asarray, got),
+                                       jnp.asarray(result.tokens),
+                                       jnp.asarray(result.valid)))
   assert_masks_equal(got, want, exact_floats=False)
 
 

@@ -219,6 +219,7 @@ def test_kernels_lower_to_triton(monkeypatch):
       params = SamplingParams(temperature, n, temperature, temperature)
       return spec.rejection_sample(
           target, drafts, n, params, key, draft_logits=draft,
+          positions=jnp.zeros((batch,), jnp.int32),
           config=SamplerConfig(implementation="pallas", **config))
 
     args = (S((batch, k + 1, vocab), dtype), S((batch, k), jnp.int32),
