@@ -144,7 +144,10 @@ def test_masks_match_generate(model):
     assert done.sampling_mask == choice["sampling_mask"]
     np.testing.assert_allclose(done.logz, choice["logz"], rtol=1e-5)
     for token, ids in zip(done.token_ids, done.sampling_mask):
-      assert ids is None or len(ids) == 8 or token in ids
+      if isinstance(ids, dict):  # more than max_mask_ids kept: flagged
+        assert ids["overflow"] and ids["count"] > 8 and len(ids["ids"]) == 8
+      else:
+        assert ids is None or token in ids
     assert done.to_openai()["sampling_mask"] == done.sampling_mask
 
 
