@@ -7,7 +7,9 @@ architecture with ``--random`` or when the package has no weights), submits
 top-k 20, min-p 0.05) arriving ``--arrivals`` per step, and shows a live
 line: requests done, tokens/s, draft acceptance and the host's share of the
 loop's time (outside the jitted calls).  ``--spec`` turns on speculative
-decoding: ``ngram`` (prompt lookup), ``layers:N`` (the model's first ``N``
+decoding: ``ngram`` (prompt lookup), ``draft`` (the packaged draft model,
+``jaxsample.models.load_draft``: 2 layers, d_model 64, trained on the same
+corpus with the same tokenizer), ``layers:N`` (the model's first ``N``
 layers as the draft model) or ``synthetic:R1,R2,..`` (per-position
 acceptance rates, n-gram drafts: the cost profile at a chosen acceptance).
 ``--bench`` prints one summary line per ``--spec`` value instead of text.
@@ -27,7 +29,7 @@ from jaxsample.generation.drafters import ModelDrafter, NgramDrafter, layer_pref
 from jaxsample.generation.lm import NnxLM
 from jaxsample.generation.serving import Request, ServeLoop, Speculation
 from jaxsample.models import (EMBEDDED_DIR, Transformer, TransformerConfig,
-                              load_embedded)
+                              load_draft, load_embedded)
 from jaxsample.params import SamplerConfig
 
 __all__ = ["SETTINGS", "build_loop", "load_target", "main", "make_requests",
@@ -62,14 +64,16 @@ def build_loop(model: Transformer, spec: str, args) -> ServeLoop:
   speculation = None
   if spec == "ngram":
     speculation = Speculation(NgramDrafter(args.k))
-  elif spec.startswith("layers:"):
-    lm, weights = layer_prefix(model, int(spec.split(":")[1]))
+  elif spec == "draft" or spec.startswith("layers:"):
+    lm, weights = (NnxLM.split(load_draft()) if spec == "draft" else
+                   layer_prefix(model, int(spec.split(":")[1])))
     speculation = Speculation(ModelDrafter(lm, args.k, config), weights)
   elif spec.startswith("synthetic:"):
     rates = [float(r) for r in spec.split(":")[1].split(",")]
     speculation = Speculation(NgramDrafter(len(rates)), synthetic_rates=rates)
   elif spec != "none":
-    raise ValueError(f"--spec must be none, ngram, layers:N or synthetic:R,..;"
+    raise ValueError(f"--spec must be none, ngram, draft, layers:N or "
+                     f"synthetic:R,..;"
                      f" got {spec!r}")
   return ServeLoop(NnxLM.split(model), slots=args.slots,
                    cache_len=args.cache_len, config=config,
@@ -137,7 +141,7 @@ def main(argv=None) -> int:
   parser.add_argument("--steps-per-call", type=int, default=1,
                       help="decode steps per jitted call")
   parser.add_argument("--spec", nargs="+", default=["none"],
-                      help="none | ngram | layers:N | synthetic:R1,R2,..")
+                      help="none | ngram | draft | layers:N | synthetic:R1,R2,..")
   parser.add_argument("--k", type=int, default=4,
                       help="draft tokens per step (ngram, layers)")
   parser.add_argument("--implementation", default="auto",

@@ -9,7 +9,8 @@ from flax import nnx
 import jaxsample as js
 from jaxsample import serve_loop
 from jaxsample.models import (KVCache, Transformer, TransformerConfig,
-                              load_embedded, load_model, save_model)
+                              load_draft, load_embedded, load_model,
+                              save_model)
 
 TINY = TransformerConfig(vocab_size=50, d_model=32, num_layers=2, num_heads=4,
                          num_kv_heads=2, mlp_dim=48, max_len=32)
@@ -63,3 +64,21 @@ def test_embedded_model_speaks_shakespeare():
       max_new_tokens=12)
   choice = out.to_openai(tokenizer)[0]
   assert len(choice["token_ids"]) == 12 and choice["text"].strip()
+
+
+def test_packaged_draft_model_predicts_the_target():
+  """The draft model shares the target's ids and, on held-out text (Julius
+  Caesar is held out of training), picks the target's greedy next token at
+  a rate far above chance: what makes it useful for speculative decoding."""
+  target, tokenizer = load_embedded()
+  draft = load_draft()
+  assert draft.config.vocab_size == target.config.vocab_size
+  assert draft.config.num_layers < target.config.num_layers
+  text = ("BRUTUS.\nFriends, Romans, countrymen, lend me your ears;\nI come to "
+          "bury Caesar, not to praise him.\nThe evil that men do lives after "
+          "them,\nThe good is oft interred with their bones.\n")
+  ids = jnp.asarray(tokenizer.encode(text).ids)[None]
+  positions = jnp.arange(ids.shape[1])[None]
+  agree = jnp.mean(jnp.argmax(target(ids, positions)[0], -1) ==
+                   jnp.argmax(draft(ids, positions)[0], -1))
+  assert float(agree) > 0.3, float(agree)  # chance: about 1 / 2048

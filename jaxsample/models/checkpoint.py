@@ -23,10 +23,14 @@ from flax import nnx
 
 from jaxsample.models.transformer import Transformer, TransformerConfig
 
-__all__ = ["EMBEDDED_DIR", "load_embedded", "load_model", "load_tokenizer",
-           "save_model"]
+__all__ = ["DRAFT_DIR", "EMBEDDED_DIR", "load_draft", "load_embedded",
+           "load_model", "load_tokenizer", "save_model"]
 
 EMBEDDED_DIR = pathlib.Path(__file__).parent / "data" / "shakespeare"
+# A smaller model trained on the same corpus with the embedded tokenizer
+# (``scripts/train_model.py --tokenizer``): the draft model of speculative
+# decoding.  Its ``training.json`` has the command and held-out loss.
+DRAFT_DIR = pathlib.Path(__file__).parent / "data" / "shakespeare-draft"
 
 
 def _param_name(path) -> str:
@@ -87,3 +91,8 @@ def load_embedded(*, dtype: str | None = None
                   ) -> tuple[Transformer, tokenizers.Tokenizer]:
   """The packaged Shakespeare model and its tokenizer."""
   return load_model(EMBEDDED_DIR, dtype=dtype), load_tokenizer(EMBEDDED_DIR)
+
+
+def load_draft(*, dtype: str | None = None) -> Transformer:
+  """The packaged draft model (it shares the embedded model's tokenizer)."""
+  return load_model(DRAFT_DIR, dtype=dtype)
