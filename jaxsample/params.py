@@ -58,7 +58,7 @@ import numpy as np
 from jaxsample import rng
 
 __all__ = ["IMPLEMENTATIONS", "MIN_TEMPERATURE", "SamplerConfig",
-           "SamplingParams", "as_config"]
+           "SamplingParams", "as_config", "check_setting"]
 
 Implementation = Literal["auto", "pallas", "xla_search", "xla"]
 IMPLEMENTATIONS: tuple[str, ...] = ("auto", "pallas", "xla_search", "xla")
@@ -229,7 +229,7 @@ class SamplingParams:
                                ("min_p", min_p, np.float32)):
       values = _per_request(name, value, batch_size)
       for request, v in enumerate(values):
-        _check_value(name, request, v)
+        check_setting(name, request, v)
       if name == "top_k":  # Any integer is valid; outside int32 it means off.
         values = [int(v) if abs(int(v)) < 2**31 else 0 for v in values]
       fields[name] = jnp.asarray(np.asarray(values, dtype=dtype).reshape(
@@ -278,7 +278,10 @@ def _per_request(name: str, value, batch_size: int) -> list:
   return values
 
 
-def _check_value(name: str, request: int, v) -> None:
+def check_setting(name: str, request, v) -> None:
+  """Raises ``ValueError`` naming ``request`` and the field unless ``v`` is a
+  valid ``name`` (temperature, top_k, top_p or min_p): ``SamplingParams.make``'s
+  rules, for callers that validate one request's settings (a serving loop)."""
   where = f"request {request}: {name}={v!r}"
   if name == "top_k":
     if isinstance(v, (bool, np.bool_)) or not float(v).is_integer():

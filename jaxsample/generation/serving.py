@@ -37,10 +37,9 @@ import numpy as np
 from jaxsample.generation.generate import FINISH_REASONS, bucket
 from jaxsample.generation.lm import LanguageModel, as_language_model
 from jaxsample.generation.spec_step import SpecState, spec_step, write_history
-from jaxsample.generation.step import DecodeState, decode_step, emit
+from jaxsample.generation.step import DecodeState, decode_step, prefill
 from jaxsample.mask import SamplingMask
-from jaxsample.params import SamplerConfig, SamplingParams
-from jaxsample.params import _check_value as check_param  # SamplingParams.make's rules
+from jaxsample.params import SamplerConfig, SamplingParams, check_setting
 
 __all__ = ["Completion", "Request", "ServeLoop", "Speculation", "StreamEvent"]
 
@@ -172,28 +171,15 @@ def _scatter_rows(full, rows, slot_ids):
                       full, rows)
 
 
-def _fresh_decode(lm: LanguageModel, weights, cache_len, tokens, lengths,
-                  params, keys, stop_ids, budgets):
-  """Prefilled ``DecodeState`` rows and their last-position logits."""
-  width = tokens.shape[1]
-  positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32),
-                               tokens.shape)
-  cache = lm.init_cache(weights, tokens.shape[0], cache_len)
-  logits, cache = lm.apply(weights, tokens, positions, cache)
-  last = lengths - 1
-  state = DecodeState(
-      tokens=jnp.take_along_axis(tokens, last[:, None], axis=1)[:, 0],
-      positions=last, keys=keys, params=params, finished=budgets <= 0,
-      stop_tokens=stop_ids, remaining=budgets, cache=cache)
-  return state, jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(7,))
 def _admit(lm, drafter, config, return_mask, cache_len, weights, draft_weights,
            state, slot_ids, tokens, lengths, params, keys, stop_ids, budgets):
-  fresh, logits = _fresh_decode(lm, weights, cache_len, tokens, lengths,
-                                params, keys, stop_ids, budgets)
-  fresh, out = emit(fresh, logits, config=config, return_mask=return_mask)
+  prompts = DecodeState(
+      tokens=tokens, positions=lengths - 1, keys=keys, params=params,
+      finished=budgets <= 0, stop_tokens=stop_ids, remaining=budgets,
+      cache=lm.init_cache(weights, tokens.shape[0], cache_len))
+  fresh, out = prefill(lm, weights, prompts, config=config,
+                       return_mask=return_mask)
   if drafter is not None:
     history = jnp.zeros((tokens.shape[0], cache_len), jnp.int32)
     history = write_history(history, tokens, jnp.zeros_like(lengths), lengths)
@@ -342,7 +328,7 @@ class ServeLoop:
       raise ValueError(f"seed must be an int in [0, 2^32); got {seed!r}")
     rid = request.request_id
     for name in ("temperature", "top_k", "top_p", "min_p"):
-      check_param(name, "new" if rid is None else rid, getattr(request, name))
+      check_setting(name, "new" if rid is None else rid, getattr(request, name))
     if request.return_masks and not self.return_masks:
       raise ValueError("return_masks needs a ServeLoop built with "
                        "return_masks=True")
