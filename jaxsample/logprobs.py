@@ -31,8 +31,8 @@ from jaxsample.params import SamplingParams
 from jaxsample.processors import LogitsProcessors, maybe_apply
 from jaxsample.dispatch import check_logits
 
-__all__ = ["MAX_TOP", "MODES", "TokenLogprobs", "mode_values",
-           "token_logprobs"]
+__all__ = ["MAX_TOP", "MODES", "TokenLogprobs", "check_num_top",
+           "mode_values", "token_logprobs", "top_logprobs"]
 
 MODES: tuple[str, ...] = ("raw_logprobs", "raw_logits", "processed_logprobs",
                           "processed_logits")
@@ -84,33 +84,56 @@ def mode_values(logits: jax.Array, params: SamplingParams, mode: str, *,
   return jnp.where(log_q > -jnp.inf, proc.y, -jnp.inf)
 
 
-def token_logprobs(logits: jax.Array, params: SamplingParams,
-                   tokens: jax.Array, *, num_top: int = 0,
-                   mode: str = "raw_logprobs",
-                   processors: LogitsProcessors | None = None
-                   ) -> TokenLogprobs:
-  """The logprob outputs of ``tokens`` ``[B]`` sampled from ``logits``
-  ``[B, V]`` (module doc); jit it beside ``sample`` with ``num_top`` and
-  ``mode`` static and the same ``params`` and ``processors``.
+def check_num_top(num_top, vocab_size: int) -> int:
+  """``num_top`` if it is an int in ``[0, min(20, V)]``.
 
   Raises:
-    ValueError: ``num_top`` outside ``[0, min(20, V)]``, a bad mode, or
-      tokens that are not ``[B]``.
+    ValueError: naming ``num_top`` and its range otherwise.
   """
-  logits = jnp.asarray(logits)
-  vocab = logits.shape[-1]
   if isinstance(num_top, bool) or not isinstance(num_top, int) or not (
-      0 <= num_top <= min(MAX_TOP, vocab)):
+      0 <= num_top <= min(MAX_TOP, vocab_size)):
     raise ValueError(f"num_top must be an int in [0, min({MAX_TOP}, V = "
-                     f"{vocab})]; got {num_top!r}")
+                     f"{vocab_size})]; got {num_top!r}")
+  return num_top
+
+
+def top_logprobs(values: jax.Array, tokens: jax.Array, num_top: int
+                 ) -> TokenLogprobs:
+  """The token's value and rank and the top ``num_top`` of ``values``
+  ``[B, V]`` (``mode_values``; module doc: ranks and ties).
+
+  Raises:
+    ValueError: ``num_top`` outside ``[0, min(20, V)]`` or tokens that are
+      not ``[B]``.
+  """
+  vocab = values.shape[-1]
+  check_num_top(num_top, vocab)
   tokens = jnp.asarray(tokens)
-  if tokens.shape != logits.shape[:1]:
-    raise ValueError(f"tokens must be [B] = {logits.shape[:1]}; got shape "
+  if tokens.shape != values.shape[:1]:
+    raise ValueError(f"tokens must be [B] = {values.shape[:1]}; got shape "
                      f"{tokens.shape}")
-  values = mode_values(logits, params, mode, processors=processors)
   token = jnp.clip(tokens.astype(jnp.int32), 0, vocab - 1)
   token_values = jnp.take_along_axis(values, token[:, None], axis=-1)
   ranks = jnp.sum(values >= token_values, axis=-1, dtype=jnp.int32)
   top_values, top_ids = jax.lax.top_k(values, num_top)
   return TokenLogprobs(token_values[:, 0], ranks, top_ids.astype(jnp.int32),
                        top_values)
+
+
+def token_logprobs(logits: jax.Array, params: SamplingParams,
+                   tokens: jax.Array, *, num_top: int = 0,
+                   mode: str = "raw_logprobs",
+                   processors: LogitsProcessors | None = None
+                   ) -> TokenLogprobs:
+  """The logprob outputs of ``tokens`` ``[B]`` sampled from ``logits``
+  ``[B, V]`` (module doc): ``top_logprobs(mode_values(...), tokens,
+  num_top)``; jit it beside ``sample`` with ``num_top`` and ``mode`` static
+  and the same ``params`` and ``processors``.
+
+  Raises:
+    ValueError: ``num_top`` outside ``[0, min(20, V)]``, a bad mode, or
+      tokens that are not ``[B]``.
+  """
+  check_num_top(num_top, jnp.shape(logits)[-1])
+  values = mode_values(logits, params, mode, processors=processors)
+  return top_logprobs(values, tokens, num_top)
