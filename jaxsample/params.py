@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsample import rng
+from jaxsample.pallas.tuning import Tuning
 
 __all__ = ["IMPLEMENTATIONS", "MIN_TEMPERATURE", "SamplerConfig",
            "SamplingParams", "as_config", "check_setting"]
@@ -310,10 +311,9 @@ class SamplerConfig:
       ``"xla_search"`` (XLA without a sort: ``jaxsample.xla_search``) or
       ``"xla"`` (the sort-based reference, ``jaxsample.reference``); see
       ``docs/backends.md``.
-    block_size: vocab elements per kernel block (power of 2); None: heuristic.
-    num_splits: vocab splits per row (programs per row); None: heuristic.
-    num_warps: Triton warps per program; None: heuristic.
-    num_stages: Triton pipelining stages; None: heuristic.
+    tuning: launch configs of the Pallas kernels that override the device's
+      (``jaxsample.pallas.tuning``: a kernel left None takes the measured
+      entry of the device, else the heuristic); None: none overridden.
     max_mask_ids: ``K_cap``, the static width of ``SamplingMask.ids`` (kept
       ids listed per row; see ``jaxsample.mask``), >= 1.
     max_candidates: candidate buffer per row of the truncated-sampling
@@ -324,12 +324,19 @@ class SamplerConfig:
   rng: str = "philox"
   use_fp64_gumbel: bool = False
   implementation: str = "auto"
-  block_size: int | None = None
-  num_splits: int | None = None
-  num_warps: int | None = None
-  num_stages: int | None = None
+  tuning: Tuning | None = None
   max_mask_ids: int = 1024
   max_candidates: int = 1024
+
+  def __new__(cls, *args, **kwargs):
+    moved = sorted(set(kwargs) & set(_MOVED_KNOBS))
+    if moved:
+      raise ValueError(
+          f"SamplerConfig no longer takes {', '.join(moved)}: launch knobs "
+          "are per kernel now, e.g. SamplerConfig(tuning=Tuning(gumbel="
+          "RaceLaunch(num_warps=4, num_splits=2))) (jaxsample.pallas.tuning; "
+          f"{_MOVED_KNOBS[moved[0]]})")
+    return super().__new__(cls)
 
   def __post_init__(self):
     if self.rng not in rng.GENERATORS:
@@ -337,18 +344,27 @@ class SamplerConfig:
     if self.implementation not in IMPLEMENTATIONS:
       raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}; got "
                        f"{self.implementation!r}")
-    for name in ("block_size", "max_candidates"):
-      value = getattr(self, name)
-      if value is not None and (value < 16 or value & (value - 1)):
-        raise ValueError(f"{name} must be a power of 2 >= 16; got {value}")
-    for name in ("num_splits", "num_warps", "num_stages"):
-      value = getattr(self, name)
-      if value is not None and value < 1:
-        raise ValueError(f"{name} must be >= 1; got {value}")
+    if self.max_candidates < 16 or self.max_candidates & (
+        self.max_candidates - 1):
+      raise ValueError(f"max_candidates must be a power of 2 >= 16; got "
+                       f"{self.max_candidates}")
+    if self.tuning is not None and not isinstance(self.tuning, Tuning):
+      raise ValueError(f"tuning must be a jaxsample.pallas.tuning.Tuning or "
+                       f"None; got {self.tuning!r}")
     if isinstance(self.max_mask_ids, bool) or not isinstance(
         self.max_mask_ids, (int, np.integer)) or self.max_mask_ids < 1:
       raise ValueError(f"max_mask_ids must be an int >= 1; got "
                        f"{self.max_mask_ids!r}")
+
+
+_MOVED_KNOBS = {
+    "block_size": "the passes' loads: StatsLaunch, CompactLaunch, PivotLaunch, "
+                  "SpecStatsLaunch; threefry races: RaceLaunch",
+    "num_splits": "RaceLaunch, StatsLaunch, CompactLaunch, SpecStatsLaunch",
+    "num_warps": "every *Launch config has num_warps",
+    "num_stages": "every *Launch config has num_stages"}
+"""The global launch knobs ``SamplerConfig`` used to take, and where each
+went."""
 
 
 def as_config(config: SamplerConfig | str | None) -> SamplerConfig:

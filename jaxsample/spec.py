@@ -240,8 +240,8 @@ def rejection_sample(target_logits: jax.Array,
       reference with the kept sets found without a sort
       (``xla_search.process``), "auto" the kernels on GPU and
       "xla_search" elsewhere.
-      ``block_size`` / ``num_splits`` / ``num_warps`` / ``num_stages`` shape
-      both kernel passes (``jaxsample.pallas.spec``).
+      ``config.tuning``'s ``spec_stats`` and ``spec_emit`` launch the two
+      kernel passes (``jaxsample.pallas.tuning``).
     return_mask: static; also return the ``SamplingMask`` of every slot
       (module doc, Outputs; ``[k + 1, B, ...]``, ``config.max_mask_ids``
       wide): target row ``i``'s mask for the emitted slots ``i <=

@@ -1,11 +1,12 @@
 """SASS of a kernel, for instruction counts (GPU machine only).
 
-    PYTHONPATH=. python3 scripts/kernel_sass.py OUT_DIR [KERNEL] [B] [V] [KNOB=int ...]
+    PYTHONPATH=. python3 scripts/kernel_sass.py OUT_DIR [KERNEL] [B] [V] [kernel.field=int ...]
 
 Captures the Triton IR that Pallas lowers KERNEL to (``gumbel``, the default:
 ``jaxsample_gumbel_max``; ``compact``: the windowed compact pass of
 ``threshold.collect_candidates``; ``stats``: the truncation's stats pass)
-for B x V fp32 logits at the default plan,
+for B x V fp32 logits at the device's tuning (``jaxsample.pallas.tuning``),
+with the given knobs set (e.g. ``compact.num_warps=8``),
 compiles it with the installed ``triton`` for sm_90 (with the warps of the
 kernel's launch plan) and writes
 ``KERNEL.ttir``, ``.ptx``, ``.cubin`` and ``.sass`` (nvdisasm or cuobjdump)
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 from jax._src.pallas.triton import lowering, pallas_call_registration
 
 from jaxsample import SamplerConfig, SamplingParams, rng
-from jaxsample.pallas import common, gumbel, threshold
+from jaxsample.pallas import common, gumbel, threshold, tuning
 
 parser = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,18 +35,14 @@ parser.add_argument("out", help="output folder")
 parser.add_argument("kernel", nargs="?", default="gumbel", choices=("gumbel", "compact", "stats"))
 parser.add_argument("batch", nargs="?", type=int, default=128)
 parser.add_argument("vocab", nargs="?", type=int, default=151936)
-parser.add_argument("knobs", nargs="*", metavar="KNOB=int",
-                    help="threshold module knobs, e.g. _COMPACT_WARPS=8")
+parser.add_argument("knobs", nargs="*", metavar="kernel.field=int",
+                    help="tuning knobs, e.g. compact.num_warps=8")
 cli = parser.parse_args()
 out, name, B, V = cli.out, cli.kernel, cli.batch, cli.vocab
-for setting in cli.knobs:  # threshold module knobs, e.g. _COMPACT_WARPS=8
-  knob, value = setting.split("=")
-  # every stage module that binds the knob (imports copy the value)
-  stages = [m for n, m in sys.modules.items()
-            if n.startswith(threshold.__name__ + ".") and knob in vars(m)]
-  assert stages, f"no threshold stage defines {knob}"
-  for stage in stages:
-    setattr(stage, knob, int(value))
+override = tuning.overriding({k: int(v) for k, v in (
+    setting.split("=") for setting in cli.knobs)})
+config = SamplerConfig(tuning=override)
+tuned = tuning.resolve(override)
 
 captured = []
 WARPS = []  # num_warps of the captured kernel
@@ -65,20 +62,20 @@ def f(x, t):
   rows = jnp.zeros((B,), jnp.float32)
   if name == "stats":
     params = SamplingParams(t, rows.astype(jnp.int32), rows + 0.9, rows)
-    plan = threshold.base.pass_plan(B, V, x.dtype, SamplerConfig())
+    plan = threshold.base.pass_plan(B, V, tuned.stats, tuned.occupancy)
     WARPS.append(plan.num_warps)
     return threshold.stats._stats_pass(
         x, params, plan, threshold.base.segment_size(V, plan.chunk), 1024)
   if name == "compact":
-    WARPS.append(threshold.candidates._COMPACT_WARPS)
+    WARPS.append(tuned.compact.num_warps)
     return threshold.collect_candidates(
         x, SamplingParams(t, rows.astype(jnp.int32), rows + 1, rows),
-        rows > -1, rows, rows, rows, None, SamplerConfig(),
+        rows > -1, rows, rows, rows, None, config,
         upper=rows + 1, capacity=8192)
-  WARPS.append(common.make_plan(B, V, x.dtype, SamplerConfig(),
-                                generator="philox").num_warps)
+  WARPS.append(common.race_plan(B, V, tuned.gumbel, tuned.occupancy,
+                                generator="philox", fp64=False).num_warps)
   streams = rng.RowStreams(*(jnp.zeros((B,), jnp.uint32),) * 4)
-  return gumbel.gumbel_partials(x, t, streams, SamplerConfig())
+  return gumbel.gumbel_partials(x, t, streams, config)
 
 
 jax.jit(f).lower(jax.ShapeDtypeStruct((B, V), jnp.float32),

@@ -21,7 +21,7 @@ from jax.experimental.pallas import triton as plgpu
 
 import jaxsample as js
 from jaxsample import bench, rng, rowwise
-from jaxsample.pallas import common, gumbel
+from jaxsample.pallas import common, gumbel, tuning
 
 
 def _special(register: str, like):
@@ -63,9 +63,10 @@ def summarize(start, end, sm):
 
 def main(out, batch, warps=None, splits=None):
   vocab = 151936
-  cfg = js.SamplerConfig(implementation="pallas", num_warps=warps,
-                         num_splits=splits)
-  plan = common.make_plan(batch, vocab, jnp.float32, cfg, generator="philox")
+  tuned = tuning.resolve(tuning.Tuning(gumbel=tuning.RaceLaunch(
+      num_warps=warps, num_splits=splits)))
+  plan = common.race_plan(batch, vocab, tuned.gumbel, tuned.occupancy,
+                          generator="philox", fp64=False)
   params = js.SamplingParams.make(batch, temperature=0.7)
   streams, _ = rng.row_streams(jax.random.key(1), None, batch, vocab)
   shape = (batch, plan.num_splits)

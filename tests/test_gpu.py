@@ -237,7 +237,7 @@ def test_tile_skip_counts_on_gpu(gen):
   on randn rows, and with 4 splits of 4-warp programs few tiles race on
   peaked rows (the skip path runs on the device)."""
   from jaxsample import SamplerConfig, rng
-  from jaxsample.pallas import common, gumbel
+  from jaxsample.pallas import common, gumbel, tuning
   batch, vocab = 128, 151936
   params = SamplingParams.make(batch, temperature=0.7)
   streams, _ = rng.row_streams(jax.random.key(0), None, batch, vocab)
@@ -245,8 +245,12 @@ def test_tile_skip_counts_on_gpu(gen):
       np.random.default_rng(1).standard_normal((batch, vocab)) * 2, jnp.float32)
   peaked, _ = llm_like_case(batch, vocab, jnp.float32, seed=2)
   for warps in (None, 4):  # the default plan (1 warp for philox), 4 warps
-    config = SamplerConfig(implementation="pallas", rng=gen, num_warps=warps)
-    plan = common.make_plan(batch, vocab, jnp.float32, config, generator=gen)
+    config = SamplerConfig(implementation="pallas", rng=gen,
+                           tuning=tuning.Tuning(gumbel=tuning.RaceLaunch(
+                               num_warps=warps)))
+    tuned = tuning.resolve(config.tuning)
+    plan = common.race_plan(batch, vocab, tuned.gumbel, tuned.occupancy,
+                            generator=gen, fp64=False)
     with gumbel.options(tile_skip=True):
       fn = jax.jit(lambda x, config=config: gumbel.gumbel_partials(
           x, params.temperature, streams, config).raced_tiles)

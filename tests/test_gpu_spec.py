@@ -17,6 +17,7 @@ import pytest
 
 from conftest import oracle_keep, sort_operands
 from jaxsample import SamplerConfig, SamplingParams, spec
+from jaxsample.pallas.tuning import RaceLaunch, SpecStatsLaunch, Tuning
 from test_mask import assert_masks_equal, tempered
 from test_spec import assert_same, keys, logits, run
 from test_spec_kernels import edge_case_batch
@@ -168,7 +169,9 @@ def test_plan_overrides_match_reference():
   want = run(*args, impl="xla", **kw)
   for plan in (dict(num_splits=1), dict(num_splits=7, block_size=1024),
                dict(num_warps=8, block_size=8192)):
-    assert_same(run(*args, impl="pallas", **plan, **kw), want)
+    tuning = Tuning(spec_stats=SpecStatsLaunch(**plan),
+                    spec_emit=RaceLaunch(**plan))
+    assert_same(run(*args, impl="pallas", tuning=tuning, **kw), want)
 
 
 @pytest.mark.parametrize("with_draft", [True, False], ids=["draft", "one_hot"])

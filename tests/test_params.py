@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from jaxsample import SamplerConfig, SamplingParams
+from jaxsample.pallas.tuning import RaceLaunch, Tuning
 
 # ---------------------------------------------------------------------------
 # SamplingParams.make validation.
@@ -274,14 +275,13 @@ def test_sampler_config_defaults():
   assert c.rng == "philox"
   assert c.implementation == "auto"
   assert c.use_fp64_gumbel is False
-  assert c.block_size is None
+  assert c.tuning is None
 
 
 @pytest.mark.parametrize("kw", [
     dict(rng="mt19937"), dict(rng="Philox"), dict(implementation="cuda"),
-    dict(implementation="triton"), dict(block_size=100), dict(block_size=8),
-    dict(block_size=0), dict(block_size=-16), dict(block_size=48),
-    dict(num_splits=0), dict(num_warps=0), dict(num_stages=-1)])
+    dict(implementation="triton"), dict(max_candidates=100),
+    dict(max_candidates=8), dict(tuning="fast")])
 def test_sampler_config_rejects_bad_values(kw):
   with pytest.raises(ValueError, match=next(iter(kw))):
     SamplerConfig(**kw)
@@ -291,8 +291,8 @@ def test_sampler_config_rejects_bad_values(kw):
     dict(rng="threefry"), dict(rng="philox"), dict(implementation="xla"),
     dict(implementation="xla_search"),
     dict(implementation="pallas"), dict(implementation="auto"),
-    dict(block_size=16), dict(block_size=1024), dict(num_splits=1),
-    dict(num_warps=4, num_stages=2), dict(use_fp64_gumbel=True)])
+    dict(max_candidates=16), dict(use_fp64_gumbel=True),
+    dict(tuning=Tuning(gumbel=RaceLaunch(num_warps=4, num_stages=2)))])
 def test_sampler_config_accepts_good_values(kw):
   c = SamplerConfig(**kw)
   for name, value in kw.items():
@@ -300,10 +300,11 @@ def test_sampler_config_accepts_good_values(kw):
 
 
 def test_sampler_config_hashable_and_frozen():
-  a = SamplerConfig(rng="threefry", block_size=64)
-  b = SamplerConfig(rng="threefry", block_size=64)
+  a = SamplerConfig(rng="threefry", tuning=Tuning(gumbel=RaceLaunch(block_size=64)))
+  b = SamplerConfig(rng="threefry", tuning=Tuning(gumbel=RaceLaunch(block_size=64)))
   assert a == b and hash(a) == hash(b)
-  assert a != SamplerConfig(rng="threefry", block_size=128)
+  assert a != SamplerConfig(rng="threefry",
+                            tuning=Tuning(gumbel=RaceLaunch(block_size=128)))
   assert len({a, b, SamplerConfig()}) == 2
   with pytest.raises(Exception):
     a.rng = "philox"

@@ -22,8 +22,14 @@ import jaxsample
 from conftest import (GENERATORS, IMPLEMENTATIONS, assert_chi2_fits, make_params,
                       oracle_keep, outside_conds, run_sample)
 from jaxsample import SamplerConfig, SamplingParams
+from jaxsample.pallas.tuning import RaceLaunch, Tuning
 
 B, V = 5, 4096  # the shared workhorse shape
+
+
+def race(**launch) -> Tuning:
+  """A tuning override of the Gumbel race's launch (``tuning.RaceLaunch``)."""
+  return Tuning(gumbel=RaceLaunch(**launch))
 
 
 def random_logits(seed, batch, vocab, scale=2.0, dtype=jnp.float32):
@@ -177,7 +183,8 @@ def test_kernel_plan_overrides_keep_parity(gen, overrides):
   temps[1] = 0.0
   params = SamplingParams.make(B, temperature=temps)
   key = jax.random.key(99)
-  a = run_sample(x, params, key, impl="pallas", rng=gen, **overrides)
+  a = run_sample(x, params, key, impl="pallas", rng=gen,
+                 tuning=race(**overrides))
   b = run_sample(x, params, key, impl="xla", rng=gen)
   assert_same_result(a, b)
 
@@ -231,7 +238,7 @@ def test_kernel_counts_finite_entries():
   x[3, 500:] = -np.inf  # a greedy row
   temperature = jnp.asarray([1.0, 0.7, 1.0, 0.0])
   streams, _ = jaxsample.rng.row_streams(jax.random.key(47), None, *x.shape)
-  config = SamplerConfig(implementation="pallas", num_splits=3)
+  config = SamplerConfig(implementation="pallas", tuning=race(num_splits=3))
   partials = jax.jit(lambda x: gumbel.gumbel_partials(
       x, temperature, streams, config, count_finite=True))(jnp.asarray(x))
   assert partials.kept.shape == (4, 3)  # three splits
@@ -249,7 +256,7 @@ def test_kernel_excludes_one_id(skip):
   x = np.array(x)
   temperature = params.canonical(x.shape[1]).temperature
   streams, _ = jaxsample.rng.row_streams(jax.random.key(53), None, *x.shape)
-  config = SamplerConfig(implementation="pallas", num_splits=3)
+  config = SamplerConfig(implementation="pallas", tuning=race(num_splits=3))
   run = lambda x, exclude: jax.tree.map(np.asarray, jax.jit(
       lambda x: gumbel.combine_partials(gumbel.gumbel_partials(
           x, temperature, streams, config, exclude=exclude)))(jnp.asarray(x)))
@@ -287,13 +294,13 @@ def test_tile_skip_keeps_tokens(gen, num_splits):
   bit."""
   x, params = llm_like_rows(31 + num_splits)
   key = jax.random.key(31)
-  a = run_sample_skip(x, params, key, rng=gen, num_splits=num_splits)
+  a = run_sample_skip(x, params, key, rng=gen, tuning=race(num_splits=num_splits))
   b = run_sample(x, params, key, impl="xla", rng=gen)
   assert_same_result(a, b)
   assert a.valid.all()
   assert a.tokens[0] == 5 and a.tokens[3] == 5 and a.logprobs[3] == 0.0
   config = SamplerConfig(implementation="pallas", rng=gen,
-                         num_splits=num_splits)
+                         tuning=race(num_splits=num_splits))
   p = run_partials(x, params, key, config)
   tile = 2048 if gen == "philox" else 1024
   n_tiles = SKIP_V // tile
@@ -315,12 +322,12 @@ def test_tile_skip_never_on_flat_rows(gen):
   x = random_logits(32, 3, SKIP_V, scale=2.0)
   params = SamplingParams.make(3, temperature=0.7)
   key = jax.random.key(32)
-  config = SamplerConfig(implementation="pallas", rng=gen, num_splits=1)
+  config = SamplerConfig(implementation="pallas", rng=gen, tuning=race(num_splits=1))
   tile = 2048 if gen == "philox" else 1024
   for skip in (True, False):  # counted by the kernel / all tiles (default)
     p = run_partials(x, params, key, config, skip=skip)
     np.testing.assert_array_equal(p.raced_tiles.sum(axis=1), SKIP_V // tile)
-  a = run_sample_skip(x, params, key, rng=gen, num_splits=1)
+  a = run_sample_skip(x, params, key, rng=gen, tuning=race(num_splits=1))
   assert_same_result(a, run_sample(x, params, key, impl="xla", rng=gen))
 
 
@@ -363,8 +370,8 @@ def test_exact_race_tie_takes_smallest_id(gen):
     ref = run_sample(xs, params, key, impl="xla", rng=gen)
     assert ref.tokens[0] == a
     for splits, warps in [(1, None), (2, None), (4, None), (1, 1)]:
-      got = run_sample_skip(xs, params, key, rng=gen, num_splits=splits,
-                            num_warps=warps)
+      got = run_sample_skip(xs, params, key, rng=gen,
+                            tuning=race(num_splits=splits, num_warps=warps))
       assert got.tokens[0] == a, (splits, warps, got.tokens)
       np.testing.assert_allclose(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5)
 
@@ -373,7 +380,8 @@ def test_exact_race_tie_takes_smallest_id(gen):
 def test_tile_skip_fp64(gen):
   x, params = llm_like_rows(34)
   key = jax.random.key(34)
-  a = run_sample_skip(x, params, key, fp64=True, rng=gen, num_splits=2)
+  a = run_sample_skip(x, params, key, fp64=True, rng=gen,
+                      tuning=race(num_splits=2))
   b = run_sample(x, params, key, impl="xla", rng=gen, fp64=True)
   assert_same_result(a, b)
 
@@ -388,7 +396,8 @@ def test_tile_skip_with_invalid_rows(gen):
   x[2, :] = -np.inf
   x[5, 9000] = np.inf
   key = jax.random.key(35)
-  a = run_sample_skip(jnp.asarray(x), params, key, rng=gen, num_splits=3)
+  a = run_sample_skip(jnp.asarray(x), params, key, rng=gen,
+                      tuning=race(num_splits=3))
   b = run_sample(jnp.asarray(x), params, key, impl="xla", rng=gen)
   assert_same_result(a, b)
   np.testing.assert_array_equal(a.valid, [False, True, False, True, True, False])
@@ -628,7 +637,8 @@ def test_fp64_jit_inside_enable_x64_equals_eager(impl, gen, fp64_case, fp64_eage
 # 32-bit word >= 0xFFFFFF80, i.e. u64 within 2^-25 of 1 and a Gumbel value of
 # ~20; found by scanning the documented stream layout (rng module docstring).
 EXTREME_FP64_DRAWS = [("philox", 28889, 898, 2048, {}),
-                      ("threefry", 2223, 3663, 4096, dict(num_splits=1))]
+                      ("threefry", 2223, 3663, 4096,
+                       dict(tuning=race(num_splits=1)))]
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)

@@ -17,6 +17,7 @@ import pytest
 from conftest import outside_conds, sort_operands
 from jaxsample import SamplerConfig, SamplingParams, spec
 from jaxsample.pallas import gumbel
+from jaxsample.pallas.tuning import RaceLaunch, SpecStatsLaunch, Tuning
 from test_spec import B, K, V, assert_same, keys, logits, run
 
 # Triton kernels of ``threshold.kept_sets``: stats, bound; compact, pack
@@ -125,7 +126,9 @@ def test_kernel_vocab_splits_match_the_reference(gen, vocab, splits):
   """Several splits and loop steps per row in both passes (64-element loads;
   philox tiles are 2048 wide, so V = 4100 gives its race three splits)."""
   args, kw = edge_case_batch(50, 34, 2, vocab, with_draft=True)
-  both(*args, gen=gen, block_size=64, num_splits=splits, **kw)
+  both(*args, gen=gen, tuning=Tuning(
+      spec_stats=SpecStatsLaunch(block_size=64, num_splits=splits),
+      spec_emit=RaceLaunch(block_size=64, num_splits=splits)), **kw)
 
 
 def test_kernel_tile_skip_matches_the_reference():

@@ -19,6 +19,7 @@ from conftest import oracle_keep, run_sample, sort_operands
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, reference, rng
 from jaxsample.pallas import common, gumbel, threshold
+from jaxsample.pallas.tuning import PivotLaunch, Tuning
 from test_reference import KINDS, M_VALUES, oracle_grid
 
 
@@ -596,7 +597,8 @@ def test_pivot_threshold_matches_oracle(vocab):
   ks = np.int32([1, 2, vocab // 3, vocab - 1, vocab, 7, 1][:batch])
   ps = np.float32([0.9, 0.5, 1e-6, 0.999999, 0.3, 0.9, 0.7][:batch])
   params = SamplingParams.make(batch, top_k=ks, top_p=ps).canonical(vocab)
-  config = SamplerConfig(block_size=16 if vocab < 100 else None)
+  config = SamplerConfig(tuning=Tuning(pivot=PivotLaunch(block_size=16))
+                         if vocab < 100 else None)
   search = jax.jit(lambda y, lower, by_count: threshold.pivot_threshold(
       y, params, jnp.ones((batch,), bool), jnp.asarray(floor),
       jnp.asarray(row_max), config, by_count=by_count, lower=lower),

@@ -2,8 +2,8 @@
 
 * ``pivot``: the pivot search (``threshold.pivot_threshold``, the fallback of
   large kept sets) on randn rows, every row active and idle, by count (top-k
-  ``V / 2``) and by mass (top-p 0.9): every pass runs.  ``--warps`` passes
-  ``SamplerConfig.num_warps``.
+  ``V / 2``) and by mass (top-p 0.9): every pass runs.  ``--warps`` sets
+  the pivot's ``tuning.PivotLaunch.num_warps``.
 * ``sort``: XLA's orderings of ``[B, N]`` (value, id) pairs, as the mask
   listing sorts them (``--vocab`` is ``N``): values on a coarse grid (ties),
   ids in vocab order, each op checked against a numpy oracle (value
@@ -27,14 +27,14 @@ from jax import lax
 from jaxsample.bench import cases as cases_lib
 from jaxsample.bench.runner import Group, Suite
 from jaxsample.bench.suites import grid_cases
-from jaxsample.pallas import common, threshold
+from jaxsample.pallas import common, threshold, tuning
 from jaxsample.params import SamplerConfig, SamplingParams
 
 __all__ = ["PIVOT", "SORT"]
 
 
 def _pivot_options(parser):
-  parser.add_argument("--warps", default="0", help="SamplerConfig.num_warps; 0: the default")
+  parser.add_argument("--warps", default="0", help="the pivot search's num_warps; 0: the device's")
 
 
 def _build_pivot(args, case) -> Group:
@@ -46,7 +46,8 @@ def _build_pivot(args, case) -> Group:
   for warps, by_count, rows in itertools.product(
       [int(w) for w in args.warps.split(",")], (True, False), ("active", "idle")):
     active = jnp.full((case.batch,), rows == "active")
-    config = SamplerConfig(num_warps=warps or None)
+    config = SamplerConfig(tuning=tuning.overriding({"pivot.num_warps": warps})
+                           if warps else None)
     fn = jax.jit(functools.partial(threshold.pivot_threshold, params=params, active=active,
                                    floor=floor, row_max=row_max, config=config,
                                    by_count=by_count))

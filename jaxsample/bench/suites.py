@@ -21,6 +21,7 @@ import jaxsample as js
 from jaxsample import spec
 from jaxsample.bench import cases as cases_lib
 from jaxsample.bench.runner import Group, Suite
+from jaxsample.pallas import tuning
 
 __all__ = ["SUITES", "SpecCase", "breakdown", "grid_cases", "sample_ops"]
 
@@ -236,36 +237,55 @@ FP64 = Suite(
 
 
 # ---------------------------------------------------------------------------
-# sweep: the Gumbel kernel's launch plans, passed as SamplerConfig fields.
+# sweep: launch configs (jaxsample.pallas.tuning), passed as SamplerConfig.tuning.
 # ---------------------------------------------------------------------------
 
 
 def _sweep_options(parser):
-  parser.add_argument("--splits", default="", help="SamplerConfig.num_splits values")
-  parser.add_argument("--warps", default="", help="SamplerConfig.num_warps values")
-  parser.add_argument("--block-sizes", default="", help="SamplerConfig.block_size values")
+  parser.add_argument("--splits", default="", help="the Gumbel race's num_splits values")
+  parser.add_argument("--warps", default="", help="the Gumbel race's num_warps values")
+  parser.add_argument("--block-sizes", default="",
+                      help="the Gumbel race's block_size values (threefry)")
+  parser.add_argument("--knobs", default="",
+                      help="';'-separated sets of ','-separated kernel.field=int knobs of "
+                           "jaxsample.pallas.tuning, e.g. 'stats.block_size=1024,"
+                           "stats.chunks_per_step=2;compact.num_warps=8'")
+
+
+_RACE_FIELDS = {"splits": "num_splits", "warps": "num_warps", "block": "block_size"}
+
+
+def _sweep_tunings(args) -> dict[str, tuning.Tuning]:
+  """The swept configs by name: the Gumbel race's plans, then the knob sets."""
+  found = {}
+  for splits, warps, block in itertools.product(
+      _ints(args.splits) or [None], _ints(args.warps) or [None],
+      _ints(args.block_sizes) or [None]):
+    knobs = {k: v for k, v in (("splits", splits), ("warps", warps), ("block", block))
+             if v is not None}
+    if knobs:
+      found[" ".join(f"{k}={v}" for k, v in knobs.items())] = tuning.overriding(
+          {f"gumbel.{_RACE_FIELDS[k]}": v for k, v in knobs.items()})
+  for knob_set in filter(None, args.knobs.split(";")):
+    knobs = dict(item.split("=") for item in knob_set.split(","))
+    found[knob_set] = tuning.overriding({k: int(v) for k, v in knobs.items()})
+  return found
 
 
 def _build_sweep(args, case) -> Group:
   params = case.params()
-  plans = itertools.product(_ints(args.splits) or [None], _ints(args.warps) or [None],
-                            _ints(args.block_sizes) or [None])
   ops = {"jaxsample default plan": _sampler(params, static=True,
                                             implementation=args.implementation)}
-  for splits, warps, block in plans:
-    if (splits, warps, block) == (None, None, None):
-      continue
-    name = " ".join(f"{k}={v}" for k, v in (("splits", splits), ("warps", warps),
-                                            ("block", block)) if v is not None)
+  for name, tuned in _sweep_tunings(args).items():
     ops[f"jaxsample {name}"] = _sampler(params, static=True, implementation=args.implementation,
-                                        num_splits=splits, num_warps=warps, block_size=block)
+                                        tuning=tuned)
   extra = _same_tokens(ops, ops, "jaxsample default plan", case.logits())
   return _group(args, case, ops, extra=extra)
 
 
 SWEEP = Suite(
     name="sweep",
-    help="the Gumbel kernel's launch plans (num_splits, num_warps, block_size) as configs",
+    help="launch configs (the Gumbel race's plans; any kernel's knobs) as SamplerConfig.tuning",
     defaults=dict(batch="1,32,128,512", dists="randn,llm"),
     add_options=_sweep_options, cases=grid_cases, build=_build_sweep)
 

@@ -21,19 +21,18 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxsample import reference, rng
-from jaxsample.params import SamplerConfig
+from jaxsample.pallas import tuning
 
 __all__ = ["argmax_finish", "argmax_update", "below_floor", "Chunk",
            "chunk_loop", "excluding_loader", "floored_loader", "gpu_div",
            "gpu_exp2_approx", "gpu_mulhilo", "gpu_mulhilo_pair",
            "join_fp64_words", "KernelMath", "KernelPlan", "key_value",
-           "logit_floor", "make_plan", "Noise", "order_key", "row_chunk_loader",
+           "logit_floor", "make_plan", "Noise", "order_key", "race_plan",
+           "row_chunk_loader",
            "split_argmax", "split_fp64_words", "split_sumexp", "STREAM_DTYPES",
            "table_row", "Tile", "tile_loop"]
 
 warnings.filterwarnings("ignore", message=".*Pallas Triton backend is deprecated.*")
-
-_SM_COUNT_DEFAULT = 132  # H100 / H200; only shapes the split heuristic.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,69 +75,47 @@ class KernelPlan:
                                 num_stages=self.num_stages)
 
 
-def make_plan(batch: int, vocab: int, dtype, config: SamplerConfig, *,
-              generator: str | None) -> KernelPlan:
-  """Heuristic plan on (B, V, dtype), each field overridable by ``config``.
-
-  Splits aim at ``_PROGRAMS_PER_SM`` programs per SM so small batches still
-  fill the GPU.  Philox plans load 4 elements per thread per chunk
-  (``128 * num_warps`` lanes, ``lane_groups`` steps per tile) and use 1-warp
-  programs from ``_ONE_WARP_BATCH`` rows on with FP32 noise: no block
-  reductions, so no barriers, in the loop (Gumbel kernel on an H100, B = 128:
-  41.7 us against 44.4 with 4 warps; B = 512: 120.3 against 132.2; but B = 1:
-  7.1 against 5.3, and FP64 noise at B = 128: 135 against 87,
-  ``benchmarks/results/2026-11-24-one-warp``).  Other plans: 4 warps.
-  ``generator=None`` plans a kernel that draws no noise.
-  """
-  del dtype  # fp32 and bf16 tune alike: the kernels are compute-bound.
-  if generator == "philox":
-    one_warp = batch >= _ONE_WARP_BATCH and not config.use_fp64_gumbel
-    num_warps = config.num_warps or (1 if one_warp else 4)
-    chunk = min(rng.PHILOX_LANES, 128 * num_warps)
-    tile = rng.PHILOX_TILE
-    lane_groups = rng.PHILOX_LANES // chunk
-  else:
-    num_warps = config.num_warps or 4
-    chunk = config.block_size or 1024
-    tile = chunk
-    lane_groups = 1
+def make_plan(batch: int, vocab: int, *, chunk: int, tile: int,
+              num_warps: int, num_splits: int | None, num_stages: int,
+              occupancy: tuning.Occupancy, lane_groups: int = 1) -> KernelPlan:
+  """The plan of ``tile``-wide steps over ``[B, V]``: ``num_splits`` programs
+  per row (None: ``occupancy.splits``), at most one per tile, none starting
+  past ``V``."""
   n_tiles = -(-vocab // tile)
-  splits = min(config.num_splits or _default_splits(batch, n_tiles, num_warps),
+  splits = min(num_splits or occupancy.splits(batch, n_tiles, num_warps),
                n_tiles)
   steps = -(-n_tiles // splits)
   splits = -(-n_tiles // steps)  # No split starts past V.
   return KernelPlan(chunk=chunk, tile=tile, num_splits=splits, steps=steps,
-                    num_warps=num_warps, num_stages=config.num_stages or 1,
+                    num_warps=num_warps, num_stages=num_stages,
                     interpret=jax.default_backend() != "gpu",
                     lane_groups=lane_groups)
 
 
-def _default_splits(rows: int, n_tiles: int, num_warps: int) -> int:
-  """Splits per row: ``_PROGRAMS_PER_SM`` programs per SM, rounded up; for
-  1-warp programs, away from just over ``_ONE_WARP_RESIDENT`` per SM."""
-  target = _PROGRAMS_PER_SM[min(num_warps, 4)] * _SM_COUNT_DEFAULT
-  splits = max(1, min(n_tiles, -(-target // max(rows, 1))))
-  per_sm = lambda s: rows * s / _SM_COUNT_DEFAULT
-  if num_warps == 1 and (_ONE_WARP_RESIDENT < per_sm(splits)
-                         <= 1.5 * _ONE_WARP_RESIDENT):
-    # One split fewer if that still leaves most of a full wave, else one
-    # more (1152 rows: 1 split, 8.7 programs per SM, took 354.1 us).
-    fewer = per_sm(splits - 1) >= 0.75 * _ONE_WARP_RESIDENT
-    splits = splits - 1 if fewer else splits + 1
-  return splits
+def race_plan(batch: int, vocab: int, launch: tuning.RaceLaunch,
+              occupancy: tuning.Occupancy, *, generator: str,
+              fp64: bool) -> KernelPlan:
+  """The plan of a Gumbel race (``tuning.RaceLaunch``).
 
-
-_ONE_WARP_BATCH = 32
-_PROGRAMS_PER_SM = {1: 15, 2: 6, 4: 3}
-"""Programs per SM the splits aim at, by warps per program (H100 sweeps,
-``scripts/sweep_gumbel.py --warps``): 1-warp programs, 2 tiles each at B = 32
-(38 splits) up to 19 at B = 512 (4 splits)."""
-_ONE_WARP_RESIDENT = 16
-"""1-warp programs per SM past which a launch runs a short second wave: the
-Gumbel kernel on 640 rows (speculative decoding, B = 128, k = 4) took 181.5 us
-with 4 splits (19.4 programs per SM) and 162.6 with 3 (14.5); on 1152 rows
-309.5 with 2 splits (17.5 per SM), 273.0 with 3 (26.2) and 271.3 with 4 (H100,
-``benchmarks/results/2026-11-24-one-hot-pass``)."""
+  Philox plans load 4 elements per thread per chunk (``128 * num_warps``
+  lanes, ``lane_groups`` steps per tile) and by default use 1-warp programs
+  from ``launch.one_warp_batch`` rows on with FP32 noise: no block
+  reductions, so no barriers, in the loop (Gumbel kernel on an H100, B = 128:
+  41.7 us against 44.4 with 4 warps; B = 512: 120.3 against 132.2; but B = 1:
+  7.1 against 5.3, and FP64 noise at B = 128: 135 against 87,
+  ``benchmarks/results/2026-11-24-one-warp``).  Other plans: 4 warps,
+  ``launch.block_size`` per load.
+  """
+  lanes = generator == "philox"
+  num_warps = launch.warps(batch, fp64=fp64, lanes=lanes)
+  if lanes:
+    chunk, tile = min(rng.PHILOX_LANES, 128 * num_warps), rng.PHILOX_TILE
+  else:
+    chunk = tile = launch.block_size
+  return make_plan(batch, vocab, chunk=chunk, tile=tile, num_warps=num_warps,
+                   num_splits=launch.num_splits, num_stages=launch.num_stages,
+                   occupancy=occupancy,
+                   lane_groups=rng.PHILOX_LANES // chunk if lanes else 1)
 
 
 # ---------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jaxsample import reference, rng, rowwise
-from jaxsample.pallas import common
+from jaxsample.pallas import common, tuning
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.reference import SampleResult
 
@@ -394,8 +394,9 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
   """
   batch, vocab = logits.shape
   fp64 = config.use_fp64_gumbel
-  plan = common.make_plan(batch, vocab, logits.dtype, config,
-                          generator=config.rng)
+  tuned = tuning.resolve(config.tuning)
+  plan = common.race_plan(batch, vocab, tuned.gumbel, tuned.occupancy,
+                          generator=config.rng, fp64=fp64)
   shape = (batch, plan.num_splits)
   floored = floor is not None
   if floored and count_finite:

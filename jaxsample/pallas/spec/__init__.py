@@ -69,7 +69,7 @@ agree to ~1e-6.
 
 from __future__ import annotations
 
-from jaxsample.pallas.spec.stats import (STATS_BLOCK, SlotStats, combine_stats,
+from jaxsample.pallas.spec.stats import (SlotStats, combine_stats,
                                          log_probs_at, stats_partials,
                                          stats_plan)
 from jaxsample.pallas.spec.emit import (EmitRequest, GREEDY, RACE, RESIDUAL,
@@ -77,7 +77,6 @@ from jaxsample.pallas.spec.emit import (EmitRequest, GREEDY, RACE, RESIDUAL,
 from jaxsample.pallas.spec.reject import KeptFloors, kept_floors, reject
 
 __all__ = [
-    "STATS_BLOCK",
     "SlotStats",
     "stats_plan",
     "stats_partials",

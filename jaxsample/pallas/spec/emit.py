@@ -13,7 +13,7 @@ from jax.experimental import pallas as pl
 
 from jaxsample import rng, rowwise
 from jaxsample import spec_reference as spec_ref
-from jaxsample.pallas import common, gumbel
+from jaxsample.pallas import common, gumbel, tuning
 from jaxsample.pallas.spec.stats import kernel_switch
 from jaxsample.params import SamplerConfig
 
@@ -178,8 +178,9 @@ def emit_partials(target2d, draft2d, temperature, req: EmitRequest,
   batch = temperature.shape[0]
   vocab = target2d.shape[1]
   fp64 = config.use_fp64_gumbel
-  plan = common.make_plan(batch, vocab, target2d.dtype, config,
-                          generator=config.rng)
+  tuned = tuning.resolve(config.tuning)
+  plan = common.race_plan(batch, vocab, tuned.spec_emit, tuned.occupancy,
+                          generator=config.rng, fp64=fp64)
   shape = (batch, plan.num_splits)
   race_type = jax.ShapeDtypeStruct(shape, jnp.uint32 if fp64 else jnp.float32)
   i32 = jax.ShapeDtypeStruct(shape, jnp.int32)

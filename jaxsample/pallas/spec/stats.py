@@ -11,15 +11,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jaxsample import reference
-from jaxsample.pallas import common, threshold
+from jaxsample.pallas import common, threshold, tuning
 from jaxsample.params import SamplerConfig
 
 __all__ = ["combine_stats", "kernel_switch", "log_probs_at", "SlotStats",
-           "STATS_BLOCK", "stats_partials", "stats_plan"]
-
-STATS_BLOCK = 4096
-"""Default elements per load of pass 1 (``SamplerConfig.block_size`` overrides)."""
-
+           "stats_partials", "stats_plan"]
 
 # ---------------------------------------------------------------------------
 # Row reductions shared by both passes.
@@ -108,14 +104,18 @@ def kernel_switch(index, branches):
     pl.when(index == j)(branch)
 
 
-def stats_plan(rows: int, vocab: int, dtype, config: SamplerConfig):
-  """Launch plan of pass 1: ``STATS_BLOCK``-element loads (fewer for a small
-  vocabulary), no noise."""
-  block = config.block_size or min(STATS_BLOCK,
-                                   max(16, 1 << (vocab - 1).bit_length()))
-  return common.make_plan(rows, vocab, dtype,
-                          dataclasses.replace(config, block_size=block),
-                          generator=None)
+def stats_plan(rows: int, vocab: int, config: SamplerConfig):
+  """Launch plan of pass 1 (``tuning.SpecStatsLaunch``): loads of
+  ``block_size`` elements, at most the vocabulary rounded up to a power of
+  2, and no noise."""
+  tuned = tuning.resolve(config.tuning)
+  launch = tuned.spec_stats
+  block = min(launch.block_size, max(16, 1 << (vocab - 1).bit_length()))
+  return common.make_plan(rows, vocab, chunk=block, tile=block,
+                          num_warps=launch.num_warps,
+                          num_splits=launch.num_splits,
+                          num_stages=launch.num_stages,
+                          occupancy=tuned.occupancy)
 
 
 def stats_partials(target, draft, temperature, n, config: SamplerConfig,
@@ -129,7 +129,7 @@ def stats_partials(target, draft, temperature, n, config: SamplerConfig,
   batch, k1, vocab = target.shape
   k = k1 - 1
   rows = 2 * batch * k
-  plan = stats_plan(rows, vocab, target.dtype, config)
+  plan = stats_plan(rows, vocab, config)
   shape = (rows, plan.num_splits)
   kernel = functools.partial(_stats_kernel, plan=plan, k=k, batch=batch,
                              vocab=vocab, floored=kept is not None)

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxsample import rowwise
-from jaxsample.pallas import common
-from jaxsample.params import SamplerConfig, SamplingParams
+from jaxsample.pallas import common, tuning
+from jaxsample.params import SamplingParams
 
 __all__ = ["FILTER_SLACK", "LOG2E", "ONE_BITS", "pack_param_table", "pass_plan",
            "pow2_ceil", "row_params", "SAMPLE_STRIDE", "sanitize",
@@ -21,34 +21,28 @@ LOG2E = 1.4426950408889634
 FILTER_SLACK = 2.0**-21
 _SEGMENTS_PER_ROW = 2048  # segment maxima per row (about), before padding
 _MIN_SEGMENT = 16
-# Chunk, chunks per step and warps of the two passes over the row (config's
-# block_size and num_warps override; on an H100, 4 x 512 with 4 warps beat
-# 1 x 1024, 2 x 1024 and 4 x 1024 with 8 warps: scripts/profile_truncation.py).
-_PASS_BLOCK = 512
-_PASS_WARPS = 4
 
 
-_PASS_TILE = 4  # chunks per loop step (loads run one step ahead)
-
-
-def pass_plan(batch, vocab, dtype, config: SamplerConfig, *,
-              block: int | None = None, per_tile: int | None = None,
-              warps: int | None = None) -> common.KernelPlan:
-  """The plan of the passes over the row (default ``_PASS_*``).  Interpret
-  mode (CPU) walks one chunk per step: the tile only schedules the loads
-  (the results do not depend on it beyond fp32 summation order), and
-  interpreting it would quadruple the compiled loop body."""
-  block, per_tile = block or _PASS_BLOCK, per_tile or _PASS_TILE
-  # A chunk holds whole groups of the sample's stride.
-  plan = common.make_plan(batch, vocab, dtype, dataclasses.replace(
-      config, block_size=max(config.block_size or block, SAMPLE_STRIDE),
-      num_warps=config.num_warps or warps or _PASS_WARPS), generator=None)
-  if per_tile == 1 or plan.interpret:
+def pass_plan(batch: int, vocab: int, launch: tuning.PassLaunch |
+              tuning.PivotLaunch,
+              occupancy: tuning.Occupancy) -> common.KernelPlan:
+  """The plan of a pass over the row (``tuning.PassLaunch``).  A chunk holds
+  whole groups of the sample's stride.  Interpret mode (CPU) walks one chunk per step: the tile only
+  schedules the loads (the results do not depend on it beyond fp32
+  summation order), and interpreting it would multiply the compiled loop
+  body."""
+  chunk = max(launch.block_size, SAMPLE_STRIDE)
+  plan = common.make_plan(
+      batch, vocab, chunk=chunk, tile=chunk, num_warps=launch.num_warps,
+      num_splits=launch.num_splits,
+      num_stages=launch.num_stages, occupancy=occupancy)
+  per_step = launch.chunks_per_step
+  if per_step == 1 or plan.interpret:
     return plan
-  tiles = -(-vocab // (plan.chunk * per_tile))
+  tiles = -(-vocab // (plan.chunk * per_step))
   splits = min(plan.num_splits, tiles)
   steps = -(-tiles // splits)
-  return dataclasses.replace(plan, tile=plan.chunk * per_tile,
+  return dataclasses.replace(plan, tile=plan.chunk * per_step,
                              num_splits=-(-tiles // steps), steps=steps)
 
 

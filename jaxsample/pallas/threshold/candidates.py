@@ -12,7 +12,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxsample import rng, rowwise
-from jaxsample.pallas import common
+from jaxsample.pallas import common, tuning
 from jaxsample.pallas.threshold.base import (FILTER_SLACK, LOG2E,
                                              pack_param_table, pass_plan,
                                              pow2_ceil, row_params, sanitize,
@@ -20,17 +20,6 @@ from jaxsample.pallas.threshold.base import (FILTER_SLACK, LOG2E,
 from jaxsample.params import SamplerConfig, SamplingParams
 
 __all__ = ["Candidates", "collect_candidates", "Listing", "Segments"]
-
-# The pack kernel: 8 warps at least (4.6 -> 3.9 us at B = 128 on an H100),
-# 16 for window buffers.
-_PACK_WARPS = 8
-# The compact pass's chunk, chunks per step and warps: on an H100, 1 x 1024
-# beat 4 x 512, 2 x 1024 and 1 x 2048 with 4 or 8 warps (69.0 against 74.0,
-# 96.6, 77.5 and 80.2 us for a window pass at B = 128; 5.9 against 6.7 us for
-# top-k 50 + top-p 0.9; benchmarks/results/2026-11-24-idle-skips).
-_COMPACT_BLOCK = 1024
-_COMPACT_TILE = 1
-_COMPACT_WARPS = 4
 
 
 # ---------------------------------------------------------------------------
@@ -267,8 +256,8 @@ def collect_candidates(logits, params: SamplingParams | jax.Array, active,
   capacity = capacity or config.max_candidates
   windowed = upper is not None
   upper_inputs = (upper,) if windowed else ()
-  plan = pass_plan(batch, vocab, logits.dtype, config, block=_COMPACT_BLOCK,
-                   per_tile=_COMPACT_TILE, warps=_COMPACT_WARPS)
+  tuned = tuning.resolve(config.tuning)
+  plan = pass_plan(batch, vocab, tuned.compact, tuned.occupancy)
   shape = (batch, plan.num_splits)
   if listing is not None and (segments is not None or plan.chunk >= _LISTED):
     raise ValueError("a listing needs whole rows and chunks below 2^16")
@@ -301,7 +290,8 @@ def collect_candidates(logits, params: SamplingParams | jax.Array, active,
   above, outs = outs[:2 * windowed], outs[2 * windowed:]
   pack = functools.partial(_pack, param_table=param_table, t1=t1,
                            row_max=row_max, splits=plan.num_splits,
-                           generator=config.rng, interpret=plan.interpret)
+                           generator=config.rng, launch=tuned.pack,
+                           interpret=plan.interpret)
   candidates = pack(
       active, lower_bound, x, ids, count, outside, capacity=capacity,
       streams=streams, window=upper_inputs and (upper, *above),
@@ -314,8 +304,8 @@ def collect_candidates(logits, params: SamplingParams | jax.Array, active,
 
 
 def _pack(active, lower, x, ids, count, outside, *, param_table, t1, row_max,
-          splits: int, capacity: int, generator: str, interpret: bool,
-          offset: int = 0, streams: rng.RowStreams | None = None, window=(),
+          splits: int, capacity: int, generator: str,
+          launch: tuning.PackLaunch, interpret: bool, offset: int = 0, streams: rng.RowStreams | None = None, window=(),
           gather=()) -> Candidates:
   """``Candidates`` of the compact pass's split buffers, ``capacity`` slots
   from ``offset`` (``_pack_kernel``; ``window``: ``(U, above count, above
@@ -339,8 +329,7 @@ def _pack(active, lower, x, ids, count, outside, *, param_table, t1, row_max,
               jax.ShapeDtypeStruct((batch, pow2_ceil(splits)), jnp.int32)],
           grid=(batch,),
           compiler_params=plgpu.CompilerParams(
-              num_warps=min(16, max(_PACK_WARPS, capacity // 256)),
-              num_stages=1),
+              num_warps=launch.warps(capacity), num_stages=launch.num_stages),
           interpret=interpret, name="jaxsample_pack_candidates")(
               param_table, active.astype(jnp.int32), lower, t1, row_max,
               *([rowwise.pack_rows(jax.tree.leaves(streams), batch)] if raced

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -10,7 +9,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxsample.pallas import common
+from jaxsample.pallas import common, tuning
 from jaxsample.pallas.threshold.base import (LOG2E, pack_param_table, pass_plan,
                                              row_params)
 from jaxsample.pallas.threshold.search import bit_length
@@ -27,7 +26,6 @@ _PIVOT_BITS = 4  # key bits each pass resolves
 _PIVOTS = 1 << _PIVOT_BITS  # pivots per pass
 _PIVOT_PASSES = 32 // _PIVOT_BITS  # passes that resolve any uint32 key range
 _SMALLEST_FINITE_KEY = 0x00800000  # order_key(-FLT_MAX)
-_PIVOT_WARPS = 8  # one program walks the whole row (4, 16 and 32: slower)
 
 
 def _pivot_kernel(param_ref, active_ref, floor_ref, lower_ref,
@@ -163,10 +161,8 @@ def pivot_threshold(logits, params: SamplingParams, active, floor, row_max,
   ``v``).  Inactive rows: ``max(floor, lower)`` (or ``row_max`` below it).
   """
   batch, vocab = logits.shape
-  plan = pass_plan(batch, vocab, logits.dtype, config)
-  plan = dataclasses.replace(plan, num_splits=1,
-                             steps=-(-vocab // plan.tile),
-                             num_warps=config.num_warps or _PIVOT_WARPS)
+  tuned = tuning.resolve(config.tuning)
+  plan = pass_plan(batch, vocab, tuned.pivot, tuned.occupancy)
   kernel = functools.partial(_pivot_kernel, plan=plan, vocab=vocab,
                              by_count=by_count)
   lower = floor if lower is None else lower

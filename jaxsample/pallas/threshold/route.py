@@ -8,12 +8,12 @@ import jax
 import jax.numpy as jnp
 
 from jaxsample import reference, rng, rowwise
-from jaxsample.pallas import gumbel
+from jaxsample.pallas import gumbel, tuning
 from jaxsample.pallas.threshold.base import SAMPLE_STRIDE
 from jaxsample.pallas.threshold.stats import StatsPartials, row_bounds
 from jaxsample.pallas.threshold.select import select_threshold
 from jaxsample.pallas.threshold.window import (TOP_K_WINDOW_BUFFERS,
-                                               WINDOW_BUFFERS, WINDOW_WARPS,
+                                               WINDOW_BUFFERS,
                                                threshold_window, window_half)
 from jaxsample.pallas.threshold.candidates import (Candidates, Listing,
                                                    Segments, collect_candidates)
@@ -119,7 +119,8 @@ def sample_truncated(logits, params: SamplingParams,
       bound=False, interpret=interpret, ids=candidates.ids,
       race=candidates.race,
       scan=candidates.count,  # rows that overflow the buffer are not ranked
-      order_width=min(order_width, capacity), active=stats.narrow)
+      order_width=min(order_width, capacity), active=stats.narrow,
+      launch=tuning.resolve(config.tuning).select)
   log_kept = reference.holding_token(jnp.log(kept_mass), token_y - safe_max)
   logprob = (token_y - safe_max) - log_kept
   # Exact iff every kept element and every top-k survivor is a candidate
@@ -280,7 +281,8 @@ def _combine_sets(order_width: int, trunc: Truncation, left,
 
 
 def _place_window(params: SamplingParams, trunc: Truncation, rows, floor,
-                  capacity: int, *, by_count: bool, **listing):
+                  capacity: int, launch: tuning.WindowLaunch, *,
+                  by_count: bool, **listing):
   """``(search, lower, upper, *list_lower)``: the params of a window search
   (``by_count``: top-p off; else top-k off) and the window
   ``threshold_window`` places for ``rows``, from their sample (``listing``:
@@ -291,12 +293,12 @@ def _place_window(params: SamplingParams, trunc: Truncation, rows, floor,
   return search, *threshold_window(
       trunc.sample, _safe(trunc.row_max), floor, search, trunc.mass, capacity,
       rows, by_count=by_count, interpret=jax.default_backend() != "gpu",
-      **listing)
+      launch=launch, **listing)
 
 
 def _window_threshold(window: Candidates, search: SamplingParams, rows, floor,
-                      lower, upper, row_max, capacity: int, *,
-                      by_count: bool):
+                      lower, upper, row_max, capacity: int,
+                      launch: tuning.WindowLaunch, *, by_count: bool):
   """``(threshold, kept mass, kept count, held)`` of a collected window
   (``_window_search``)."""
   total = window.above_mass + window.outside_mass + window.inside_mass
@@ -309,7 +311,7 @@ def _window_threshold(window: Candidates, search: SamplingParams, rows, floor,
   threshold, window_count, window_mass, _ = select_threshold(
       window.y, _safe(row_max), floor, search, total, bound=True,
       interpret=jax.default_backend() != "gpu", above=window.above_mass,
-      bits=32, num_warps=WINDOW_WARPS, active=rows, window=(lower, upper))
+      bits=32, launch=launch, active=rows, window=(lower, upper))
   return (threshold, window.above_mass + window_mass,
           window.above_count + window_count,
           (window.count <= capacity) & reached & (threshold >= lower))
@@ -349,8 +351,9 @@ def _window_search(logits, params: SamplingParams, trunc: Truncation,
       TOP_K_WINDOW_BUFFERS if by_count else WINDOW_BUFFERS)
   list_capacity = 0 if lists is None else _listing_capacity(list_width,
                                                             config)
+  launch = tuning.resolve(config.tuning).window
   search, lower, upper, *list_lower = _place_window(
-      params, trunc, rows, floor, capacity, by_count=by_count,
+      params, trunc, rows, floor, capacity, launch, by_count=by_count,
       **({} if lists is None else dict(list_rows=lists, list_width=list_width,
                                        list_capacity=list_capacity)))
   listing = list_lower and Listing(lists, list_lower[0], list_capacity)
@@ -359,7 +362,8 @@ def _window_search(logits, params: SamplingParams, trunc: Truncation,
                              capacity=capacity, listing=listing or None)
   window, listed = found if listing else (found, None)
   return (*_window_threshold(window, search, rows, floor, lower, upper,
-                             trunc.row_max, capacity, by_count=by_count),
+                             trunc.row_max, capacity, launch,
+                             by_count=by_count),
           _Listed(listing, listed) if listing else None)
 
 
@@ -552,7 +556,8 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
     last, _, _, held = _window_threshold(
         window, top_width, listed.listing.rows, trunc.t1, lower,
         jnp.full_like(lower, jnp.inf), trunc.row_max,
-        listed.listing.capacity, by_count=True)
+        listed.listing.capacity, tuning.resolve(config.tuning).window,
+        by_count=True)
     ids = jnp.take_along_axis(window.ids, reference.top_ids(
         window.y, jnp.maximum(last, threshold), width), axis=-1)
     listed_rows = rows & listed.listing.rows & held

@@ -10,15 +10,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxsample.pallas import tuning
 from jaxsample.pallas.threshold.base import (pack_param_table, pow2_ceil,
                                              row_params)
 from jaxsample.pallas.threshold.search import BOUND_KEY_BITS, kept_bound
 from jaxsample.params import SamplingParams
 
 __all__ = ["select_threshold"]
-
-_SELECT_WARPS = 4  # the final select
-
 
 # Values ``y_j`` (scalars) compared per loop step of the ranking (the next
 # step's are loaded while this one is compared).
@@ -170,7 +168,7 @@ def select_threshold(y, row_max, t1, params: SamplingParams | jax.Array,
                      bound: bool, interpret: bool, ids=None, race=None,
                      scan=None, order_width: int = 0, above=None,
                      bits: int = BOUND_KEY_BITS,
-                     num_warps: int | None = None, active=None,
+                     launch: tuning.Launch | None = None, active=None,
                      window=None):
   """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded), no sort,
   under ``params`` (or their ``pack_param_table``).
@@ -200,8 +198,10 @@ def select_threshold(y, row_max, t1, params: SamplingParams | jax.Array,
   ``active`` ``[B]``: the rows to select (default all); the outputs of
   the others are undefined.  ``window = (lower, upper)`` ``[B]`` (bound
   mode): the search looks only where the thresholds' keys share the high
-  bits of ``[lower, upper]``'s (``_bound_thresholds``).
+  bits of ``[lower, upper]``'s (``_bound_thresholds``).  ``launch``: its
+  compiler parameters (default: the device's ``tuning.SelectLaunch``).
   """
+  launch = launch or tuning.resolve().select
   batch = y.shape[0]
   if window is not None and not bound:
     raise ValueError("a window bounds a bound-mode search")
@@ -221,8 +221,7 @@ def select_threshold(y, row_max, t1, params: SamplingParams | jax.Array,
     out_shape.append(jax.ShapeDtypeStruct((batch, order_width), jnp.int32))
   return pl.pallas_call(
       kernel, out_shape=out_shape, grid=(batch,),
-      compiler_params=plgpu.CompilerParams(
-          num_warps=num_warps or _SELECT_WARPS, num_stages=1),
+      compiler_params=launch.compiler_params(),
       interpret=interpret, name="jaxsample_select_threshold")(
           y, row_max, t1, pack_param_table(params), mass,
           *([] if active is None else [active.astype(jnp.int32)]),

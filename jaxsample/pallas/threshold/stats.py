@@ -12,7 +12,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxsample.pallas import common
+from jaxsample.pallas import common, tuning
 from jaxsample.pallas.threshold.base import (FILTER_SLACK, ONE_BITS,
                                              SAMPLE_STRIDE, TOP_K_FIELD,
                                              TOP_P_FIELD, pack_param_table,
@@ -29,9 +29,6 @@ _BOUND_MARGIN = 2.0**-10
 # Rows whose bound is reached by at most this many segments read only those
 # in the compact pass (``Segments``).
 _LIST_CAP = 256
-# The bound select: on an H100, 8 warps beat 4 and 2 (6.9 against 8.4 and
-# 10.6-12.0 us at B = 128, top-k 50 + top-p 0.9).
-_BOUND_WARPS = 8
 
 
 # ---------------------------------------------------------------------------
@@ -291,11 +288,12 @@ def row_bounds(logits, params: SamplingParams, config: SamplerConfig, *,
 
   The bound select combines each row's per-split stats, searches its
   segment maxima (``kept_bound``; on ``large`` rows with ``top_width``, a
-  second search by count) and routes it: one program per row,
-  ``_BOUND_WARPS`` warps.
+  second search by count) and routes it: one program per row
+  (``tuning.BoundsLaunch``).
   """
   batch, vocab = logits.shape
-  plan = pass_plan(batch, vocab, logits.dtype, config)
+  tuned = tuning.resolve(config.tuning)
+  plan = pass_plan(batch, vocab, tuned.stats, tuned.occupancy)
   segment = segment_size(vocab, plan.chunk)
   stats = _stats_pass(logits, params, plan, segment, config.max_candidates)
   kernel = functools.partial(_bound_kernel, splits=plan.num_splits,
@@ -313,8 +311,7 @@ def row_bounds(logits, params: SamplingParams, config: SamplerConfig, *,
                   i32, i32, i32] + [f32, jax.ShapeDtypeStruct(
                       table.shape, table.dtype)] * bool(top_width),
        grid=(batch,),
-       compiler_params=plgpu.CompilerParams(num_warps=_BOUND_WARPS,
-                                            num_stages=1),
+       compiler_params=tuned.bounds.compiler_params(),
        interpret=plan.interpret, name="jaxsample_row_bounds")(
            table, stats.top, stats.sumexp, stats.finite, stats.segment_max,
            stats.sample)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxsample.pallas import common
+from jaxsample.pallas import common, tuning
 from jaxsample.pallas.threshold.base import (SAMPLE_STRIDE, pack_param_table,
                                              pow2_ceil, row_params, sanitize)
 from jaxsample.pallas.threshold.search import (BOUND_KEY_BITS, NEG_INF_KEY,
@@ -18,7 +18,7 @@ from jaxsample.pallas.threshold.search import (BOUND_KEY_BITS, NEG_INF_KEY,
 from jaxsample.params import SamplingParams
 
 __all__ = ["threshold_window", "TOP_K_WINDOW_BUFFERS", "WINDOW_BUFFERS",
-           "window_half", "WINDOW_WARPS"]
+           "window_half"]
 
 
 # ---------------------------------------------------------------------------
@@ -33,7 +33,6 @@ __all__ = ["threshold_window", "TOP_K_WINDOW_BUFFERS", "WINDOW_BUFFERS",
 # missed 0.8% of them at 8 buffers).
 WINDOW_BUFFERS = 8
 TOP_K_WINDOW_BUFFERS = 16
-WINDOW_WARPS = 16  # the window and its exact search: long serial searches
 
 
 def window_half(capacity: int) -> int:
@@ -106,7 +105,8 @@ def _window_kernel(param_ref, sample_ref, row_max_ref, t1_ref, mass_ref,
 def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
                      capacity: int, active, *, by_count: bool,
                      interpret: bool, list_rows=None, list_width: int = 0,
-                     list_capacity: int = 0):
+                     list_capacity: int = 0,
+                     launch: tuning.WindowLaunch | None = None):
   """``(lower, upper)`` ``[B]`` of the ``active`` rows (others undefined):
   a window that likely holds the threshold
   (``by_count``: the ``k``-th largest min-p survivor; else top-p's, on the
@@ -120,7 +120,9 @@ def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
   ``Listing``'s lower end, ``_listing_capacity(list_width)`` slots): the
   lower end of the by-count window of ``k = list_width`` (whose upper end
   is ``inf``: ``_listing_width``), found in the last search at no extra
-  pass; ``t1`` must be the rows' min-p threshold."""
+  pass; ``t1`` must be the rows' min-p threshold.  ``launch``: its compiler
+  parameters (default: the device's ``tuning.WindowLaunch``)."""
+  launch = launch or tuning.resolve().window
   batch = sample.shape[0]
   listing = list_rows is not None
   rows = active | list_rows if listing else active
@@ -132,8 +134,7 @@ def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
   shape = jax.ShapeDtypeStruct((batch,), jnp.float32)
   return pl.pallas_call(
       kernel, out_shape=[shape] * (2 + listing), grid=(batch,),
-      compiler_params=plgpu.CompilerParams(num_warps=WINDOW_WARPS,
-                                           num_stages=1),
+      compiler_params=launch.compiler_params(),
       interpret=interpret, name="jaxsample_threshold_window")(
           pack_param_table(params), sample, row_max, t1, mass,
           rows.astype(jnp.int32))
