@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib.metadata
 import math
+import os
 import re
 import statistics
 
@@ -19,6 +21,23 @@ import jax
 # Must run before any JAX backend is initialised (sharding tests use 4 CPU
 # devices).  conftest.py is imported before every test module.
 jax.config.update("jax_num_cpu_devices", 4)
+
+# XLA:CPU compiles dominate the CPU suite (interpret-mode kernels are large
+# programs; a truncating ``sample`` on the kernels took 4x longer to compile
+# at the default LLVM level than at 0, with the same run time on these small
+# shapes).  LLVM's optimisation level does not change results (XLA:CPU
+# compiles without fast-math; ``test_edges.test_llvm_level_keeps_results``
+# compares both levels bit for bit), so CPU-only runs compile at level 0.
+# Not with a GPU plugin installed (the flag also applies to XLA:GPU, whose
+# speed the GPU tests measure); JAXSAMPLE_TEST_XLA_OPT=default opts out.
+LLVM_FAST_COMPILE = "--xla_backend_optimization_level=0"
+_GPU_PLUGIN = any(dist.metadata["Name"].lower().startswith(("jax-cuda",
+                                                            "jax_cuda"))
+                  for dist in importlib.metadata.distributions())
+if ((os.environ.get("JAX_PLATFORMS") == "cpu" or not _GPU_PLUGIN) and
+    os.environ.get("JAXSAMPLE_TEST_XLA_OPT") != "default"):
+  os.environ["XLA_FLAGS"] = " ".join(
+      filter(None, (os.environ.get("XLA_FLAGS"), LLVM_FAST_COMPILE)))
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402

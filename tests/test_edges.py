@@ -18,7 +18,7 @@ import pytest
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, spec
 
-from conftest import FP32_EPS
+from conftest import FP32_EPS, LLVM_FAST_COMPILE
 
 # From the smallest positive fp32 (make accepts it) to 1e3; below
 # MIN_TEMPERATURE = 1e-5 rows are greedy.
@@ -278,6 +278,55 @@ def test_interpret_mode_compiles_once():
   counts = [int(c) for c in counts.strip("[ \n").split(",")]
   assert counts[0] > 0 and counts[1] == counts[0] == counts[2], out
   assert int(entries) == 1, out
+
+
+# ---------------------------------------------------------------------------
+# The suite's LLVM level (conftest.LLVM_FAST_COMPILE) keeps results.
+# ---------------------------------------------------------------------------
+
+_PROBE = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np, jaxsample
+    def probe():
+      r = np.random.default_rng(0)
+      x = jnp.asarray(r.standard_normal((6, 96)) * 4, jnp.float32)
+      plain = jaxsample.SamplingParams.make(6, temperature=[1.0, 0.0, 0.7,
+                                                            1.3, 2.0, 0.9])
+      cut = jaxsample.SamplingParams.make(6, temperature=0.8,
+                                          top_k=[0, 5, 0, 9, 0, 3],
+                                          top_p=[0.9, 1.0, 0.5, 0.8, 1.0, 1.0],
+                                          min_p=[0.0, 0.0, 0.1, 0.0, 0.05, 0.0])
+      out = {}
+      for name, params, config in (("xla", cut, "xla"),
+                                   ("kernel", plain, "pallas")):
+        result, mask = jax.jit(lambda x, k, p=params, c=config: jaxsample.sample(
+            x, p, k, config=c, return_mask=True))(x, jax.random.key(1))
+        out[name] = np.concatenate([np.asarray(result.tokens, np.float32),
+                                    np.asarray(result.logprobs),
+                                    np.asarray(mask.lse), np.asarray(mask.logz)])
+      return out
+""")
+
+
+def test_llvm_level_keeps_results(tmp_path):
+  """The sampler at the default XLA:CPU LLVM level (a fresh process) and at
+  the suite's (conftest.LLVM_FAST_COMPILE, when set): the same bits, on the
+  XLA reference with filters and the kernels without."""
+  if LLVM_FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
+    pytest.skip("the suite runs XLA at its default LLVM level here")
+  script = _PROBE + textwrap.dedent(f"""
+      np.savez({str(tmp_path / "default.npz")!r}, **probe())
+  """)
+  flags = os.environ.get("XLA_FLAGS", "").replace(LLVM_FAST_COMPILE, "")
+  subprocess.run([sys.executable, "-c", script], check=True,
+                 env={**os.environ, "JAX_PLATFORMS": "cpu",
+                      "XLA_FLAGS": flags})
+  default = np.load(tmp_path / "default.npz")
+  scope = {}
+  exec(_PROBE, scope)  # noqa: S102 (the same source as the subprocess's)
+  here = scope["probe"]()
+  assert sorted(default) == sorted(here)
+  for name in here:
+    np.testing.assert_array_equal(here[name], default[name], err_msg=name)
 
 
 # ---------------------------------------------------------------------------
