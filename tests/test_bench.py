@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from jaxsample.bench import cases, cli, runner
+from jaxsample.bench import cases, cli, report, runner, vllm_peers
 
 TINY = ["--batch", "2", "--vocab", "256", "--dtypes", "float32", "--iters", "1",
         "--repeats", "1", "--bandwidth-gib", "0.001", "--no-progress"]
@@ -85,3 +85,102 @@ def test_named_case_sets():
   assert smoke.params().batch_size == smoke.batch
   with pytest.raises(ValueError, match="setting"):
     cases.Case(1, 8, setting="top_q")
+
+
+# ---------------------------------------------------------------------------
+# python -m jaxsample.bench report
+# ---------------------------------------------------------------------------
+
+REPORT_TINY = ["report", "--batch", "1,4", "--vocab", "512", "--dtypes", "float32",
+               "--settings", "plain,top_p0.95", "--quick", "--spec-k", "1",
+               "--implementation", "xla", "--mask-caps", "", "--peers", "jax",
+               "--bandwidth-gib", "0.001", "--no-progress"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _table(md: str, title: str) -> list[list[str]]:
+  """The cells of the markdown table under ``### title`` (header first)."""
+  block = md.split(f"### {title}\n", 1)[1].split("\n### ", 1)[0]
+  lines = [line for line in block.splitlines() if line.startswith("|") and "---" not in line]
+  return [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+
+
+def test_report_writes_json_tables_and_figures(tmp_path):
+  out = tmp_path / "report"
+  assert cli.main([*REPORT_TINY, "--out", str(out)]) == 0
+  doc = json.loads((out / "report.json").read_text())
+  assert set(report.JSON_KEYS) <= set(doc)
+  assert doc["peers"]["names"] == ["jax"] and doc["peers"]["vllm"] is None
+  assert doc["command"].startswith("python -m jaxsample.bench")
+  sample = [r for r in doc["rows"] if r["suite"] == "sample"]
+  spec = [r for r in doc["rows"] if r["suite"] == "spec"]
+  for setting in ("plain", "top_p0.95"):
+    for batch in (1, 4):
+      ops = {r["op"] for r in sample if r["setting"] == setting and r["batch"] == batch}
+      assert {"jaxsample", "jaxsample xla reference", report.MAX,
+              "jax.random.categorical"} <= ops, (setting, batch, ops)
+      assert {r["op"] for r in spec if r["setting"] == setting and r["batch"] == batch} == {
+          "jaxsample", report.SPEC_MAX}
+  assert all(set(runner.ROW_KEYS) <= set(r) and r["us"] > 0 for r in doc["rows"])
+  assert [r["same_tokens"] for r in sample if "same_tokens" in r] == [True] * 4
+  assert {r["k"] for r in spec} == {1}
+
+  md = (out / "report.md").read_text()
+  assert doc["device"] in md and "git commit" in md
+  plain = _table(md, "V = 512, float32, plain")
+  assert plain[0][:3] == ["B", "floor", "jaxsample"] and report.MAX in plain[0]
+  assert [row[0] for row in plain[1:]] == ["1", "4"]
+  read = plain[0].index(report.MAX)
+  for row in plain[1:]:  # the plain sample is 1.00x itself, jnp.max 1.00x itself
+    assert "(1.00, " in row[2] and row[read].endswith(", 1.00)"), row
+  us = {r["batch"]: r["us"] for r in sample if r["op"] == "jaxsample" and
+        r["setting"] == "top_p0.95"}
+  top_p = _table(md, "V = 512, float32, top_p0.95")
+  assert [float(row[2].split(" ")[0]) for row in top_p[1:]] == [
+      round(us[1], 1), round(us[4], 1)]
+  verification = _table(md, "Verification, V = 512, float32, k = 1 (one-hot drafts)")
+  assert verification[0] == ["B", "floor", report.SPEC_MAX, "plain", "top_p0.95"]
+  assert "Tokens against the XLA reference: identical (2 checks)" in md
+  for name in ("sample-V512-float32-plain.png", "sample-V512-float32-top_p0.95.png",
+               "spec-V512-float32-k1.png"):
+    data = (out / name).read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 10_000, name
+    assert f"]({name})" in md
+
+  merged = tmp_path / "merged"  # rendering alone: the same tables from the JSON
+  assert cli.main(["report", "--merge", f"{out / 'report.json'},{out / 'report.json'}",
+                   "--out", str(merged)]) == 0
+  again = json.loads((merged / "report.json").read_text())
+  assert len(again["rows"]) == 2 * len(doc["rows"]) and len(again["merged"]) == 2
+  assert (merged / "sample-V512-float32-plain.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_report_grid_and_options():
+  args = cli.parser().parse_args(["report", "--peers", "jax"])
+  todo = report.jobs(args, {"jax"})
+  samples = [j.case for j in todo if j.suite.name == "sample"]
+  specs = [j.case for j in todo if j.suite.name == "spec"]
+  assert {c.vocab for c in samples} == {151936, 128256}
+  assert {c.batch for c in samples} == {1, 8, 32, 128, 256, 512}
+  assert {c.dtype for c in samples} == {"float32", "bfloat16"}
+  assert {c.setting for c in samples} == {"plain", "top_k50+top_p0.9", "top_p0.95", "min_p0.05"}
+  assert len(samples) == 2 * 6 * 2 * 4 and len(specs) == 3 * len(samples)
+  assert {s.k for s in specs} == {1, 4, 8} and not any(s.draft for s in specs)
+  # masks on truncating settings only; params both traced and closed over
+  assert all(j.args.mask_caps == ("" if j.case.setting == "plain" else "1024")
+             for j in todo if j.suite.name == "sample")
+  assert {j.args.params for j in todo if j.suite.name == "sample"} == {"both"}
+  cut = cli.parser().parse_args(["report", "--no-spec", "--vocab", "512", "--batch", "2"])
+  assert [j.suite.name for j in report.jobs(cut, set())] == ["sample"] * 8  # 2 dtypes, 4 settings
+  with pytest.raises(SystemExit, match="expected a comma-separated subset"):
+    cli.main(["report", "--peers", "jax,flashinfer", "--out", "unused"])
+
+
+def test_report_names_the_fix_for_a_missing_vllm_copy(tmp_path, monkeypatch):
+  monkeypatch.delenv(vllm_peers.ENV_VAR, raising=False)
+  with pytest.raises(SystemExit, match="--vllm-src PATH or set JAXSAMPLE_VLLM_SRC"):
+    cli.main(["report", "--peers", "jax,vllm", "--out", str(tmp_path)])
+  with pytest.raises(SystemExit, match="no such folder"):
+    cli.main(["report", "--peers", "vllm", "--vllm-src", str(tmp_path / "nope"),
+              "--out", str(tmp_path)])
+  assert not list(tmp_path.iterdir())  # nothing timed, nothing written

@@ -5,8 +5,10 @@ read, ``jax.random.categorical``, ``lax.top_k`` + categorical, an XLA sort
 top-p; ``jaxsample.bench.peers``) on the same rotating inputs in the same run,
 and reports the HBM floor (logits bytes over a copy bandwidth measured in the
 same run).  It prints one table row per (op, case) and with ``--out`` writes
-the rows as JSON.  ``python -m jaxsample.bench SUITE --help`` lists a suite's
-options and defaults; ``docs/benchmarks.md`` has the commands behind the
+the rows as JSON.  ``python -m jaxsample.bench report`` runs the standard
+grid against every peer and writes JSON, tables and figures
+(``jaxsample.bench.report``).  ``python -m jaxsample.bench SUITE --help`` lists
+a suite's options and defaults; ``docs/benchmarks.md`` has the commands behind the
 README's figures.
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jaxsample.bench import cases, kernel_suites, runner, suites
+from jaxsample.bench import cases, kernel_suites, report, runner, suites
 
 __all__ = ["SUITES", "main", "parser"]
 
@@ -34,11 +36,17 @@ def parser() -> argparse.ArgumentParser:
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     runner.add_common_options(sub, suite.defaults)
     suite.add_options(sub)
+  sub = commands.add_parser("report", help=report.__doc__.split("\n")[0],
+                            description=report.__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+  report.add_options(sub)
   return top
 
 
 def main(argv=None) -> int:
   args = parser().parse_args(argv)
+  if args.suite == "report":
+    return report.main(args)
   if args.cases and args.cases not in cases.NAMED:
     raise SystemExit(f"--cases {args.cases!r}: expected one of {list(cases.NAMED)}")
   runner.run_suite(SUITES[args.suite], args)

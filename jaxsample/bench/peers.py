@@ -7,7 +7,9 @@
 * ``sort top-p(P)+categorical``: a sort-based top-p (argsort, softmax,
   cumsum), then categorical;
 * ``torch sort top-k/top-p`` (opt-in): a torch sort-based sampler in the style
-  of vLLM's fallback, timed with CUDA events on the same GPU.
+  of vLLM's fallback, timed with CUDA events on the same GPU and the same rows
+  (shared through DLPack), as CUDA-graph replays (``time_torch``); the report
+  also times vLLM's own Triton kernels this way (``jaxsample.bench.vllm_peers``).
 
 ``K`` and ``P`` are the case's top-k and top-p, or 50 and 0.9 where it has none.
 """
@@ -21,13 +23,14 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-__all__ = ["TORCH_AVAILABLE", "peer_ops", "torch_time_us"]
+__all__ = ["TORCH_AVAILABLE", "TORCH_SORT", "peer_ops", "time_torch", "torch_module",
+           "torch_sort_op", "torch_sort_sampler"]
 
 DEFAULT_TOP_K = 50
 DEFAULT_TOP_P = 0.9
 TORCH_AVAILABLE = importlib.util.find_spec("torch") is not None
+TORCH_SORT = "torch sort top-k/top-p"
 
 
 def _top_k_sample(key, y, k):
@@ -63,19 +66,65 @@ def peer_ops(filters: dict, temperature: float, vocab: int) -> dict[str, Callabl
   }
 
 
-def torch_time_us(inputs: list, filters: dict, temperature: float, iters: int = 30):
-  """Median CUDA-event time (us) of a torch sort-based top-k/top-p/min-p sampler
-  on the first 4 inputs, or None without torch or a CUDA device."""
+def torch_module():
+  """torch, imported on request (optional and heavy), or None without torch or CUDA."""
   if not TORCH_AVAILABLE:
     return None
-  torch = importlib.import_module("torch")  # optional and heavy: loaded on request
-  if not torch.cuda.is_available():
-    return None
+  torch = importlib.import_module("torch")
+  return torch if torch.cuda.is_available() else None
+
+
+def time_torch(fn: Callable, rows: list, iters: int, repeats: int) -> dict:
+  """CUDA-event time per call of a torch sampler over rotating rows.
+
+  ``rows`` are JAX arrays, shared with torch through DLPack (no copy); ``fn``
+  must not write them.  ``us``: the median over ``repeats`` replays of a CUDA
+  graph of ``iters`` calls (device time without Python's launch gaps, as the
+  JAX ops' profiler sums); ``wall_us``: the same median over eagerly launched
+  blocks.  Where the graph cannot be captured, ``graph`` is False and ``us`` is
+  ``wall_us``.
+  """
+  torch = torch_module()
+  tensors = [torch.from_dlpack(x) for x in jax.block_until_ready(rows)]
+  for x in tensors[:2]:  # compiles Triton kernels, fills vLLM's caches
+    fn(x)
+  torch.cuda.synchronize()
+
+  def median_block_us(run_block) -> float:
+    times = []
+    for r in range(repeats):
+      start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+      start.record()
+      run_block(r)
+      end.record()
+      end.synchronize()
+      times.append(start.elapsed_time(end) * 1e3 / iters)
+    return statistics.median(times)
+
+  def calls(r):
+    for i in range(r * iters, (r + 1) * iters):
+      fn(tensors[i % len(tensors)])
+
+  wall_us = median_block_us(calls)
+  graph = torch.cuda.CUDAGraph()
+  try:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # capture needs a warm-up on a side stream
+      fn(tensors[0])
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+      calls(0)
+  except RuntimeError as error:  # e.g. an op that syncs with the host
+    return dict(us=wall_us, wall_us=wall_us, graph=False, graph_error=str(error)[:300])
+  return dict(us=median_block_us(lambda r: graph.replay()), wall_us=wall_us, graph=True)
+
+
+def torch_sort_sampler(torch, filters: dict, temperature: float) -> Callable:
+  """A torch sort-based top-k/top-p/min-p sampler in the style of vLLM's
+  fallback: ``[N, V]`` logits -> ``[N]`` tokens (exponential-race sampling)."""
   k, p, min_p = filters.get("top_k", 0), filters.get("top_p", 1.0), filters.get("min_p", 0.0)
   t = temperature if temperature > 0 else 1.0
-  tensors = [torch.from_numpy(np.asarray(x.astype(jnp.float32))).cuda() for x in inputs[:4]]
-  if inputs[0].dtype == jnp.bfloat16:
-    tensors = [x.bfloat16() for x in tensors]
 
   def sample(logits):
     logits = logits.float() / t
@@ -86,8 +135,8 @@ def torch_time_us(inputs: list, filters: dict, temperature: float, iters: int = 
     if k or p < 1:
       ordered, index = logits.sort(dim=-1, descending=False)
       if k:
-        kth = ordered.gather(1, torch.full((ordered.shape[0], 1), ordered.shape[1] - k,
-                                           device=ordered.device))
+        first = ordered.shape[1] - min(k, ordered.shape[1])  # the k-th largest
+        kth = ordered[:, first:first + 1]
         ordered = ordered.masked_fill(ordered < kth, float("-inf"))
       if p < 1:
         drop = ordered.softmax(-1).cumsum(-1) <= 1 - p
@@ -97,14 +146,17 @@ def torch_time_us(inputs: list, filters: dict, temperature: float, iters: int = 
     probs = logits.softmax(-1)
     return probs.div_(torch.empty_like(probs).exponential_()).argmax(-1)
 
-  for x in tensors:
-    sample(x)
-  times = []
-  for i in range(iters):
-    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-    start.record()
-    sample(tensors[i % len(tensors)])
-    end.record()
-    torch.cuda.synchronize()
-    times.append(start.elapsed_time(end) * 1e3)
-  return statistics.median(times)
+  return sample
+
+
+def torch_sort_op(filters: dict, temperature: float) -> Callable:
+  """``op(rows, iters, repeats)``: ``time_torch`` of the torch sort-based
+  sampler, or None without torch or a CUDA device."""
+
+  def op(rows, iters, repeats):
+    torch = torch_module()
+    if torch is None:
+      return None
+    return time_torch(torch_sort_sampler(torch, filters, temperature), rows, iters, repeats)
+
+  return op

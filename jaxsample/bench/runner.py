@@ -28,7 +28,8 @@ try:
 except ImportError:  # the "bench" extra; without it, no progress bar
   tqdm = None
 
-__all__ = ["Group", "JSON_KEYS", "ROW_KEYS", "Suite", "add_common_options", "run_suite"]
+__all__ = ["Group", "JSON_KEYS", "ROW_KEYS", "Suite", "add_common_options", "describe_device",
+           "print_header", "progress_bar", "run_suite", "time_group", "write_json"]
 
 # Keys every JSON row and the JSON document carry (tests/test_bench.py).
 ROW_KEYS = ("suite", "op", "case", "us", "wall_us", "floor_us", "x_floor")
@@ -60,6 +61,7 @@ class Group:
   temperature: float = 1.0
   extra: dict[str, dict] = dataclasses.field(default_factory=dict)
   annotate: Callable[[str, dict], dict] | None = None
+  suite: str = ""  # the suite's name, set by the runner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,74 +128,115 @@ def _selected(name: str, patterns: list[str]) -> bool:
   return not patterns or any(p in name for p in patterns)
 
 
-def run_suite(suite: Suite, args: argparse.Namespace) -> dict:
-  """Times every case of ``suite``; prints the table; returns (and with
-  ``--out`` writes) the JSON document."""
-  bandwidth = measure_bandwidth(args.bandwidth_gib)
+def time_group(group: Group, args: argparse.Namespace, bandwidth: float, *,
+               write: Callable = print, bar=None, external: dict | None = None) -> list[dict]:
+  """Times one case's ops and its peers; prints a table row per op; returns the rows.
+
+  ``external`` maps a peer name to ``factory(filters, temperature) -> op`` where
+  ``op(inputs, iters, repeats)`` times a non-JAX sampler on the case's peer rows
+  (a ``time_op``-like result, or None where it cannot run); ``args.torch`` adds
+  the torch sort-based sampler to it.
+  """
+  if args.resident:
+    group.inputs = group.inputs[:1]
+    group.label["resident"] = True
+  ops = dict(group.ops)
+  if args.peers and group.peer_rows is not None:
+    vocab = group.label["vocab"]
+    ops.update({name: (lambda x, fn=fn: fn(group.peer_rows(x))) for name, fn in
+                peers.peer_ops(group.peer_filters, group.temperature, vocab).items()})
+  external = dict(external or {})
+  if args.torch:
+    external[peers.TORCH_SORT] = peers.torch_sort_op
+  patterns = [s for s in args.ops.split(",") if s]
+  floor_us = group.floor_bytes / bandwidth * 1e6
+  case_text = _label_text(group.label)
+  timed = []
+  for name, fn in ops.items():
+    if not _selected(name, patterns):
+      continue
+    if bar is not None:
+      bar.set_postfix_str(name[:30])
+    timed.append((name, time_op(fn, group.inputs, args.iters, args.repeats)))
+  if group.peer_rows is not None:
+    rows_in = None
+    for name, factory in external.items():
+      if not _selected(name, patterns):
+        continue
+      rows_in = rows_in or [group.peer_rows(x) for x in group.inputs]
+      result = factory(group.peer_filters, group.temperature)(rows_in, args.iters, args.repeats)
+      if result is not None:
+        timed.append((name, result))
+  rows = []
+  for name, result in timed:
+    row = dict(suite=group.suite, op=name, case=case_text, **group.label,
+               floor_us=floor_us, x_floor=result["us"] / floor_us, **result,
+               **group.extra.get(name, {}))
+    if group.annotate is not None:
+      row.update(group.annotate(name, result))
+    rows.append(row)
+    write(f"{name:38s} {result['us']:9.1f} {result['wall_us']:9.1f} {floor_us:9.1f} "
+          f"{row['x_floor']:8.2f}  {case_text}")
+    for kernel, us in list(result.get("kernel_us", {}).items())[:args.kernels]:
+      write(f"    {us:8.2f}  {kernel[:90]}")
+  return rows
+
+
+def describe_device(bandwidth: float) -> dict:
+  """The JSON document's fields that say where and with what it ran."""
+  return dict(device=jax.devices()[0].device_kind, backend=jax.default_backend(),
+              jax=jax.__version__, jaxsample=jaxsample.__version__,
+              bandwidth_bytes_per_s=bandwidth, argv=sys.argv)
+
+
+def print_header(title: str, bandwidth: float) -> None:
   device = jax.devices()[0]
-  print(f"# suite {suite.name}: {device.device_kind} ({jax.default_backend()}), jax "
+  print(f"# {title}: {device.device_kind} ({jax.default_backend()}), jax "
         f"{jax.__version__}, jaxsample {jaxsample.__version__}; copy bandwidth "
         f"{bandwidth / 1e12:.2f} TB/s; floor = logits bytes read once / copy bandwidth; "
         f"us = device time per call (wall time off GPU)", flush=True)
   print(f"{'op':38s} {'us':>9s} {'wall_us':>9s} {'floor_us':>9s} {'x_floor':>8s}  case",
         flush=True)
-  patterns = [s for s in args.ops.split(",") if s]
-  cases = list(suite.cases(args))
+
+
+def progress_bar(total: int, desc: str, enabled: bool):
+  """A tqdm bar on stderr (shown only on a terminal), or None without tqdm."""
+  if tqdm is None:
+    return None
   # disable=None: tqdm shows the bar only on a terminal (not in logs).
-  bar = (tqdm.tqdm(total=len(cases), desc=suite.name, unit="case", file=sys.stderr,
-                   disable=True if not args.progress or len(cases) < 2 else None)
-         if tqdm else None)
+  return tqdm.tqdm(total=total, desc=desc, unit="case", file=sys.stderr,
+                   disable=True if not enabled or total < 2 else None)
+
+
+def run_suite(suite: Suite, args: argparse.Namespace) -> dict:
+  """Times every case of ``suite``; prints the table; returns (and with
+  ``--out`` writes) the JSON document."""
+  bandwidth = measure_bandwidth(args.bandwidth_gib)
+  print_header(f"suite {suite.name}", bandwidth)
+  cases = list(suite.cases(args))
+  bar = progress_bar(len(cases), suite.name, args.progress)
   write = bar.write if bar is not None else print
   rows = []
   for case in cases:
     group = suite.build(args, case)
-    if args.resident:
-      group.inputs = group.inputs[:1]
-      group.label["resident"] = True
-    ops = dict(group.ops)
-    if args.peers and group.peer_rows is not None:
-      vocab = group.label["vocab"]
-      ops.update({name: (lambda x, fn=fn: fn(group.peer_rows(x))) for name, fn in
-                  peers.peer_ops(group.peer_filters, group.temperature, vocab).items()})
-    floor_us = group.floor_bytes / bandwidth * 1e6
-    case_text = _label_text(group.label)
-    timed = []
-    for name, fn in ops.items():
-      if not _selected(name, patterns):
-        continue
-      if bar is not None:
-        bar.set_postfix_str(name[:30])
-      timed.append((name, time_op(fn, group.inputs, args.iters, args.repeats)))
-    if args.torch and group.peer_rows is not None and _selected("torch", patterns):
-      us = peers.torch_time_us([group.peer_rows(x) for x in group.inputs[:4]],
-                               group.peer_filters, group.temperature)
-      if us is not None:
-        timed.append(("torch sort top-k/top-p", {"us": us, "wall_us": us}))
-    for name, result in timed:
-      row = dict(suite=suite.name, op=name, case=case_text, **group.label,
-                 floor_us=floor_us, x_floor=result["us"] / floor_us, **result,
-                 **group.extra.get(name, {}))
-      if group.annotate is not None:
-        row.update(group.annotate(name, result))
-      rows.append(row)
-      write(f"{name:38s} {result['us']:9.1f} {result['wall_us']:9.1f} {floor_us:9.1f} "
-            f"{row['x_floor']:8.2f}  {case_text}")
-      for kernel, us in list(result.get("kernel_us", {}).items())[:args.kernels]:
-        write(f"    {us:8.2f}  {kernel[:90]}")
+    group.suite = suite.name
+    rows += time_group(group, args, bandwidth, write=write, bar=bar)
     if bar is not None:
       bar.update()
     del group
   if bar is not None:
     bar.close()
-  doc = dict(suite=suite.name, device=device.device_kind, backend=jax.default_backend(),
-             jax=jax.__version__, jaxsample=jaxsample.__version__,
-             bandwidth_bytes_per_s=bandwidth, argv=sys.argv,
+  doc = dict(suite=suite.name, **describe_device(bandwidth),
              options={k: v for k, v in vars(args).items() if k != "suite_obj"},
              rows=rows)
   if args.out:
-    with open(args.out, "w") as f:
-      json.dump(doc, f, indent=1, default=_jsonable)
+    write_json(doc, args.out)
   return doc
+
+
+def write_json(doc: dict, path) -> None:
+  with open(path, "w") as f:
+    json.dump(doc, f, indent=1, default=_jsonable)
 
 
 def _jsonable(value):

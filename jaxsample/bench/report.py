@@ -1,0 +1,335 @@
+"""``python -m jaxsample.bench report``: the standard grid in one run, against the peers.
+
+Times, on the same rotating inputs in one process, every case of the grid
+(vocabularies x dtypes x batch sizes x settings) through the ``sample``
+suite's ops (jaxsample with params traced and closed over, with a sampling
+mask on truncating settings, greedy on plain rows, the sort-based XLA
+reference with a token check) and the peers (``peers``: ``jnp.max``,
+``jax.random.categorical``, ``lax.top_k``, an XLA sort top-p, torch's sort
+sampler; ``vllm_peers``: vLLM's Triton kernels), then the ``spec`` suite's
+verification (one-hot drafts, ``k`` draft tokens per row) per setting.  One
+progress bar covers every case.  Into ``--out DIR`` it writes ``report.json``
+(every row, the device, versions, bandwidth, command, git commit, peers),
+``report.md`` (one table per vocabulary, dtype and setting, batch sizes as
+rows, implementations as columns, with ratios to the plain sample and to
+``jnp.max``; spec tables per draft length) and PNG figures
+(``jaxsample.bench.plots``).  ``--merge A.json,B.json`` renders several runs'
+rows (e.g. one device call per vocabulary) without timing anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+from jaxsample.bench import cases as cases_lib
+from jaxsample.bench import peers, plots, runner, suites, vllm_peers
+from jaxsample.bench.timing import measure_bandwidth
+
+__all__ = ["JAXSAMPLE", "JSON_KEYS", "MAX", "PEERS", "SPEC_MAX", "add_options", "jobs",
+           "main", "render", "run"]
+
+PEERS = ("jax", "torch", "vllm")
+JSON_KEYS = ("report", "device", "backend", "jax", "jaxsample", "bandwidth_bytes_per_s",
+             "argv", "command", "git_commit", "options", "peers", "rows")
+JAXSAMPLE = "jaxsample"  # the plain sample's op (params traced): the ratios' base
+MAX = "jnp.max (one read)"
+SPEC_MAX = "jnp.max (target and draft)"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+  """The report's options (``python -m jaxsample.bench report --help``)."""
+  parser.add_argument("--out", default="report", help="output folder")
+  parser.add_argument("--batch", default="1,8,32,128,256,512", help="batch sizes")
+  parser.add_argument("--vocab", default="151936,128256", help="vocabulary sizes")
+  parser.add_argument("--dtypes", default="float32,bfloat16", help="logits dtypes")
+  parser.add_argument("--settings", default="plain,top_k50+top_p0.9,top_p0.95,min_p0.05",
+                      help="filter settings (jaxsample.bench.cases.SETTINGS)")
+  parser.add_argument("--dist", default="randn", choices=cases_lib.DISTS,
+                      help="logit distribution")
+  parser.add_argument("--temperature", type=float, default=0.7)
+  parser.add_argument("--mask-caps", default="1024",
+                      help="K_cap values: also time sample(..., return_mask=True) on "
+                      "truncating settings ('' for none)")
+  parser.add_argument("--params", default="both", choices=("arg", "static", "both"),
+                      help="params as jit arguments, closed over, or both")
+  parser.add_argument("--spec-k", default="1,4,8", help="draft lengths of the spec part")
+  parser.add_argument("--no-spec", dest="spec", action="store_false",
+                      help="leave out speculative verification")
+  parser.add_argument("--quick", action="store_true",
+                      help="a short run: --iters 4 --repeats 2, params traced only, the "
+                      "first draft length only, a 0.25 GiB bandwidth copy")
+  parser.add_argument("--peers", default="auto",
+                      help="comma-separated peers among jax,torch,vllm, or none; auto: jax, "
+                      "torch where it runs on CUDA, vllm where a source copy is given")
+  parser.add_argument("--vllm-src", default="",
+                      help=f"a local copy of vLLM's source (or ${vllm_peers.ENV_VAR})")
+  parser.add_argument("--implementation", default="auto",
+                      choices=("auto", "pallas", "xla_search", "xla"))
+  parser.add_argument("--iters", type=int, default=16, help="calls per timed block")
+  parser.add_argument("--repeats", type=int, default=3, help="timed blocks (median)")
+  parser.add_argument("--bandwidth-gib", type=float, default=2.0,
+                      help="size of the copy that measures the bandwidth")
+  parser.add_argument("--merge", default="",
+                      help="comma-separated report.json files: render their rows into --out "
+                      "and time nothing")
+  parser.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def _ints(text: str) -> list[int]:
+  return [int(v) for v in text.split(",") if v]
+
+
+def _names(text: str) -> list[str]:
+  return [v for v in text.split(",") if v]
+
+
+def _quick(opts: argparse.Namespace) -> argparse.Namespace:
+  if not opts.quick:
+    return opts
+  return argparse.Namespace(**dict(
+      vars(opts), iters=4, repeats=2, params="arg", bandwidth_gib=min(opts.bandwidth_gib, 0.25),
+      spec_k=",".join(_names(opts.spec_k)[:1])))
+
+
+def _chosen_peers(opts: argparse.Namespace) -> set[str]:
+  if opts.peers == "none":
+    return set()
+  if opts.peers == "auto":
+    chosen = {"jax"}
+    chosen |= {"torch"} if peers.torch_module() is not None else set()
+    chosen |= {"vllm"} if opts.vllm_src or os.environ.get(vllm_peers.ENV_VAR) else set()
+    return chosen
+  chosen = set(_names(opts.peers))
+  unknown = chosen - set(PEERS)
+  if unknown:
+    raise SystemExit(f"--peers {opts.peers!r}: unknown {sorted(unknown)}; expected a "
+                     f"comma-separated subset of {list(PEERS)}, 'auto' or 'none'")
+  if "torch" in chosen and peers.torch_module() is None:
+    raise SystemExit("--peers torch needs torch with a CUDA device; leave torch out")
+  return chosen
+
+
+def _suite_args(suite: runner.Suite, opts, chosen: set[str], extra: list[str]):
+  """A suite's own options, as its CLI would parse them, from the report's."""
+  parser = argparse.ArgumentParser()
+  runner.add_common_options(parser, suite.defaults)
+  suite.add_options(parser)
+  argv = ["--iters", str(opts.iters), "--repeats", str(opts.repeats),
+          "--implementation", opts.implementation, "--no-progress", *extra]
+  return parser.parse_args(argv + ([] if "jax" in chosen else ["--no-peers"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """One case to time: its suite, the suite's options and the case."""
+
+  suite: runner.Suite
+  args: argparse.Namespace
+  case: object
+  peers: bool  # whether the non-JAX peers run on it
+
+
+def jobs(opts: argparse.Namespace, chosen: set[str]) -> list[Job]:
+  """Every case of the grid: per vocabulary and dtype, the sample part then the spec part."""
+  sample = _suite_args(suites.SAMPLE, opts, chosen,
+                       ["--params", opts.params, "--mask-caps", opts.mask_caps])
+  sample_plain = argparse.Namespace(**dict(vars(sample), mask_caps=""))  # nothing truncated
+  spec = _suite_args(suites.SPEC, opts, chosen, ["--draft", "no", "--rates", "",
+                                                 "--no-reference", "--no-peers"])
+  found = []
+  for vocab in _ints(opts.vocab):
+    for dtype in _names(opts.dtypes):
+      grid = cases_lib.grid(_ints(opts.batch), vocab, (dtype,), _names(opts.settings),
+                            (opts.dist,), opts.temperature)
+      found += [Job(suites.SAMPLE, sample_plain if c.setting == "plain" else sample, c, True)
+                for c in grid]
+      if opts.spec:
+        found += [Job(suites.SPEC, spec, suites.SpecCase(c, k, False), False)
+                  for c in grid for k in _ints(opts.spec_k)]
+  return found
+
+
+def _git_commit() -> str | None:
+  """HEAD of the checkout this package runs from (``+dirty`` with local changes)."""
+  try:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=10)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=10)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  if head.returncode:
+    return None
+  return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def run(opts: argparse.Namespace) -> dict:
+  """Times the grid; writes and returns the report document."""
+  if opts.merge:
+    return render(_merged([pathlib.Path(p) for p in _names(opts.merge)]), opts.out)
+  plots.require_matplotlib()
+  opts = _quick(opts)
+  chosen = _chosen_peers(opts)
+  try:
+    kernels = vllm_peers.load(opts.vllm_src or None) if "vllm" in chosen else None
+  except vllm_peers.VllmSourceError as error:
+    raise SystemExit(str(error)) from None
+  external = {}
+  if "torch" in chosen:
+    external[peers.TORCH_SORT] = peers.torch_sort_op
+  if kernels is not None:
+    external.update(vllm_peers.peer_factories(kernels))
+  # torch shares the GPU: JAX must not take 75% of its memory up front.
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  bandwidth = measure_bandwidth(opts.bandwidth_gib)
+  runner.print_header("report", bandwidth)
+  todo = jobs(opts, chosen)
+  bar = runner.progress_bar(len(todo), "report", opts.progress)
+  write = bar.write if bar is not None else print
+  rows = []
+  for job in todo:
+    group = job.suite.build(job.args, job.case)
+    group.suite = job.suite.name
+    rows += runner.time_group(group, job.args, bandwidth, write=write, bar=bar,
+                              external=external if job.peers else None)
+    del group
+    if bar is not None:
+      bar.update()
+  if bar is not None:
+    bar.close()
+  doc = dict(report=1, **runner.describe_device(bandwidth),
+             command="python -m jaxsample.bench " + " ".join(sys.argv[1:]),
+             git_commit=_git_commit(), options=vars(opts),
+             peers=dict(names=sorted(chosen), external=sorted(external),
+                        vllm=kernels.describe() if kernels is not None else None),
+             rows=rows)
+  return render(doc, opts.out)
+
+
+def _merged(paths: list[pathlib.Path]) -> dict:
+  """One document from several runs' ``report.json``: the first's fields, every row."""
+  docs = [json.loads(p.read_text()) for p in paths]
+  devices = sorted({d["device"] for d in docs})
+  if len(devices) > 1:
+    print(f"warning: --merge mixes devices {devices}; compare rows of one device only",
+          file=sys.stderr)
+  return dict(docs[0], rows=[r for d in docs for r in d["rows"]],
+              merged=[dict(path=str(p), command=d["command"], device=d["device"],
+                           git_commit=d["git_commit"]) for p, d in zip(paths, docs)])
+
+
+# ---------------------------------------------------------------------------
+# report.md
+# ---------------------------------------------------------------------------
+
+
+def _unique(values) -> list:
+  return list(dict.fromkeys(values))
+
+
+def _cell(us: float | None, *bases: float | None) -> str:
+  if us is None:
+    return "–"
+  ratios = ", ".join(f"{us / b:.2f}" if b else "–" for b in bases)
+  return f"{us:.1f} ({ratios})" if bases else f"{us:.1f}"
+
+
+def _sample_table(rows: list[dict], vocab: int, dtype: str, setting: str) -> list[str]:
+  mine = [r for r in rows if r["suite"] == "sample" and r["vocab"] == vocab and
+          r["dtype"] == dtype and r["setting"] == setting]
+  ops = _unique(r["op"] for r in mine)
+  at = {(r["op"], r["batch"]): r for r in mine}
+  plain = {r["batch"]: r["us"] for r in rows if r["suite"] == "sample" and
+           r["vocab"] == vocab and r["dtype"] == dtype and r["setting"] == "plain" and
+           r["op"] == JAXSAMPLE}
+  lines = [f"### V = {vocab}, {dtype}, {setting}", "",
+           "us per call (x the plain sample, x `jnp.max`); floor: the HBM floor", "",
+           "| B | floor | " + " | ".join(ops) + " |",
+           "|---" * (len(ops) + 2) + "|"]
+  for batch in sorted({r["batch"] for r in mine}):
+    read = at.get((MAX, batch), {}).get("us")
+    floor = next(r["floor_us"] for r in mine if r["batch"] == batch)
+    cells = [_cell(at[(op, batch)]["us"] if (op, batch) in at else None,
+                   plain.get(batch), read) for op in ops]
+    lines.append(f"| {batch} | {floor:.1f} | " + " | ".join(cells) + " |")
+  checked = [r for r in mine if "same_tokens" in r]
+  if checked:
+    wrong = sorted({f"{r['op']} at B={r['batch']}" for r in checked if not r["same_tokens"]})
+    lines += ["", "Tokens against the XLA reference: " + (
+        f"DIFFERENT for {', '.join(wrong)}" if wrong else
+        f"identical ({len(checked)} checks)")]
+  return lines + [""]
+
+
+def _spec_table(rows: list[dict], vocab: int, dtype: str, k: int) -> list[str]:
+  mine = [r for r in rows if r["suite"] == "spec" and r["vocab"] == vocab and
+          r["dtype"] == dtype and r["k"] == k]
+  settings = _unique(r["setting"] for r in mine)
+  at = {(r["op"], r["setting"], r["batch"]): r["us"] for r in mine}
+  lines = [f"### Verification, V = {vocab}, {dtype}, k = {k} (one-hot drafts)", "",
+           "us per call of `spec.rejection_sample` per setting (x the plain verification); "
+           f"`{SPEC_MAX}`: the target rows read once", "",
+           f"| B | floor | {SPEC_MAX} | " + " | ".join(settings) + " |",
+           "|---" * (len(settings) + 3) + "|"]
+  for batch in sorted({r["batch"] for r in mine}):
+    floor = next(r["floor_us"] for r in mine if r["batch"] == batch)
+    read = next((us for (op, _, b), us in at.items() if op == SPEC_MAX and b == batch), None)
+    plain = at.get((JAXSAMPLE, "plain", batch))
+    cells = [_cell(at.get((JAXSAMPLE, s, batch)), plain) for s in settings]
+    lines.append(f"| {batch} | {floor:.1f} | {_cell(read)} | " + " | ".join(cells) + " |")
+  return lines + [""]
+
+
+def _markdown(doc: dict, figures: dict) -> str:
+  rows = doc["rows"]
+  vllm = (doc.get("peers") or {}).get("vllm")
+  lines = ["# jaxsample benchmark report", "",
+           f"- device: {doc['device']} ({doc['backend']}); jax {doc['jax']}, jaxsample "
+           f"{doc['jaxsample']}; git commit {doc.get('git_commit')}",
+           f"- copy bandwidth: {doc['bandwidth_bytes_per_s'] / 1e12:.3f} TB/s; floor = logits "
+           "bytes read once / copy bandwidth",
+           f"- command: `{doc['command']}`",
+           f"- peers: {', '.join((doc.get('peers') or {}).get('names', [])) or 'none'}"
+           + (f"; vLLM kernels from {vllm['commit']}" if vllm else "")]
+  lines += [f"- merged run: `{m['command']}` on {m['device']}" for m in doc.get("merged", [])]
+  lines += ["", "Times are device time per call (profiler-summed kernels for JAX ops; "
+            "CUDA-graph replays for torch and vLLM), medians over blocks of calls on "
+            "rotating inputs; off GPU, wall time.", ""]
+  sample = [r for r in rows if r["suite"] == "sample"]
+  for vocab, dtype in _unique((r["vocab"], r["dtype"]) for r in rows):
+    lines += [f"## V = {vocab}, {dtype}", ""]
+    for setting in _unique(r["setting"] for r in sample if r["vocab"] == vocab and
+                           r["dtype"] == dtype):
+      lines += _sample_table(rows, vocab, dtype, setting)
+      name = figures.get(("sample", vocab, dtype, setting))
+      lines += [f"![{setting}]({name})", ""] if name else []
+    for k in sorted({r["k"] for r in rows if r["suite"] == "spec" and r["vocab"] == vocab and
+                     r["dtype"] == dtype}):
+      lines += _spec_table(rows, vocab, dtype, k)
+      name = figures.get(("spec", vocab, dtype, k))
+      lines += [f"![verification k={k}]({name})", ""] if name else []
+  return "\n".join(lines)
+
+
+def render(doc: dict, out: str | os.PathLike) -> dict:
+  """Writes ``report.json``, the figures and ``report.md`` into ``out``; returns ``doc``."""
+  folder = pathlib.Path(out)
+  folder.mkdir(parents=True, exist_ok=True)
+  runner.write_json(doc, folder / "report.json")
+  figures = plots.draw_all(doc, folder)
+  (folder / "report.md").write_text(_markdown(doc, figures))
+  print(f"# report: {len(doc['rows'])} rows, {len(figures)} figures -> {folder}/report.md",
+        flush=True)
+  return doc
+
+
+def main(opts: argparse.Namespace) -> int:
+  run(opts)
+  return 0

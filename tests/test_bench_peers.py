@@ -1,0 +1,145 @@
+"""The vLLM peers' loader on CPU: source resolution, the stand-in ``vllm.*``
+modules and the launch binding of vLLM's Triton dispatchers (the kernels
+themselves run in tests/test_gpu_peers.py)."""
+
+import sys
+import types
+
+import pytest
+
+from jaxsample.bench import peers, vllm_peers
+
+
+def _source_tree(root, files=vllm_peers.FILES.values()):
+  for name in files:
+    (root / name).parent.mkdir(parents=True, exist_ok=True)
+    (root / name).write_text("# stand-in\n")
+  return root
+
+
+def test_resolve_source_names_the_fix(tmp_path, monkeypatch):
+  monkeypatch.delenv(vllm_peers.ENV_VAR, raising=False)
+  with pytest.raises(vllm_peers.VllmSourceError, match="--vllm-src PATH or set JAXSAMPLE"):
+    vllm_peers.resolve_source(None)
+  with pytest.raises(vllm_peers.VllmSourceError, match="no such folder"):
+    vllm_peers.resolve_source(tmp_path / "absent")
+  partial = _source_tree(tmp_path / "partial", list(vllm_peers.FILES.values())[:1])
+  with pytest.raises(vllm_peers.VllmSourceError) as error:
+    vllm_peers.resolve_source(partial)
+  assert vllm_peers.FILES["gumbel"] in str(error.value)
+  assert vllm_peers.FILES["topk_topp"] not in str(error.value)
+  full = _source_tree(tmp_path / "full")
+  assert vllm_peers.resolve_source(full) == full
+  monkeypatch.setenv(vllm_peers.ENV_VAR, str(full))  # the environment variable stands in
+  assert vllm_peers.resolve_source(None) == full
+  assert vllm_peers.source_commit(full) is None
+  (full / "COMMIT").write_text("vllm 0.33.0 (commit 4ba787ec9)\nmore lines\n")
+  assert vllm_peers.source_commit(full) == "vllm 0.33.0 (commit 4ba787ec9)"
+
+
+@pytest.mark.skipif(peers.torch_module() is not None, reason="torch with CUDA is here")
+def test_load_without_torch_says_what_it_needs(tmp_path):
+  with pytest.raises(RuntimeError, match="torch and Triton with a CUDA GPU"):
+    vllm_peers.load(_source_tree(tmp_path))
+
+
+def test_shim_modules_stand_in_for_the_imported_helpers():
+  shims = vllm_peers.shim_modules()
+  # Every vllm.* import of the three files (vLLM 0.33.0).
+  wanted = {
+      "vllm.platforms": ("current_platform",),
+      "vllm.utils.gpu_sync_debug": ("gpu_sync_allowed",),
+      "vllm.utils.math_utils": ("next_power_of_2",),
+      "vllm.utils.platform_utils": ("num_compute_units",),
+      "vllm.model_executor.warmup.jit_warmup": ("WarmupChoices", "WarmupIntRange", "_when"),
+      "vllm.model_executor.warmup.jit_warmup_triton_helper": (
+          "DispatchSpec", "TritonWarmupTensor", "triton_kernel_dispatcher_with_warmup"),
+  }
+  for module, names in wanted.items():
+    assert all(name in vars(shims[module]) for name in names), module
+  # tl and triton come on first use (Triton is optional): the name resolves lazily
+  assert isinstance(shims["vllm.triton_utils"].HAS_TRITON, bool)
+  math_utils = shims["vllm.utils.math_utils"]
+  assert [math_utils.next_power_of_2(n) for n in (0, 1, 2, 3, 5, 64, 65)] == [
+      1, 1, 2, 4, 8, 64, 128]
+  with shims["vllm.utils.gpu_sync_debug"].gpu_sync_allowed():
+    pass
+  platform = shims["vllm.platforms"].current_platform
+  assert platform.is_cuda_alike() and platform.is_cuda() and platform.device_type == "cuda"
+  with pytest.raises(AttributeError, match="stand-in"):
+    shims["vllm.triton_utils"].tldevice
+  with pytest.raises(NotImplementedError):
+    shims["vllm.model_executor.warmup.jit_warmup"].WarmupChoices(1, 2)
+
+
+def test_shims_leave_sys_modules_as_they_were():
+  sentinel = types.ModuleType("vllm")
+  saved = sys.modules.get("vllm")
+  sys.modules["vllm"] = sentinel
+  try:
+    with vllm_peers._shims_installed():
+      assert sys.modules["vllm"] is not sentinel
+      assert "vllm.utils.math_utils" in sys.modules
+    assert sys.modules["vllm"] is sentinel and "vllm.utils.math_utils" not in sys.modules
+  finally:
+    if saved is None:
+      sys.modules.pop("vllm")
+    else:
+      sys.modules["vllm"] = saved
+
+
+class _Tensor:
+  def __init__(self, strides):
+    self.strides = strides
+
+  def stride(self, dim):
+    return self.strides[dim]
+
+
+# The argument names of vLLM 0.33.0's _topk_topp_kernel, in order.
+TOPK_TOPP_ARGS = ("LOGITS", "LOGITS_STRIDE_0", "BUFFER", "PERCENTILE_TO_STD_TABLE",
+                  "NORMAL_CDF_TO_SIGMA_TABLE", "K", "P", "BATCH_SIZE", "VOCAB_SIZE",
+                  "MASK_VALUE", "BLOCK_SIZE", "BLOCK_SIZE_TRUNC", "TOPK_ENABLED",
+                  "TOPP_ENABLED", "SPLIT_COVERS_PONLY")
+
+
+def test_bind_launch_follows_the_dispatcher_naming_rule():
+  logits, buffer, k = _Tensor((4096, 1)), _Tensor((4096, 1)), _Tensor((1,))
+  inputs = dict(logits=logits, buffer=buffer, percentile_to_std_table="pct",
+                normal_cdf_to_sigma_table="cdf", k=k, p=None, mask_value=-1.0, num_sm=132)
+  launch = dict(K=k, P=logits, BATCH_SIZE=2, VOCAB_SIZE=4096, BLOCK_SIZE=8192,
+                BLOCK_SIZE_TRUNC=4096, TOPK_ENABLED=True, TOPP_ENABLED=False,
+                SPLIT_COVERS_PONLY=False, num_warps=8)
+  bound = vllm_peers.bind_launch(TOPK_TOPP_ARGS, inputs, launch)
+  assert bound["LOGITS"] is logits and bound["BUFFER"] is buffer
+  assert bound["LOGITS_STRIDE_0"] == 4096 and bound["MASK_VALUE"] == -1.0
+  assert bound["P"] is logits  # set by the dispatcher: the input p=None does not replace it
+  assert (bound["PERCENTILE_TO_STD_TABLE"], bound["NORMAL_CDF_TO_SIGMA_TABLE"]) == ("pct", "cdf")
+  assert "num_sm" not in bound and bound["num_warps"] == 8
+  assert set(TOPK_TOPP_ARGS) <= set(bound)
+  # lower-case pointers and strides without a dimension (gumbel-style names)
+  lower = vllm_peers.bind_launch(("logits_ptr", "logits_stride", "out_ptr", "out_stride_1"),
+                                 dict(logits=_Tensor((7, 1)), out=_Tensor((5, 3))), {})
+  assert lower["logits_stride"] == 7 and lower["out_stride_1"] == 3
+
+
+def test_dispatcher_launches_the_kernel_with_the_bound_arguments():
+  launched = []
+
+  class Kernel:
+    arg_names = ("X", "X_STRIDE_0", "N", "BLOCK")
+
+    def __getitem__(self, grid):
+      return lambda **kwargs: launched.append((grid, kwargs))
+
+  helper = vllm_peers.shim_modules()["vllm.model_executor.warmup.jit_warmup_triton_helper"]
+
+  @helper.triton_kernel_dispatcher_with_warmup(kernel=Kernel(), warmup_inputs=None)
+  def dispatch(x, n, scale=2):
+    return (n * scale,), dict(BLOCK=128), "outputs"
+
+  x = _Tensor((64, 1))
+  assert dispatch(x, 3) == "outputs"
+  assert launched == [((6,), dict(BLOCK=128, X=x, N=3, X_STRIDE_0=64))]
+  with pytest.raises(NotImplementedError, match="kernel="):
+    helper.triton_kernel_dispatcher_with_warmup(warmup_inputs=None)
