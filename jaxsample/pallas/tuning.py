@@ -144,7 +144,7 @@ class PassLaunch(Launch):
 
 @dataclasses.dataclass(frozen=True)
 class StatsLaunch(PassLaunch):
-  """Truncation pass 1 (``jaxsample_truncation_stats``); 4 x 512 with 4 warps
+  """Truncation pass 1 (``jaxsample_row_stats``); 4 x 512 with 4 warps
   beat 1 x 1024, 2 x 1024 and 4 x 1024 with 8 warps on an H100 (commit
   0c70631; that sweep's log was not kept)."""
 
