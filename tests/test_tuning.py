@@ -194,11 +194,18 @@ def test_old_global_knobs_name_the_new_way(knob):
     (lambda: SelectLaunch(num_warps=None), "SelectLaunch.num_warps"),
     (lambda: PackLaunch(num_warps=2.0), "PackLaunch.num_warps"),
     (lambda: Tuning(stats=CompactLaunch()), "Tuning.stats"),
+    (lambda: Occupancy(programs_per_sm=((4, 3),)), "programs_per_sm"),
+    (lambda: Occupancy(sm_count=0), "Occupancy.sm_count"),
     (lambda: SamplerConfig(tuning=StatsLaunch()), "tuning must be"),
 ])
 def test_bad_tuning_values_raise_naming_the_field(make, match):
   with pytest.raises(ValueError, match=match):
     make()
+
+
+def test_numpy_integers_are_accepted():
+  assert StatsLaunch(block_size=np.int64(1024), num_warps=np.int32(8)) == (
+      StatsLaunch(block_size=1024, num_warps=8))
 
 
 def test_configs_are_hashable_static_arguments():

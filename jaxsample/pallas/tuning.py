@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 
 import jax
 from jax.experimental.pallas import triton as plgpu
@@ -32,7 +33,8 @@ def _check(owner, name: str, value, *, pow2: bool = False,
            optional: bool = False) -> None:
   if value is None and optional:
     return
-  ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+  ok = (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        and value >= 1)
   if pow2:
     ok = ok and value >= 16 and not value & (value - 1)
   if not ok:
@@ -195,6 +197,18 @@ class Occupancy:
   sm_count: int = 132
   programs_per_sm: tuple[tuple[int, int], ...] = ((1, 15), (2, 6), (4, 3))
   one_warp_resident: int = 16
+
+  def __post_init__(self):
+    _check(self, "sm_count", self.sm_count)
+    _check(self, "one_warp_resident", self.one_warp_resident)
+    pairs = self.programs_per_sm
+    if not (isinstance(pairs, tuple) and all(
+        isinstance(p, tuple) and len(p) == 2 and all(
+            isinstance(v, numbers.Integral) and v >= 1 for v in p)
+        for p in pairs) and 1 in dict(pairs)):
+      raise ValueError(
+          "Occupancy.programs_per_sm must be a tuple of (warps, programs) int "
+          f"pairs with an entry for 1 warp; got {pairs!r}")
 
   def splits(self, rows: int, n_tiles: int, num_warps: int) -> int:
     """Splits per row: ``programs_per_sm`` programs per SM, rounded up; for
