@@ -191,6 +191,8 @@ def bench_shape(name, config, batches, steps, sampler_config, iters):
                  "sampler_alone_us": alone, "weight_bytes": weight_bytes,
                  "cache_bytes": cache_bytes, "logits_bytes": logits_bytes,
                  "floor": logits_bytes / (weight_bytes + cache_bytes)})
+    # Each row as soon as it is measured: a run cut short keeps what it did.
+    print(json.dumps(rows[-1]), flush=True)
     del state
   return rows
 
@@ -233,6 +235,7 @@ def bench_embedded(batches, new_tokens, sampler_config):
     tokens = int(np.sum(out.num_tokens))
     rows.append({"batch": batch, "tokens": tokens, "seconds": seconds,
                  "tokens_per_s": tokens / seconds})
+    print(json.dumps({"embedded": rows[-1]}), flush=True)
   return rows
 
 
