@@ -8,7 +8,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxsample import dispatch, reference, sampling_mask, xla_search
+from jaxsample import (dispatch, partition, reference, sampling_mask,
+                       xla_search)
 from jaxsample.pallas import sampler
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.processors import LogitsProcessors, maybe_apply
@@ -39,14 +40,20 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   config = as_config(config)
   logits = jnp.asarray(logits)
   params = dispatch.check_logits(logits, params)
+  partition.check_unsharded_vocab(logits)
   logits = maybe_apply(logits, processors)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(logits.shape[1])
   backend = dispatch.backend(config)
-  if backend == "pallas" and logits.shape[0]:
-    return sampler.extract_pallas(logits, params, config)
-  process = (xla_search.process if backend == "xla_search" and
-             logits.shape[0] else reference.process)
-  return sampling_mask.from_processed(
-      process(logits, params, order_width=config.max_mask_ids),
-      params, config.max_mask_ids)
+
+  def rows(batched, _):
+    logits, params = batched
+    if backend == "pallas" and logits.shape[0]:
+      return sampler.extract_pallas(logits, params, config)
+    process = (xla_search.process if backend == "xla_search" and
+               logits.shape[0] else reference.process)
+    return sampling_mask.from_processed(
+        process(logits, params, order_width=config.max_mask_ids),
+        params, config.max_mask_ids)
+
+  return partition.by_batch_shard(rows, (logits, params))

@@ -48,11 +48,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxsample import rng
+from jaxsample import rng, rowwise
 from jaxsample.params import SamplingParams
 
-__all__ = ["divide", "finalize", "keep_threshold", "log_probs",
-           "logsumexp_where", "process", "Processed", "race_tokens",
+__all__ = ["divide", "exact_sum", "finalize", "fixed_point_limbs",
+           "keep_threshold", "limbs_to_float", "log_probs", "logsumexp_where", "process", "Processed", "race_tokens",
            "sample_reference", "SampleResult", "sanitize", "temper", "top_ids"]
 
 
@@ -152,11 +152,62 @@ def top_ids(y: jax.Array, last: jax.Array, width: int) -> jax.Array:
   return order
 
 
+LIMB_BITS = 12
+LIMBS = 5
+MAX_SUM_TERMS = 2**19
+"""``exact_sum`` adds at most this many terms (int32 limb sums)."""
+
+
+def fixed_point_limbs(e: jax.Array) -> jax.Array:
+  """Integer sums ``[..., LIMBS]`` of the base-2^12 digits of terms ``e``
+  ``[..., n]`` in [0, 1] (fp32), ``n <= MAX_SUM_TERMS``: digit ``k`` of
+  ``e`` is ``floor(e 2^(12 (k + 1))) mod 2^12`` (the first one may be 2^12
+  for ``e = 1``), so the terms are cut to multiples of 2^-60.  Integer
+  sums: the same whatever the order or grouping of the terms (rows of any
+  batch, vocab shards added with ``psum``)."""
+  digits = []
+  rest = jnp.minimum(e.astype(jnp.float32), 1.0)  # inf: invalid rows
+  for _ in range(LIMBS):
+    rest = rest * float(2**LIMB_BITS)  # exact: a power of 2
+    digit = jnp.floor(rest)
+    rest = rest - digit  # exact: the fraction of an fp32
+    digits.append(jnp.sum(digit.astype(jnp.int32), axis=-1))
+  return jnp.stack(digits, axis=-1)
+
+
+def limbs_to_float(limbs: jax.Array) -> jax.Array:
+  """fp32 value ``sum_k limbs_k 2^(-12 (k + 1))`` of ``fixed_point_limbs``'
+  sums: carries normalized in integers, then one fp32 Horner pass from the
+  lowest digit (deterministic; within 1 ulp of the exact value)."""
+  digits = [limbs[..., k] for k in range(LIMBS)]
+  for k in range(LIMBS - 1, 0, -1):
+    digits[k - 1] = digits[k - 1] + (digits[k] >> LIMB_BITS)
+    digits[k] = digits[k] & (2**LIMB_BITS - 1)
+  value = digits[-1].astype(jnp.float32)
+  for digit in digits[-2::-1]:
+    value = digit.astype(jnp.float32) + value * float(2**-LIMB_BITS)
+  return value * float(2**-LIMB_BITS)
+
+
+def exact_sum(e: jax.Array) -> jax.Array:
+  """``sum(e, axis=-1)`` for terms in [0, 1], independent of the order and
+  grouping of the terms (``fixed_point_limbs``); a float sum's rounding
+  depends on how XLA tiles the reduction, which changes with the batch
+  size.  Each term is cut to a multiple of 2^-60: an error below ``n``
+  2^-60, far under fp32's 2^-24 relative of a sum ``>= 1``."""
+  if e.shape[-1] > MAX_SUM_TERMS:
+    raise ValueError(
+        f"the XLA paths sum at most {MAX_SUM_TERMS} vocab entries per row; "
+        f"got V = {e.shape[-1]}: use implementation='pallas'")
+  return limbs_to_float(fixed_point_limbs(e))
+
+
 def logsumexp_where(y: jax.Array, keep: jax.Array):
-  """``(shift, log(sum_{keep} exp(y - shift)))`` per row, shift = kept max."""
+  """``(shift, log(sum_{keep} exp(y - shift)))`` per row, shift = kept max;
+  the sum is ``exact_sum``'s (bit-identical for any batch or vocab split)."""
   m = jnp.max(jnp.where(keep, y, -jnp.inf), axis=-1, keepdims=True)
   m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-  s = jnp.sum(jnp.where(keep, jnp.exp(y - m_safe), 0.0), axis=-1)
+  s = exact_sum(jnp.where(keep, jnp.exp(y - m_safe), 0.0))
   return m_safe[:, 0], jnp.log(s)
 
 
@@ -229,9 +280,9 @@ def process(logits: jax.Array, params: SamplingParams, *,
     return (threshold, jnp.zeros((batch, width), jnp.int32)) if width else (
         threshold)
 
-  found = jax.lax.cond(jnp.any(params.truncates()),
-                       lambda: keep_threshold(y_safe, params, width),
-                       untruncated)
+  found = rowwise.manual_cond(jnp.any(params.truncates()),
+                              lambda: keep_threshold(y_safe, params, width),
+                              untruncated)
   threshold, order = found if width else (found, None)
   keep = (y >= threshold[:, None]) & (y > -jnp.inf)
   shift, log_sum = logsumexp_where(y, keep)
@@ -254,14 +305,19 @@ def log_probs(proc: Processed, params: SamplingParams) -> jax.Array:
   return jnp.where(valid, jnp.where(greedy, point, sampled), -jnp.inf)
 
 
-def race_tokens(proc: Processed, params: SamplingParams,
-                noise: jax.Array) -> jax.Array:
-  """Steps 3 and 5: argmax of greedy/invalid rows, Gumbel-max on ``K`` otherwise."""
+def _first_argmax(values: jax.Array) -> jax.Array:
+  return jnp.argmax(values, axis=-1).astype(jnp.int32)
+
+
+def race_tokens(proc: Processed, params: SamplingParams, noise: jax.Array, *,
+                argmax=_first_argmax) -> jax.Array:
+  """Steps 3 and 5: argmax of greedy/invalid rows, Gumbel-max on ``K``
+  otherwise.  ``argmax``: the int32 id of each row's first largest value
+  (of rows split over devices: ``xla_search.Split.argmax``)."""
   race = proc.y.astype(noise.dtype) + noise
   race = jnp.where(proc.keep, race, -jnp.inf)
   plain = (params.temperature == 0) | ~jnp.isfinite(proc.row_max)
-  return jnp.where(plain, jnp.argmax(proc.y, axis=-1),
-                   jnp.argmax(race, axis=-1)).astype(jnp.int32)
+  return jnp.where(plain, argmax(proc.y), argmax(race))
 
 
 def sample_reference(logits: jax.Array, params: SamplingParams,

@@ -197,14 +197,16 @@ def _is_typed_key(key) -> bool:
                                                         jax.dtypes.prng_key)
 
 
-def row_streams(key, positions, batch_size: int,
-                vocab_size: int) -> tuple[RowStreams, bool]:
+def row_streams(key, positions, batch_size: int, vocab_size: int, *,
+                first_row=0) -> tuple[RowStreams, bool]:
   """Per-row streams for one batch key or per-request keys (see module doc).
 
-  Returns the streams and whether the keys were per request.
+  ``first_row``: the global index of row 0 (a batch shard's first row) for
+  one batch key's counters.  Returns the streams and whether the keys were
+  per request.
   """
   data = key_words(key)
-  rows = jnp.arange(batch_size, dtype=_U32)
+  rows = jnp.arange(batch_size, dtype=_U32) + _u32(first_row)
   if data.ndim == 1:
     if positions is not None:
       raise ValueError(
@@ -339,8 +341,14 @@ def gumbel(u: jax.Array) -> jax.Array:
 
 
 def gumbel_noise(generator: str, streams: RowStreams, vocab_size: int, *,
-                 fp64: bool = False) -> jax.Array:
-  """Gumbel noise ``[B, V]`` for every row and vocab id (XLA reference path)."""
+                 fp64: bool = False, first_id=None) -> jax.Array:
+  """Gumbel noise ``[B, V]`` for every row and vocab id (XLA reference path);
+  with ``first_id`` (traced), for the ``vocab_size`` ids from it (a vocab
+  shard's)."""
+  if first_id is not None:
+    ids = _u32(first_id) + jnp.arange(vocab_size, dtype=_U32)[None, :]
+    column = jax.tree.map(lambda a: a[:, None], streams)
+    return gumbel(uniform(bits_at(generator, column, ids, wide=fp64)))
   if generator == "philox":
     n_tiles = -(-vocab_size // PHILOX_TILE)
     starts = (jnp.arange(n_tiles, dtype=_U32) * _u32(PHILOX_TILE))[None, :,

@@ -1,5 +1,7 @@
 """Per-row helpers for batches of ``[B, ...]`` arrays: choosing between two
-results row by row, and running a branch only when some row needs it."""
+results row by row, and running a branch only when some row needs it (inside
+``jax.shard_map`` too: the branch functions type their outputs' varying
+manual axes, ``manual_switch``)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 
-__all__ = ["cond", "only_if", "pack_rows", "switch", "unpack_rows",
+__all__ = ["barrier", "cond", "manual_cond", "manual_switch", "mark_varying",
+           "only_if", "pack_rows", "switch", "unpack_rows", "varying_axes",
            "where_rows"]
 
 
@@ -32,8 +35,56 @@ def cond(pred: jax.Array, true_fn, false_fn, *, unknown=None):
   except jax.errors.ConcretizationTypeError:
     taken = None
   if taken is None:
-    return unknown() if unknown else jax.lax.cond(pred, true_fn, false_fn)
+    return unknown() if unknown else manual_cond(pred, true_fn, false_fn)
   return true_fn() if taken else false_fn()
+
+
+def barrier(values):
+  """``lax.optimization_barrier`` of a pytree of arrays; inside
+  ``jax.shard_map`` one barrier per array (a barrier of several crashes
+  XLA's SPMD partitioner there in jax 0.11.2: "cannot be downcasted to
+  HloGetTupleElementInstruction")."""
+  if jax.sharding.get_abstract_mesh().manual_axes:
+    return jax.tree.map(jax.lax.optimization_barrier, values)
+  return jax.lax.optimization_barrier(values)
+
+
+def varying_axes(x) -> frozenset:
+  """The manual mesh axes ``x`` varies over (``jax.shard_map``'s vma)."""
+  return jax.typeof(x).manual_axis_type.varying
+
+
+def mark_varying(x, axes):
+  """``x`` typed as varying over ``axes`` too (``lax.pcast``; no data moves)."""
+  missing = tuple(sorted(frozenset(axes) - varying_axes(x)))
+  return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
+def manual_cond(pred: jax.Array, true_fn, false_fn):
+  """``lax.cond`` that ``manual_switch`` types (branches may differ in the
+  manual axes their outputs vary over)."""
+  return manual_switch(jnp.asarray(pred, jnp.int32), [false_fn, true_fn])
+
+
+def manual_switch(index: jax.Array, branches):
+  """``lax.switch`` whose branches may differ in the manual axes their
+  outputs vary over (inside ``jax.shard_map`` with ``check_vma``: a constant
+  in one branch, a value computed from the shard in another): each output is
+  marked varying over the union of the branches' axes.  Each branch is
+  traced once (then replayed); outside ``shard_map`` a plain
+  ``lax.switch``."""
+  if not jax.sharding.get_abstract_mesh().manual_axes:
+    return jax.lax.switch(index, branches)
+  traced = [jax.make_jaxpr(f, return_shape=True)() for f in branches]
+  axes = [frozenset().union(*(a.manual_axis_type.varying for a in avals))
+          for avals in zip(*(t[0].out_avals for t in traced))]
+
+  def replay(jaxpr, shapes):
+    outs = jax.extend.core.jaxpr_as_fun(jaxpr)()
+    return jax.tree.unflatten(jax.tree.structure(shapes), [
+        mark_varying(o, a) for o, a in zip(outs, axes)])
+
+  return jax.lax.switch(index, [lambda t=t: replay(*t) for t in traced])
 
 
 def switch(index: jax.Array, branches):
@@ -43,7 +94,7 @@ def switch(index: jax.Array, branches):
     taken = int(index)
   except (jax.errors.ConcretizationTypeError,
           jax.errors.TracerIntegerConversionError):
-    return jax.lax.switch(index, branches)
+    return manual_switch(index, branches)
   return branches[min(max(taken, 0), len(branches) - 1)]()
 
 
@@ -98,18 +149,22 @@ def only_if(needed, fn, *, pack: bool = True):
   # twice, and nested calls 2^depth times): the cond branch replays its jaxpr.
   traced, shapes = jax.make_jaxpr(fn, return_shape=True)()
   consts = list(traced.consts)
-  rows = {b: [i for i, c in enumerate(consts) if row_length(c) == b]
-          for b in lengths}
+  # One operand per row length and set of manual axes the values vary
+  # over (inside jax.shard_map): a replayed value keeps its type.
+  group = lambda c: (row_length(c), tuple(sorted(varying_axes(c))))
+  groups = sorted({group(c) for c in consts if row_length(c)})
+  rows = {g: [i for i, c in enumerate(consts) if row_length(c) and
+              group(c) == g] for g in groups}
   # The barrier keeps each packed operand one array: XLA would fold the
   # branch's slices of the stack back into the stack's operands.
-  inputs = jax.lax.optimization_barrier(
-      [pack_rows([consts[i] for i in rows[b]], b) for b in lengths])
+  inputs = barrier(
+      [pack_rows([consts[i] for i in rows[g]], g[0]) for g in groups])
 
   def replay():
     values = list(consts)
-    for b, block in zip(lengths, inputs):
-      for i, v in zip(rows[b], unpack_rows(block, [consts[i].dtype
-                                                   for i in rows[b]])):
+    for g, block in zip(groups, inputs):
+      for i, v in zip(rows[g], unpack_rows(block, [consts[i].dtype
+                                                   for i in rows[g]])):
         values[i] = v
     return jax.tree.unflatten(jax.tree.structure(shapes), jax.extend.core.
                               jaxpr_as_fun(traced.replace(consts=values))())

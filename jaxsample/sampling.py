@@ -11,14 +11,14 @@ from typing import Literal, overload
 import jax
 import jax.numpy as jnp
 
-from jaxsample import (dispatch, mask, processors as processing, reference, rng,
-                       sampling_mask, xla_search)
+from jaxsample import (dispatch, mask, partition, processors as processing,
+                       reference, rng, sampling_mask, xla_search)
 from jaxsample.pallas import sampler
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.reference import SampleResult
 from jaxsample.sampling_mask import SamplingMask
 
-__all__ = ["sample"]
+__all__ = ["sample", "sample_rows"]
 
 
 @overload
@@ -97,9 +97,13 @@ def sample(logits: jax.Array,
   config = as_config(config)
   logits = jnp.asarray(logits)
   params = dispatch.check_logits(logits, params)
+  partition.check_unsharded_vocab(logits)
   logits = processing.maybe_apply(logits, processors)
   batch, vocab = logits.shape
-  streams, _ = rng.row_streams(key, positions, batch, vocab)
+  # Inside shard_map a batch shard counts one key's rows globally.
+  _, first_row = partition.manual_rows(logits, batch)
+  streams, _ = rng.row_streams(key, positions, batch, vocab,
+                               first_row=first_row)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(vocab)
   if batch == 0:
@@ -108,19 +112,27 @@ def sample(logits: jax.Array,
     if not return_mask:
       return result
     return result, mask.extract_sampling_mask(logits, params, config=config)
+  rows = lambda batched, _: sample_rows(*batched, config, return_mask)
   with dispatch.x64_scope(config.use_fp64_gumbel, logits, key, positions,
                           *jax.tree.leaves(params)):
-    if dispatch.use_pallas(config):
-      out = sampler.sample_pallas(logits, params, streams, config, return_mask)
-      result, result_mask = out if return_mask else (out, None)
-    else:
-      result, result_mask = _sample_xla(logits, params, streams, config,
-                                        return_mask)
+    result, result_mask = partition.by_batch_shard(
+        rows, (logits, params, streams))
   if not return_mask:
     return result
   # Valid rows' tokens are in their kept sets: listed even on overflow.
   return result, sampling_mask.with_token(result_mask, result.tokens,
                                           result.valid)
+
+
+def sample_rows(logits, params: SamplingParams, streams: rng.RowStreams,
+                config: SamplerConfig, return_mask: bool):
+  """``sample``'s ``(SampleResult, mask or None)`` for canonical ``params``
+  and the rows' noise streams, on the backend ``config`` picks (the mask
+  before ``sampling_mask.with_token``)."""
+  if dispatch.use_pallas(config):
+    out = sampler.sample_pallas(logits, params, streams, config, return_mask)
+    return out if return_mask else (out, None)
+  return _sample_xla(logits, params, streams, config, return_mask)
 
 
 def _sample_xla(logits, params: SamplingParams, streams: rng.RowStreams,

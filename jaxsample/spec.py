@@ -119,14 +119,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsample import (dispatch, mask, reference, rng, rowwise, sampling_mask,
-                       spec_reference, xla_search)
+from jaxsample import (dispatch, mask, partition, reference, rng, rowwise,
+                       sampling_mask, spec_reference, xla_search)
 from jaxsample.pallas import sampler, threshold
 from jaxsample.pallas import spec as kernels
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.processors import LogitsProcessors, apply_to_slots
 from jaxsample.sampling_mask import SamplingMask
-from jaxsample.spec_reference import SpecResult, per_row_params, stream_keys
+from jaxsample.spec_reference import (SpecResult, per_row_params, request_keys,
+                                      stream_keys)
 
 __all__ = ["SpecResult", "rejection_sample", "stream_keys"]
 
@@ -268,6 +269,7 @@ def rejection_sample(target_logits: jax.Array,
       positions = arrays
   _check_inputs(target_logits, draft_tokens, num_draft, params, draft_logits,
                 synthetic_rates, positions)
+  partition.check_unsharded_vocab(target_logits)
   target_logits, draft_logits = apply_to_slots(processors, target_logits,
                                                draft_tokens, draft_logits)
   batch, k1, vocab = target_logits.shape
@@ -289,47 +291,64 @@ def rejection_sample(target_logits: jax.Array,
   n = jnp.clip(num_draft, 0, k1 - 1).astype(jnp.int32)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(vocab)
-    truncating = jnp.any(params.truncates() & (params.temperature > 0))
+  # Per-request keys from here on: a batch shard's requests keep theirs.
+  key = request_keys(key, batch,
+                     partition.manual_rows(target_logits, batch)[1])
   with dispatch.x64_scope(config.use_fp64_gumbel, target_logits, key,
                           positions, *jax.tree.leaves(params)):
-    if not dispatch.use_pallas(config):
-      result, rows = spec_reference.reject_xla(
-          target_logits, draft_tokens, n, params, key, draft_logits,
-          synthetic_rates, positions, config.rng, config.use_fp64_gumbel,
-          config.max_mask_ids * return_mask,
-          xla_search.process if dispatch.backend(config) == "xla_search"
-          else reference.process)
-    else:
-      noise_keys, accept_keys = stream_keys(key, batch)
-      d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
-      width = config.max_mask_ids if return_mask else 0
-
-      def floored():
-        floors = kernels.kept_floors(target_logits, draft_logits, n, params,
-                                     config, order_width=width)
-        return fused(floors), dataclasses.replace(
-            floors.target, ordered_ids=floors.target_ids) if width else None
-
-      fused = lambda floors: kernels.reject(
-          target_logits, d, n, params, noise_keys, accept_keys,
-          positions.astype(jnp.uint32), draft_logits, synthetic_rates, config,
-          floors)
-      # With traced params a lax.cond (its predicate's trip on every call):
-      # the threshold kernels of an untruncated batch would cost more, idle
-      # (scripts/measure_host_gaps.py).
-      result, sets = rowwise.cond(
-          truncating, floored, lambda: (fused(None), threshold.untruncated_sets(
-              (batch, k1), width) if width else None))
-      # Slots past num_draft are never emitted: greedy, their masks cost an
-      # argmax (and are blanked).
-      rows = sampler.kept_set_masks(
-          target_logits.reshape(batch * k1, vocab),
-          per_row_params(params, k1, jnp.arange(k1) <= n[:, None]),
-          jax.tree.map(lambda a: a.reshape((batch * k1,) + a.shape[2:]),
-                       sets), config) if width else None
+    result, rows = partition.by_batch_shard(
+        lambda batched, shared: _verify_rows(*batched, *shared, config,
+                                             return_mask),
+        (target_logits, draft_tokens, n, params, key, positions,
+         draft_logits), (synthetic_rates,))
   if not return_mask:
     return result
   # The emitted tokens of their kept sets are listed even on overflow.
   return result, sampling_mask.with_token(
       spec_reference.slot_masks(rows, result.num_accepted, k1),
       result.tokens.T, (result.logprobs > -jnp.inf).T)
+
+
+def _verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,
+                 positions, draft_logits, synthetic_rates,
+                 config: SamplerConfig, return_mask: bool):
+  """``rejection_sample`` of a batch (or a batch shard) of checked inputs,
+  canonical ``params``, per-request keys and clipped ``n``: ``(SpecResult,
+  the target rows' masks or None)`` on the backend ``config`` picks."""
+  batch, k1, vocab = target_logits.shape
+  if not dispatch.use_pallas(config):
+    return spec_reference.reject_xla(
+        target_logits, draft_tokens, n, params, key, draft_logits,
+        synthetic_rates, positions, config.rng, config.use_fp64_gumbel,
+        config.max_mask_ids * return_mask,
+        xla_search.process if dispatch.backend(config) == "xla_search"
+        else reference.process)
+  with jax.ensure_compile_time_eval():  # known for concrete params
+    truncating = jnp.any(params.truncates() & (params.temperature > 0))
+  noise_keys, accept_keys = stream_keys(key, batch)
+  d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
+  width = config.max_mask_ids if return_mask else 0
+
+  def floored():
+    floors = kernels.kept_floors(target_logits, draft_logits, n, params,
+                                 config, order_width=width)
+    return fused(floors), dataclasses.replace(
+        floors.target, ordered_ids=floors.target_ids) if width else None
+
+  fused = lambda floors: kernels.reject(
+      target_logits, d, n, params, noise_keys, accept_keys,
+      positions.astype(jnp.uint32), draft_logits, synthetic_rates, config,
+      floors)
+  # With traced params a lax.cond (its predicate's trip on every call):
+  # the threshold kernels of an untruncated batch would cost more, idle
+  # (scripts/measure_host_gaps.py).
+  result, sets = rowwise.cond(
+      truncating, floored, lambda: (fused(None), threshold.untruncated_sets(
+          (batch, k1), width) if width else None))
+  # Slots past num_draft are never emitted: greedy, their masks cost an
+  # argmax (and are blanked).
+  return result, sampler.kept_set_masks(
+      target_logits.reshape(batch * k1, vocab),
+      per_row_params(params, k1, jnp.arange(k1) <= n[:, None]),
+      jax.tree.map(lambda a: a.reshape((batch * k1,) + a.shape[2:]),
+                   sets), config) if width else None

@@ -14,8 +14,8 @@ from jaxsample.params import SamplingParams
 from jaxsample.sampling_mask import SamplingMask
 
 __all__ = ["SpecResult", "acceptance_uniforms", "accepted_count", "assemble",
-           "per_row_params", "reject_xla", "residual_logits", "slot_masks",
-           "stream_keys"]
+           "per_row_params", "reject_xla", "request_keys", "residual_logits",
+           "slot_masks", "stream_keys"]
 
 
 @jax.tree_util.register_dataclass
@@ -29,18 +29,26 @@ class SpecResult:
   logprobs: jax.Array
 
 
-def stream_keys(key, batch_size: int) -> tuple[jax.Array, jax.Array]:
-  """``(noise_keys, accept_keys)``, raw ``[B, 2]`` uint32 (module doc)."""
+def request_keys(key, batch_size: int, first_row=0) -> jax.Array:
+  """Per-request keys, raw ``[B, 2]`` uint32: ``fold_in(key, b)`` for one
+  batch key (``b`` from ``first_row``, a batch shard's first request), the
+  keys themselves for per-request keys."""
   data = rng.key_words(key)
   if data.ndim == 1:
     base = jax.random.wrap_key_data(data, impl="threefry2x32")
-    requests = jax.vmap(jax.random.fold_in, (None, 0))(
-        base, jnp.arange(batch_size, dtype=jnp.uint32))
-  elif data.shape == (batch_size, 2):
-    requests = jax.random.wrap_key_data(data, impl="threefry2x32")
-  else:
+    rows = jnp.arange(batch_size, dtype=jnp.uint32) + jnp.uint32(first_row)
+    return jax.random.key_data(jax.vmap(jax.random.fold_in, (None, 0))(
+        base, rows))
+  if data.shape != (batch_size, 2):
     raise ValueError(f"key must be one key or {batch_size} per-request keys; "
                      f"got key data of shape {data.shape}")
+  return data
+
+
+def stream_keys(key, batch_size: int) -> tuple[jax.Array, jax.Array]:
+  """``(noise_keys, accept_keys)``, raw ``[B, 2]`` uint32 (module doc)."""
+  requests = jax.random.wrap_key_data(request_keys(key, batch_size),
+                                      impl="threefry2x32")
   purpose = lambda i: jax.random.key_data(
       jax.vmap(jax.random.fold_in, (0, None))(requests, i))
   return purpose(0), purpose(1)

@@ -45,11 +45,17 @@ a neighbouring token, and logprobs and mask ``logz`` differ by a few ulps.
 Greedy and invalid rows take no search (their kept sets are a point or
 empty whatever the filters): their ``Processed.keep`` is every finite entry.
 
-Vocab-sharded callers: every count and mass over the vocabulary goes through
-a ``reduce`` hook (default identity), e.g. ``lambda a: lax.psum(a, "vocab")``
-inside ``shard_map``, so ``reaching_key`` and ``masked_sum`` combine per-shard
-partials; the candidates of several shards combine by a ``lax.top_k`` over
-their concatenation.
+Sums of mass (``masked_sum``, the candidates' mass) are ``reference.
+exact_sum``'s fixed-point sums: the same bits for any batch size and any
+split of the vocabulary.
+
+Vocab-sharded callers (``jaxsample.sharded``) pass a ``Split``: every count
+and mass over the vocabulary goes through its ``reduce`` hook (e.g.
+``lambda a: lax.psum(a, "vocab")`` inside ``shard_map``), so ``reaching_key``
+and ``masked_sum`` combine per-shard partials; the candidates of the shards
+combine by a ``lax.top_k`` over their concatenation (``join``), and the
+whole-row argmax and race fallbacks combine each shard's best.  The result
+is the unsplit call's, bit for bit, on every shard.
 """
 
 from __future__ import annotations
@@ -66,7 +72,7 @@ from jaxsample import reference, rng, rowwise
 from jaxsample.params import SamplingParams
 from jaxsample.reference import Processed, SampleResult
 
-__all__ = ["CANDIDATE_WIDTHS", "GUMBEL_BOUND", "Search", "key_value",
+__all__ = ["CANDIDATE_WIDTHS", "GUMBEL_BOUND", "Search", "Split", "key_value",
            "masked_sum", "order_keys", "process", "reaching_key", "sample",
            "search"]
 
@@ -103,10 +109,15 @@ def key_value(key: jax.Array) -> jax.Array:
 
 
 def masked_sum(where: jax.Array, values, reduce: Reduce = _identity):
-  """``reduce(sum_v where[b, v] * values[b, v])`` ``[B]`` (``values`` may be
-  a scalar); counts are int32."""
+  """``sum_v where[b, v] * values[b, v]`` ``[B]`` over the row's devices
+  (``reduce``; ``values`` may be a scalar): counts in int32, float values
+  (in [0, 1]: masses) by ``reference.fixed_point_limbs`` (their integer
+  digit sums are what ``reduce`` adds), the same bits for any grouping."""
   values = jnp.broadcast_to(values, where.shape)
-  return reduce(jnp.sum(jnp.where(where, values, 0), axis=-1))
+  if jnp.issubdtype(values.dtype, jnp.integer):
+    return reduce(jnp.sum(jnp.where(where, values, 0), axis=-1))
+  return reference.limbs_to_float(reduce(reference.fixed_point_limbs(
+      jnp.where(where, values, 0.0))))
 
 
 def reaching_key(keys: jax.Array, weights: jax.Array, goal: jax.Array,
@@ -121,11 +132,14 @@ def reaching_key(keys: jax.Array, weights: jax.Array, goal: jax.Array,
   is the key of an entry.
   """
   def step(i, found):
-    trial = found | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
+    trial = found | (jnp.uint32(1) << jnp.asarray(31 - i, jnp.uint32))
     reached = masked_sum(keys >= trial[:, None], weights, reduce) >= goal
     return jnp.where(reached, trial, found)
 
-  return lax.fori_loop(0, 32, step, jnp.zeros(keys.shape[:1], jnp.uint32))
+  # The first step outside the loop: its result is typed as the loop's
+  # (inside shard_map, varying over the axes of the reduced sums).
+  return lax.fori_loop(1, 32, step,
+                       step(0, jnp.zeros(keys.shape[:1], jnp.uint32)))
 
 
 def tempered(logits: jax.Array, temperature: jax.Array) -> jax.Array:
@@ -133,6 +147,63 @@ def tempered(logits: jax.Array, temperature: jax.Array) -> jax.Array:
   as +0 (the reference's sort order has them equal)."""
   y = reference.temper(reference.sanitize(logits), temperature)
   return jnp.where(y == 0, 0.0, y)
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+  """How each row's vocabulary lies on devices; the default: whole on one.
+
+  Split (``jaxsample.sharded``): this device holds the row's columns from
+  global id ``offset`` (traced); ``vocab`` is the row's global size;
+  ``reduce`` adds per-device ``[B, ...]`` partials (a ``psum``); ``join``
+  concatenates per-device ``[B, W]`` arrays along the last axis in id order
+  (an all-gather).
+  """
+
+  vocab: int | None = None
+  offset: jax.Array | int = 0
+  reduce: Reduce = _identity
+  join: Reduce = _identity
+
+  def global_vocab(self, local: int) -> int:
+    return self.vocab or local
+
+  def first_id(self):
+    """``rng.gumbel_noise``'s ``first_id``: None on one device."""
+    return None if self.vocab is None else self.offset
+
+  def top(self, operand: jax.Array, width: int):
+    """``lax.top_k(row, width)`` of the whole rows: ``(values, global
+    ids)``, equal values in id order."""
+    vals, ids = lax.top_k(operand, min(width, operand.shape[-1]))
+    if self.vocab is None:
+      return vals, ids
+    vals, ids = self.join(vals), self.join(ids + self.offset)
+    if vals.shape[-1] > width:  # the shards in id order: ties stay so
+      vals, at = lax.top_k(vals, width)
+      ids = jnp.take_along_axis(ids, at, axis=-1)
+    return vals, ids
+
+  def argmax(self, values: jax.Array) -> jax.Array:
+    """int32 global id of each row's first largest value (no NaN)."""
+    local = jnp.argmax(values, axis=-1).astype(jnp.int32)
+    if self.vocab is None:
+      return local
+    best = self.join(jnp.max(values, axis=-1, keepdims=True))
+    ids = self.join(local[:, None] + self.offset)
+    return jnp.min(jnp.where(best == jnp.max(best, axis=-1, keepdims=True),
+                             ids, self.vocab), axis=-1)
+
+  def take(self, values: jax.Array, ids: jax.Array) -> jax.Array:
+    """``values[b, ids[b]]`` for global ``ids`` ``[B]`` in range (moved
+    unchanged from the device holding it)."""
+    if self.vocab is None:
+      return jnp.take_along_axis(values, ids[:, None], axis=-1)[:, 0]
+    local = values.shape[-1]
+    at = jnp.clip(ids - self.offset, 0, local - 1)
+    mine = jnp.take_along_axis(values, at[:, None], axis=-1)
+    return jnp.take_along_axis(self.join(mine), (ids // local)[:, None],
+                               axis=-1)[:, 0]
 
 
 @jax.tree_util.register_dataclass
@@ -184,8 +255,7 @@ def _where_needed(needed: jax.Array, compute, default: jax.Array):
 
 
 def _candidate_search(logits, operand, nan_rows, params: SamplingParams,
-                      width: int, order_width: int, noise_at,
-                      reduce: Reduce):
+                      width: int, order_width: int, noise_at, split: Split):
   """The kept sets (module doc) from ``width`` candidates: ``(row_max,
   threshold, log_sum, order, first, first_unsure, token, decided)`` (the
   last two None without ``noise_at``).  The candidates are the top-k of
@@ -194,11 +264,13 @@ def _candidate_search(logits, operand, nan_rows, params: SamplingParams,
   list other ids, so no ``order``), with ``nan_rows`` ``[B]`` (their NaN
   may rank anywhere; None for a tempered ``operand``).  Sampled valid rows with a filter take it, sampled
   valid rows get ``log_sum`` and a token.  Passes over the row compute
-  ``y`` where they run (inside their conds)."""
-  vocab = logits.shape[-1]
+  ``y`` where they run (inside their conds); sums over the row go through
+  ``split.reduce``."""
+  vocab = split.global_vocab(logits.shape[-1])
+  reduce = split.reduce
   # The barrier keeps XLA:CPU's top-k a TopK call: folding the uses of its
   # slice of a sort into gathers would leave a full sort of every row.
-  vals, ids = lax.optimization_barrier(lax.top_k(operand, width))
+  vals, ids = rowwise.barrier(split.top(operand, width))
   if nan_rows is not None:
     vals = tempered(vals, params.temperature)
   else:
@@ -232,7 +304,7 @@ def _candidate_search(logits, operand, nan_rows, params: SamplingParams,
   cumulative = jnp.cumsum(candidate_mass, axis=-1)
   total = _where_needed(top_p & ~inside(t12),
                         lambda: masked_sum(above(t12), mass(), reduce),
-                        cumulative[:, -1])
+                        reference.exact_sum(candidate_mass))
   goal = params.top_p * total
   reached = cumulative >= goal[:, None]
   t3 = _where_needed(
@@ -248,8 +320,8 @@ def _candidate_search(logits, operand, nan_rows, params: SamplingParams,
   log_sum = jnp.log(_where_needed(
       sampled & ~kept_inside, lambda: masked_sum(above(threshold), mass(),
                                                  reduce),
-      jnp.sum(jnp.where(kept, jnp.exp(vals - row_max[:, None]), 0.0),
-              axis=-1)))
+      reference.exact_sum(jnp.where(kept, jnp.exp(vals - row_max[:, None]),
+                                    0.0))))
   top = vals == vals[:, :1]
   head += (threshold, log_sum, ids[:, :order_width],
            jnp.min(jnp.where(top, ids, vocab), axis=-1),
@@ -265,27 +337,29 @@ def _candidate_search(logits, operand, nan_rows, params: SamplingParams,
 
 
 def search(logits: jax.Array, params: SamplingParams, *, order_width: int = 0,
-           noise_at=None, reduce: Reduce = _identity) -> Search:
+           noise_at=None, split: Split = Split()) -> Search:
   """The kept sets of ``logits`` ``[B, V]`` (``B >= 1``) under canonical
   ``params``, the reference's (module doc), with ``order`` ``min(
   order_width, V)`` wide.
 
   ``noise_at(ids)``: the Gumbel noise of ``ids`` ``[B, W]`` (the reference's
-  for those ids) to race the kept candidates.  ``reduce``: applied to every
-  sum over the vocabulary (module doc).
+  for those ids) to race the kept candidates.  ``split``: how the rows lie
+  on devices (module doc; ``logits`` is then this device's columns).
   """
-  vocab = logits.shape[-1]
+  vocab = split.global_vocab(logits.shape[-1])
   order_width = min(order_width, vocab)
   if logits.dtype == jnp.float32 and not order_width:
     # The top-k of the logits: no pass writes the tempered row; one reads
     # it for NaN.
-    operand, nan_rows = logits, jnp.any(jnp.isnan(logits), axis=-1)
+    operand = logits
+    nan_rows = split.reduce(jnp.sum(jnp.isnan(logits), axis=-1,
+                                    dtype=jnp.int32)) > 0
   else:
     operand, nan_rows = tempered(logits, params.temperature), None
   widths = sorted({min(max(w, order_width), vocab) for w in CANDIDATE_WIDTHS})
   branches = [functools.partial(
       _candidate_search, logits, operand, nan_rows, params, width=w,
-      order_width=order_width, noise_at=noise_at, reduce=reduce)
+      order_width=order_width, noise_at=noise_at, split=split)
               for w in widths]
   with jax.ensure_compile_time_eval():  # known for concrete params
     top_k = (params.temperature > 0) & params.truncates() & (
@@ -306,31 +380,34 @@ def process(logits: jax.Array, params: SamplingParams, *,
 
 def sample(logits: jax.Array, params: SamplingParams,
            streams: rng.RowStreams, *, generator: str, fp64: bool = False,
-           order_width: int = 0) -> tuple[SampleResult, Processed]:
+           order_width: int = 0,
+           split: Split = Split()) -> tuple[SampleResult, Processed]:
   """``reference.sample_reference`` without a sort (``B >= 1``, canonical
-  params): the same tokens, and the ``Processed`` rows for a mask.
+  params): the same tokens, and the ``Processed`` rows for a mask (this
+  device's columns with a ``split``).
 
   Rows whose candidate race is not the reference's (``Search.decided``) race
   the whole row, behind a cond that only such rows take.
   """
-  vocab = logits.shape[-1]
+  local = logits.shape[-1]
   columns = jax.tree.map(lambda a: a[:, None], streams)
   noise_at = lambda ids: rng.gumbel(rng.uniform(rng.bits_at(
       generator, columns, ids, wide=fp64)))
-  found = search(logits, params, order_width=order_width, noise_at=noise_at)
+  found = search(logits, params, order_width=order_width, noise_at=noise_at,
+                 split=split)
   valid = jnp.isfinite(found.row_max)
   greedy = params.temperature == 0
   # invalid rows: the first NaN, +inf or overflow; greedy rows: argmax
   tokens = _where_needed(
       ~valid | (greedy & found.first_unsure),
-      lambda: jnp.argmax(found.y(), axis=-1).astype(jnp.int32),
+      lambda: split.argmax(found.y()),
       jnp.where(greedy, found.first, found.token))
   tokens = _where_needed(
       valid & ~greedy & ~found.decided, lambda: reference.race_tokens(
           found.processed(), params, rng.gumbel_noise(
-              generator, streams, vocab, fp64=fp64)), tokens)
-  x_token = reference.sanitize(jnp.take_along_axis(
-      logits, tokens[:, None], axis=-1)[:, 0])
+              generator, streams, local, fp64=fp64,
+              first_id=split.first_id()), argmax=split.argmax), tokens)
+  x_token = reference.sanitize(split.take(logits, tokens))
   return reference.finalize(x_token, params, tokens,
                             (found.shift, found.log_sum),
                             found.row_max), found.processed()

@@ -33,6 +33,9 @@ SUITE_ARGS = {
               ["jaxsample default plan", "jaxsample splits=2",
                "jaxsample compact.num_warps=8"]),
     "pivot": (["--no-peers", "--ops", "count active"], ["pivot count active"]),
+    "sharded": (["--implementation", "xla", "--no-peers"],
+                ["one device sample", "sample_sharded 2 devices",
+                 "all-gather + sample 2 devices"]),
     "sort": (["--vocab", "64", "--no-peers"],
              ["xla sort stable (-y, ids)", "xla sort uint32 key, stable"]),
 }

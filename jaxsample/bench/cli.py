@@ -17,11 +17,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jaxsample.bench import cases, kernel_suites, report, runner, suites
+from jaxsample.bench import (cases, kernel_suites, multi_device, report, runner,
+                             suites)
 
 __all__ = ["SUITES", "main", "parser"]
 
-SUITES = dict(suites.SUITES, pivot=kernel_suites.PIVOT, sort=kernel_suites.SORT)
+SUITES = dict(suites.SUITES, pivot=kernel_suites.PIVOT, sort=kernel_suites.SORT,
+              sharded=multi_device.SHARDED)
 
 
 def parser() -> argparse.ArgumentParser:

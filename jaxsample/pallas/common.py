@@ -9,6 +9,7 @@ chunk its vocab ids and, for sampling kernels, the random bits of
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 from collections.abc import Callable
@@ -20,15 +21,15 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxsample import reference, rng
+from jaxsample import reference, rng, rowwise
 from jaxsample.pallas import tuning
 
 __all__ = ["argmax_finish", "argmax_update", "below_floor", "Chunk",
            "chunk_loop", "excluding_loader", "floored_loader", "gpu_div",
            "gpu_exp2_approx", "gpu_mulhilo", "gpu_mulhilo_pair",
            "join_fp64_words", "KernelMath", "KernelPlan", "key_value",
-           "logit_floor", "make_plan", "Noise", "order_key", "race_plan",
-           "row_chunk_loader",
+           "logit_floor", "make_plan", "Noise", "order_key", "pallas_call",
+           "planned_as_shards", "race_plan", "row_chunk_loader",
            "split_argmax", "split_fp64_words", "split_sumexp", "STREAM_DTYPES",
            "table_row", "Tile", "tile_loop"]
 
@@ -75,15 +76,57 @@ class KernelPlan:
                                 num_stages=self.num_stages)
 
 
+_PLAN_ROW_SCALE = 1
+
+
+@contextlib.contextmanager
+def planned_as_shards(shards: int):
+  """Plans kernels traced inside for ``shards`` times their rows: a batch
+  shard (``jaxsample.partition``) launches what the whole batch would, so
+  its kernels sum in the same order (bit-identical logprobs)."""
+  global _PLAN_ROW_SCALE
+  old = _PLAN_ROW_SCALE
+  _PLAN_ROW_SCALE = old * shards
+  try:
+    yield
+  finally:
+    _PLAN_ROW_SCALE = old
+
+
+def _planned_rows(batch: int) -> int:
+  """The rows a plan is made for: the whole batch's on a batch shard."""
+  return batch * _PLAN_ROW_SCALE
+
+
+def pallas_call(kernel, *, out_shape, **kwargs):
+  """``pl.pallas_call`` whose outputs vary over the manual mesh axes its
+  operands vary over (inside ``jax.shard_map`` with ``check_vma``, which
+  needs each out ``ShapeDtypeStruct``'s ``manual_axis_type``); a kernel
+  runs on its shard's rows, so its outputs vary wherever its inputs do."""
+
+  def call(*operands):
+    shapes = out_shape
+    if jax.sharding.get_abstract_mesh().manual_axes:
+      axes = frozenset().union(*(rowwise.varying_axes(a) for a in operands))
+      mat = jax.typeof(operands[0]).manual_axis_type.update(varying=axes)
+      shapes = jax.tree.map(
+          lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
+                                         manual_axis_type=mat), out_shape)
+    return pl.pallas_call(kernel, out_shape=shapes, **kwargs)(*operands)
+
+  return call
+
+
 def make_plan(batch: int, vocab: int, *, chunk: int, tile: int,
               num_warps: int, num_splits: int | None, num_stages: int,
               occupancy: tuning.Occupancy, lane_groups: int = 1) -> KernelPlan:
   """The plan of ``tile``-wide steps over ``[B, V]``: ``num_splits`` programs
   per row (None: ``occupancy.splits``), at most one per tile, none starting
-  past ``V``."""
+  past ``V``; on a batch shard, as for the whole batch
+  (``planned_as_shards``)."""
   n_tiles = -(-vocab // tile)
-  splits = min(num_splits or occupancy.splits(batch, n_tiles, num_warps),
-               n_tiles)
+  splits = min(num_splits or occupancy.splits(_planned_rows(batch), n_tiles,
+                                              num_warps), n_tiles)
   steps = -(-n_tiles // splits)
   splits = -(-n_tiles // steps)  # No split starts past V.
   return KernelPlan(chunk=chunk, tile=tile, num_splits=splits, steps=steps,
@@ -107,7 +150,7 @@ def race_plan(batch: int, vocab: int, launch: tuning.RaceLaunch,
   ``launch.block_size`` per load.
   """
   lanes = generator == "philox"
-  num_warps = launch.warps(batch, fp64=fp64, lanes=lanes)
+  num_warps = launch.warps(_planned_rows(batch), fp64=fp64, lanes=lanes)
   if lanes:
     chunk, tile = min(rng.PHILOX_LANES, 128 * num_warps), rng.PHILOX_TILE
   else:

@@ -414,10 +414,11 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
                              generator=config.rng, fp64=fp64, skip=skip,
                              floored=floored, count_finite=count_finite,
                              excluding=exclude is not None)
-  call = pl.pallas_call(kernel, out_shape=out_shape,
-                        grid=(batch, plan.num_splits),
-                        compiler_params=plan.compiler_params(),
-                        interpret=plan.interpret, name="jaxsample_gumbel_max")
+  call = common.pallas_call(kernel, out_shape=out_shape,
+                            grid=(batch, plan.num_splits),
+                            compiler_params=plan.compiler_params(),
+                            interpret=plan.interpret,
+                            name="jaxsample_gumbel_max")
   offset = jnp.asarray(vocab_offset, jnp.int32).reshape(1)
   active = jnp.ones((batch,), bool) if active is None else active
   table = rowwise.pack_rows([
@@ -461,12 +462,16 @@ def sample_untruncated(logits: jax.Array, params: SamplingParams,
       (jnp.sum(partials.kept, axis=-1),) if count_finite else ())
 
 
-def finish_sampling(logits, params: SamplingParams, partials: GumbelPartials):
+def finish_sampling(logits, params: SamplingParams, partials: GumbelPartials,
+                    *, logit_at=None):
   """``(SampleResult, row_max, (shift, log_sum))`` of a row's partials
-  (``combine_partials``), with the token's logprob under the raced set."""
+  (``combine_partials``), with the token's logprob under the raced set.
+  ``logit_at(token)``: the logits ``[B]`` at the tokens, for rows that
+  ``logits`` does not hold whole (vocab shards); by default read there."""
   token, row_max, (shift, log_sum) = combine_partials(partials)
-  x_token = reference.sanitize(
-      jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0])
+  if logit_at is None:
+    logit_at = lambda t: jnp.take_along_axis(logits, t[:, None], axis=-1)[:, 0]
+  x_token = reference.sanitize(logit_at(token))
   # The sum-exp approximates y against the race bound: at least the token's
   # term, so lse (the masks') and the logprob agree and logprob <= 0.
   lse = (shift, reference.holding_token(

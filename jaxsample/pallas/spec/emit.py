@@ -191,9 +191,10 @@ def emit_partials(target2d, draft2d, temperature, req: EmitRequest,
   kernel = functools.partial(_emit_kernel, plan=plan, vocab=vocab,
                              generator=config.rng, fp64=fp64,
                              floored=bool(req.floors))
-  call = pl.pallas_call(kernel, out_shape=out_shape, grid=shape,
-                        compiler_params=plan.compiler_params(),
-                        interpret=plan.interpret, name="jaxsample_spec_emit")
+  call = common.pallas_call(kernel, out_shape=out_shape, grid=shape,
+                            compiler_params=plan.compiler_params(),
+                            interpret=plan.interpret,
+                            name="jaxsample_spec_emit")
   s = req.streams
   table = rowwise.pack_rows([
       temperature.astype(jnp.float32), req.mode, req.row_t, req.row_d,

@@ -133,7 +133,7 @@ def stats_partials(target, draft, temperature, n, config: SamplerConfig,
   shape = (rows, plan.num_splits)
   kernel = functools.partial(_stats_kernel, plan=plan, k=k, batch=batch,
                              vocab=vocab, floored=kept is not None)
-  call = pl.pallas_call(
+  call = common.pallas_call(
       kernel,
       out_shape=[jax.ShapeDtypeStruct(shape, jnp.float32),
                  jax.ShapeDtypeStruct(shape, jnp.int32),

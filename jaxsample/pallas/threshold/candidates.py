@@ -276,7 +276,7 @@ def collect_candidates(logits, params: SamplingParams | jax.Array, active,
   buffer = lambda dtype: jax.ShapeDtypeStruct(
       shape + (capacity + list_capacity,), dtype)
   split_values = lambda dtype: jax.ShapeDtypeStruct(shape, dtype)
-  x, ids, count, outside, *outs = pl.pallas_call(
+  x, ids, count, outside, *outs = common.pallas_call(
       kernel,
       out_shape=[buffer(jnp.float32), buffer(jnp.int32),
                  split_values(jnp.int32), split_values(jnp.float32)] + [
@@ -319,7 +319,7 @@ def _pack(active, lower, x, ids, count, outside, *, param_table, t1, row_max,
   row_shape = lambda dtype: jax.ShapeDtypeStruct((batch,), dtype)
   slots = lambda dtype: jax.ShapeDtypeStruct((batch, capacity), dtype)
   y, ids, *race, count, outside, inside_mass, above_count, above_mass, _ = (
-      pl.pallas_call(
+      common.pallas_call(
           kernel,
           out_shape=[slots(jnp.float32), slots(jnp.int32)] +
           [slots(jnp.float32)] * raced + [

@@ -166,7 +166,7 @@ def pivot_threshold(logits, params: SamplingParams, active, floor, row_max,
   kernel = functools.partial(_pivot_kernel, plan=plan, vocab=vocab,
                              by_count=by_count)
   lower = floor if lower is None else lower
-  return pl.pallas_call(
+  return common.pallas_call(
       kernel, out_shape=jax.ShapeDtypeStruct((batch,), jnp.float32),
       grid=(batch,), compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_pivot_threshold")(

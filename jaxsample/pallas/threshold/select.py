@@ -10,7 +10,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxsample.pallas import tuning
+from jaxsample.pallas import common, tuning
 from jaxsample.pallas.threshold.base import (pack_param_table, pow2_ceil,
                                              row_params)
 from jaxsample.pallas.threshold.search import BOUND_KEY_BITS, kept_bound
@@ -219,7 +219,7 @@ def select_threshold(y, row_max, t1, params: SamplingParams | jax.Array,
                   jax.ShapeDtypeStruct((batch,), jnp.float32)]
   if order_width:
     out_shape.append(jax.ShapeDtypeStruct((batch, order_width), jnp.int32))
-  return pl.pallas_call(
+  return common.pallas_call(
       kernel, out_shape=out_shape, grid=(batch,),
       compiler_params=launch.compiler_params(),
       interpret=interpret, name="jaxsample_select_threshold")(

@@ -111,7 +111,7 @@ def _stats_pass(logits, params: SamplingParams, plan, segment,
   padded = plan.num_splits * plan.split_len
   kernel = functools.partial(_stats_kernel, plan=plan, vocab=vocab,
                              segment=segment, capacity=capacity)
-  return StatsPartials(*pl.pallas_call(
+  return StatsPartials(*common.pallas_call(
       kernel,
       out_shape=[jax.ShapeDtypeStruct(shape, jnp.float32),
                  jax.ShapeDtypeStruct(shape, jnp.float32),
@@ -304,7 +304,7 @@ def row_bounds(logits, params: SamplingParams, config: SamplerConfig, *,
                                                           jnp.int32))
   table = pack_param_table(params)
   (row_max, safe_max, mass, finite, t1, bound, listed, listed_count, narrow,
-   gather, large, *narrow_pass) = pl.pallas_call(
+   gather, large, *narrow_pass) = common.pallas_call(
        kernel,
        out_shape=[f32, f32, f32, i32, f32, f32,
                   jax.ShapeDtypeStruct((batch, _LIST_CAP), jnp.int32), i32,

@@ -132,7 +132,7 @@ def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
       list_half=window_half(list_capacity) if listing else 0,
       interpret=interpret)
   shape = jax.ShapeDtypeStruct((batch,), jnp.float32)
-  return pl.pallas_call(
+  return common.pallas_call(
       kernel, out_shape=[shape] * (2 + listing), grid=(batch,),
       compiler_params=launch.compiler_params(),
       interpret=interpret, name="jaxsample_threshold_window")(

@@ -1,0 +1,257 @@
+"""Multi-device sampling on 4 CPU devices (conftest sets ``jax_num_cpu_devices``).
+
+Every sharded call is compared with the single-device jitted call on the same
+inputs and keys: tokens, logprobs, validity and masks bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxsample
+from jaxsample import reference, sharded, spec
+
+B, V, K = 8, 300, 2
+
+
+def _params(batch):
+  # Greedy, plain, and truncated rows (top-k, top-p, min-p).
+  return jaxsample.SamplingParams.make(
+      batch, temperature=[1.0, 0.7, 0.0, 1.3] * (batch // 4),
+      top_k=[0, 5, 0, 0] * (batch // 4), top_p=[1.0, 0.9, 1.0, 0.8] * (batch // 4),
+      min_p=[0.0, 0.0, 0.0, 0.05] * (batch // 4))
+
+
+def _inputs(seed):
+  ks = jax.random.split(jax.random.key(seed), 4)
+  logits = jax.random.normal(ks[0], (B, V)) * 3
+  logits = logits.at[1, :10].set(-jnp.inf).at[5, 7].set(jnp.nan)
+  target = jax.random.normal(ks[1], (B, K + 1, V)) * 3
+  draft = jax.random.randint(ks[2], (B, K), 0, V)
+  return logits, target, draft, jnp.arange(B) % (K + 1), ks[3]
+
+
+def _call(fn, impl, closed_params=None):
+  """The public call ``fn`` under ``impl`` as a function of ``(x, params,
+  draft, num, key)``; with ``closed_params``, of those params instead (the
+  kernels' untruncated route alone compiles: interpret mode is slow)."""
+  config = jaxsample.SamplerConfig(implementation=impl)
+
+  def run(x, params, draft, num, key):
+    params = params if closed_params is None else closed_params
+    if fn == "sample":
+      return jaxsample.sample(x, params, key, config=config, return_mask=True)
+    if fn == "extract":
+      return jaxsample.extract_sampling_mask(x, params, config=config)
+    return spec.rejection_sample(x, draft, num, params, key, config=config,
+                                 return_mask=True)
+
+  return run
+
+
+def _assert_same(want, got):
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+CASES = [("xla", "sample", "auto"), ("xla", "sample", "explicit"),
+         ("xla", "extract", "shard_map"), ("xla", "spec", "explicit"),
+         ("xla_search", "sample", "shard_map"),
+         ("xla_search", "extract", "explicit"),
+         ("xla_search", "spec", "shard_map"), ("xla_search", "spec", "auto"),
+         ("pallas", "sample", "explicit"), ("pallas", "spec", "explicit"),
+         ("pallas", "extract", "shard_map")]
+
+
+@pytest.mark.parametrize("impl,fn,mode", CASES)
+def test_batch_parallel_equals_one_device(impl, fn, mode):
+  """Batch split over 4 devices: jit on Auto and Explicit meshes, and inside
+  shard_map, equal the one-device call (one batch key: global row counters;
+  XLA paths with traced truncating params, kernels with untruncated ones
+  closed over)."""
+  logits, target, draft, num, key = _inputs(1)
+  x = target if fn == "spec" else logits
+  params = _params(B)
+  if impl == "pallas":
+    params = jaxsample.SamplingParams.make(
+        B, temperature=[1.0, 0.7, 0.0, 1.3] * (B // 4))
+  run = _call(fn, impl, params if impl == "pallas" else None)
+  args = (x, params, draft, num)
+  want = jax.jit(run)(*args, key)
+  if mode == "auto":
+    mesh = jax.make_mesh((4,), ("b",), axis_types=(AxisType.Auto,))
+    put = lambda a: jax.device_put(a, NamedSharding(mesh, P("b")))
+    got = jax.jit(run)(*jax.tree.map(put, args), key)
+  else:
+    mesh = jax.make_mesh((4,), ("b",))
+    with jax.set_mesh(mesh):
+      args = jax.device_put(args, P("b"))
+      if mode == "explicit":
+        got = jax.jit(run)(*args, key)
+      else:
+        # Interpret mode cannot lower under check_vma (JAX 0.11.2): the GPU
+        # test runs the kernels with it.
+        body = jax.shard_map(run, in_specs=(P("b"),) * 4 + (P(),),
+                             out_specs=P("b") if fn != "spec" else
+                             (P("b"), P(None, "b")),
+                             check_vma=impl != "pallas")
+        got = jax.jit(body)(*args, key)
+  _assert_same(want, got)
+
+
+def test_vocab_sharded_logits_rejected_by_sample():
+  mesh = jax.make_mesh((4,), ("v",))
+  logits = jnp.zeros((4, 16))
+  with jax.set_mesh(mesh):
+    x = jax.device_put(logits, P(None, "v"))
+    with pytest.raises(ValueError, match="sample_sharded"):
+      jax.jit(lambda x: jaxsample.sample(
+          x, jaxsample.SamplingParams.make(4), jax.random.key(0)))(x)
+
+
+def test_exact_sum_is_order_independent():
+  """``reference.exact_sum``: the same bits for any grouping of the terms
+  (rows of any batch, split sums added as integers), and within an fp32 ulp
+  of the float64 sum."""
+  e = jnp.exp(-jnp.abs(jax.random.normal(jax.random.key(3), (16, 5000)) * 4))
+  whole = reference.exact_sum(e)
+  np.testing.assert_array_equal(whole[3:5], reference.exact_sum(e[3:5]))
+  parts = sum(reference.fixed_point_limbs(e[:, i:i + 1250])
+              for i in range(0, 5000, 1250))
+  np.testing.assert_array_equal(whole, reference.limbs_to_float(parts))
+  exact = np.asarray(e, np.float64).sum(-1)
+  np.testing.assert_allclose(whole, exact, rtol=2 ** -23)
+
+
+VOCAB_CASES = [  # impl, generator, fp64, (batch, vocab) mesh, per-request keys
+    ("xla", "philox", False, (2, 2), False),
+    ("xla", "threefry", True, (1, 4), False),
+    ("xla_search", "philox", True, (4, 1), True),
+    ("pallas", "philox", False, (1, 4), True),
+    ("pallas", "threefry", False, (2, 2), True),
+]
+
+
+def _vocab_inputs(batch=8, vocab=8192):
+  x = jax.random.normal(jax.random.key(5), (batch, vocab)) * 3
+  # -inf prefix, NaN (invalid), all -inf (invalid), ties at the max.
+  x = x.at[1, :100].set(-jnp.inf).at[5, 7].set(jnp.nan).at[6].set(-jnp.inf)
+  x = x.at[2, 3].set(20.0).at[2, 6000].set(20.0)
+  params = jaxsample.SamplingParams.make(
+      batch, temperature=[1.0, 0.7, 0.0, 1.3] * (batch // 4))
+  return x, params
+
+
+@pytest.mark.parametrize("impl,generator,fp64,shape,per_request", VOCAB_CASES)
+def test_vocab_parallel_equals_one_device(impl, generator, fp64, shape,
+                                          per_request):
+  """sample_sharded on (batch x vocab) meshes: tokens, logprobs and validity
+  bit-identical to one device's sample (kernel splits aligned with shards)."""
+  x, params = _vocab_inputs()
+  config = jaxsample.SamplerConfig(
+      implementation=impl, rng=generator, use_fp64_gumbel=fp64,
+      num_splits=8 if impl == "pallas" else None)
+  key = jax.random.key(3)
+  key = jax.random.split(key, x.shape[0]) if per_request else key
+  positions = jnp.arange(x.shape[0]) * 7 if per_request else None
+  key_spec = P("b") if per_request else P()
+  with jax.enable_x64(fp64):
+    want = jax.jit(lambda x, p, k, n: jaxsample.sample(
+        x, p, k, positions=n, config=config))(x, params, key, positions)
+    mesh = jax.make_mesh(shape, ("b", "v"))
+    with jax.set_mesh(mesh):
+      # Interpret mode cannot lower under check_vma (JAX 0.11.2); without
+      # it one batch key would count local rows: per-request keys.
+      body = jax.shard_map(
+          lambda x, p, k, n: sharded.sample_sharded(
+              x, p, k, axis_name="v", positions=n, config=config),
+          in_specs=(P("b", "v"), P("b"), key_spec,
+                    P("b") if per_request else None), out_specs=P("b"),
+          check_vma=impl == "xla")
+      put = lambda a, s: None if a is None else jax.device_put(a, s)
+      got = jax.jit(body)(put(x, P("b", "v")), put(params, P("b")),
+                          put(key, key_spec), put(positions, P("b")))
+  _assert_same(want, got)
+  assert not np.asarray(got.valid)[[5, 6]].any()
+
+
+def test_vocab_parallel_traced_truncation_gathers_exactly():
+  """Traced params with a truncating row: the gathered fallback equals one
+  device, top-k / top-p / min-p included."""
+  x, _ = _vocab_inputs(vocab=512)
+  params = _params(8)
+  key = jax.random.key(4)
+  config = jaxsample.SamplerConfig(implementation="xla")
+  want = jax.jit(lambda x, p: jaxsample.sample(x, p, key, config=config))(
+      x, params)
+  mesh = jax.make_mesh((1, 4), ("b", "v"))
+  with jax.set_mesh(mesh):
+    body = jax.shard_map(lambda x, p: sharded.sample_sharded(
+        x, p, key, axis_name="v", config=config),
+                         in_specs=(P("b", "v"), P("b")), out_specs=P("b"))
+    got = jax.jit(body)(jax.device_put(x, P("b", "v")),
+                        jax.device_put(params, P("b")))
+  _assert_same(want, got)
+
+
+def test_vocab_parallel_kernels_reject_unaligned_shards():
+  mesh = jax.make_mesh((1, 4), ("b", "v"), axis_types=(AxisType.Auto,) * 2)
+  x = jnp.zeros((4, 4 * 300))
+  run = lambda params, impl: jax.shard_map(
+      lambda x: sharded.sample_sharded(
+          x, params, jax.random.key(0), axis_name="v",
+          config=jaxsample.SamplerConfig(implementation=impl)),
+      mesh=mesh, in_specs=P(None, "v"), out_specs=P(), check_vma=False)(x)
+  with pytest.raises(ValueError, match="multiple of 8192"):
+    run(jaxsample.SamplingParams.make(4), "pallas")
+
+
+SEARCH_CASES = [  # generator, fp64, (batch, vocab) mesh, vocab, per-request keys
+    ("philox", False, (2, 2), 4096, False),
+    ("threefry", True, (1, 4), 4096, True),
+    ("philox", False, (1, 4), 1024, True),  # 256 per shard < the candidates
+]
+
+
+@pytest.mark.parametrize("generator,fp64,shape,vocab,per_request",
+                         SEARCH_CASES)
+def test_vocab_parallel_truncation_equals_one_device(generator, fp64, shape,
+                                                     vocab, per_request):
+  """Truncating rows on the sort-free search: per-shard candidates, counts
+  and digit sums combined by collectives (count and mass searches, the
+  whole-row race) equal one device's sample bit for bit."""
+  x, _ = _vocab_inputs(vocab=vocab)
+  x = x.at[7].set(jnp.linspace(0.0, 0.01, vocab))  # flat: large kept sets
+  params = jaxsample.SamplingParams.make(
+      8, temperature=[1.0, 0.7, 0.0, 1.3, 1.0, 1.0, 1.0, 0.9],
+      top_k=[0, 5, 0, 1500, 0, 50, 0, 0],  # 1500 > 1024: a count search
+      top_p=[1.0, 0.9, 1.0, 0.8, 0.995, 1.0, 1.0, 0.5],
+      min_p=[0.05, 0.0, 0.0, 0.0, 0.0, 0.0, 0.01, 0.0])
+  config = jaxsample.SamplerConfig(implementation="xla_search", rng=generator,
+                                   use_fp64_gumbel=fp64)
+  key = jax.random.key(6)
+  key = jax.random.split(key, 8) if per_request else key
+  positions = jnp.arange(8) * 3 if per_request else None
+  key_spec = P("b") if per_request else P()
+  with jax.enable_x64(fp64):
+    want = jax.jit(lambda x, p, k, n: jaxsample.sample(
+        x, p, k, positions=n, config=config))(x, params, key, positions)
+    mesh = jax.make_mesh(shape, ("b", "v"))
+    with jax.set_mesh(mesh):
+      body = jax.shard_map(
+          lambda x, p, k, n: sharded.sample_sharded(
+              x, p, k, axis_name="v", positions=n, config=config),
+          in_specs=(P("b", "v"), P("b"), key_spec,
+                    P("b") if per_request else None), out_specs=P("b"))
+      put = lambda a, s: None if a is None else jax.device_put(a, s)
+      got = jax.jit(body)(put(x, P("b", "v")), put(params, P("b")),
+                          put(key, key_spec), put(positions, P("b")))
+  _assert_same(want, got)
+  assert np.asarray(got.valid).tolist() == [True] * 5 + [False] * 2 + [True]
