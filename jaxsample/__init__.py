@@ -8,7 +8,7 @@ from jaxsample.sampling import sample
 from jaxsample.sampling_mask import SamplingMask
 from jaxsample.spec import rejection_sample
 from jaxsample.spec_reference import SpecResult
-from jaxsample import logprobs, pallas, spec  # pallas: see its __init__
+from jaxsample import logprobs, pallas, sharded, spec  # pallas: see its __init__
 
 __all__ = ["LogitsProcessors", "SampleResult", "SamplerConfig",
            "SamplingMask", "SamplingParams", "SpecResult",

@@ -54,7 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsample import reference
+from jaxsample import reference, xla_search
 from jaxsample.params import SamplingParams
 
 __all__ = ["MaskOverflowError", "OnOverflow", "SamplingMask", "assemble",
@@ -213,17 +213,23 @@ def assemble(*, valid, greedy, token, count, finite, logz, lse, row_max,
 
 
 def from_processed(proc: reference.Processed, params: SamplingParams,
-                   max_ids: int) -> SamplingMask:
+                   max_ids: int,
+                   split: xla_search.Split = xla_search.Split()) -> SamplingMask:
   """The mask of rows processed by ``reference.process(..., order_width=
-  max_ids)`` (canonical params): the ids come from the threshold's sort."""
+  max_ids)`` or ``xla_search.process`` (canonical params): the ids come from
+  the threshold's order.  ``split``: rows split over devices
+  (``xla_search.search`` with it; ``proc`` holds this device's columns):
+  counts and the digit sums of the mass reduced over them."""
   finite = proc.y > -jnp.inf
-  shift, log_sum = reference.logsumexp_where(proc.y, finite)
+  valid = jnp.isfinite(proc.row_max)
+  shift = jnp.where(valid, proc.row_max, 0.0)  # the max of the finite y
+  log_sum = jnp.log(xla_search.masked_sum(
+      finite, jnp.exp(proc.y - shift[:, None]), split.reduce))
+  count = lambda where: split.reduce(jnp.sum(where, axis=-1, dtype=jnp.int32))
   # logsumexp_K(y) - logsumexp(y), shifts apart so large y do not cancel.
   logz = (proc.shift - shift) + (proc.log_sum - log_sum)
   return assemble(
-      valid=jnp.isfinite(proc.row_max), greedy=params.temperature == 0,
-      token=jnp.argmax(proc.y, axis=-1).astype(jnp.int32),
-      count=jnp.sum(proc.keep, axis=-1, dtype=jnp.int32),
-      finite=jnp.sum(finite, axis=-1, dtype=jnp.int32), logz=logz,
+      valid=valid, greedy=params.temperature == 0, token=split.argmax(proc.y),
+      count=count(proc.keep), finite=count(finite), logz=logz,
       lse=shift + log_sum, row_max=proc.row_max, ordered_ids=proc.order,
       max_ids=max_ids)

@@ -37,9 +37,13 @@ threefry, FP64 noise), but for the kernel path's logprobs of untruncated
 batches: bit for bit when the single-device kernel's vocab splits fall on
 shard boundaries (``V / n`` a multiple of its split length; this path then
 launches those same splits), else within a few fp32 ulps (partials summed in
-another grouping).  Not here: masks and speculative verification of
+another grouping).
+
+``extract_sampling_mask_sharded``: the masks of vocab-sharded logits on the
+sort-free search, from the same collectives (only the joined candidates, the
+listed ids among them, move).  Not here: speculative verification of
 vocab-sharded logits (gather the vocabulary, then call
-``extract_sampling_mask`` / ``spec.rejection_sample``).
+``spec.rejection_sample``).
 """
 
 from __future__ import annotations
@@ -52,12 +56,12 @@ import numpy as np
 from jax import lax
 
 from jaxsample import (dispatch, partition, reference, rng, rowwise, sampling,
-                       xla_search)
+                       sampling_mask, xla_search)
 from jaxsample.pallas import common, gumbel
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.reference import SampleResult
 
-__all__ = ["sample_sharded", "search_split"]
+__all__ = ["extract_sampling_mask_sharded", "sample_sharded", "search_split"]
 
 
 def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
@@ -109,6 +113,43 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
     with common.planned_as_shards(
         partition.manual_rows(logits, batch, exclude=axis_name)[0]):
       return rowwise.cond(truncating, truncated, parallel)
+
+
+def extract_sampling_mask_sharded(
+    logits: jax.Array, params: SamplingParams, *, axis_name: str,
+    config: SamplerConfig | str | None = None) -> sampling_mask.SamplingMask:
+  """``jaxsample.extract_sampling_mask`` of logits split along the
+  vocabulary over the ``jax.shard_map`` axis ``axis_name`` (``logits`` and
+  ``params`` as for ``sample_sharded``), on the sort-free search
+  (``implementation="xla_search"`` or ``"auto"`` off GPU): the search's
+  collectives (module doc), the kept ids listed from the joined candidates
+  (``config.max_mask_ids`` wide: only they move), counts and digit sums
+  ``psum``'d.  Bit-identical to the one-device call; the same on every
+  shard.
+
+  Raises:
+    ValueError: another backend (gather the vocabulary, ``lax.all_gather(
+      logits, axis_name, axis=1, tiled=True)``, then call
+      ``extract_sampling_mask``).
+  """
+  config = as_config(config)
+  if dispatch.backend(config) != "xla_search":
+    raise ValueError(
+        "vocab-parallel masks run on implementation='xla_search'; got "
+        f"{dispatch.backend(config)!r}: pass config='xla_search', or gather "
+        "the vocabulary (lax.all_gather(logits, axis_name, axis=1, "
+        "tiled=True)) and call jaxsample.extract_sampling_mask")
+  logits = jnp.asarray(logits)
+  params = dispatch.check_logits(logits, params)
+  local = logits.shape[1]
+  vocab = local * lax.axis_size(axis_name)
+  with jax.ensure_compile_time_eval():  # concrete params stay concrete
+    params = params.canonical(vocab)
+  split = search_split(axis_name, vocab, lax.axis_index(axis_name) * local)
+  found = xla_search.search(logits, params, order_width=config.max_mask_ids,
+                            split=split)
+  return sampling_mask.from_processed(found.processed(), params,
+                                      config.max_mask_ids, split)
 
 
 def _gather_rows(arrays, axis_name: str) -> list[jax.Array]:

@@ -13,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "jaxsample"
 # The public API: entry points that validate, canonicalize and dispatch.
 PUBLIC_API = {"jaxsample", "jaxsample.sampling", "jaxsample.mask",
-              "jaxsample.spec"}
+              "jaxsample.spec", "jaxsample.sharded"}
 # Layers built on the public API (no sampler module imports them): the
 # decode and serving loops, and the applications.
 APPS = ("jaxsample.bench", "jaxsample.demo", "jaxsample.generation",
