@@ -57,7 +57,7 @@ from jax import lax
 
 from jaxsample import (dispatch, partition, reference, rng, rowwise, sampling,
                        sampling_mask, xla_search)
-from jaxsample.pallas import common, gumbel
+from jaxsample.pallas import common, gumbel, tuning
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.reference import SampleResult
 
@@ -226,15 +226,19 @@ def _race_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   """The Gumbel kernel on this shard, its partials gathered and combined."""
   batch, local = logits.shape
   vocab = local * lax.axis_size(axis_name)
-  plan = common.make_plan(batch, vocab, logits.dtype, config,
-                          generator=config.rng)
+  tuned = tuning.resolve(config.tuning)
+  plan = common.race_plan(batch, vocab, tuned.gumbel, tuned.occupancy,
+                          generator=config.rng, fp64=config.use_fp64_gumbel)
   if local % plan.tile:
     raise ValueError(
         f"the kernels need vocab shards of a multiple of {plan.tile} ids (one "
         f"RNG tile); got {local}: pad the vocabulary with -inf logits to a "
         f"multiple of {plan.tile * lax.axis_size(axis_name)}")
   if not local % plan.split_len:  # the one-device splits, shard by shard
-    config = dataclasses.replace(config, num_splits=local // plan.split_len)
+    launch = dataclasses.replace(tuned.gumbel,
+                                 num_splits=local // plan.split_len)
+    config = dataclasses.replace(config, tuning=dataclasses.replace(
+        config.tuning or tuning.Tuning(), gumbel=launch))
   partials = gumbel.gumbel_partials(logits, params.temperature, streams,
                                     config, vocab_offset=offset)
   token, _, _ = gumbel.combine_partials(partials)

@@ -13,10 +13,16 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def pallas_calls():
-  """``(where, call)`` of every ``pallas_call(...)`` in the package."""
+  """``(where, call)`` of every ``pallas_call(...)`` in the package but the
+  one inside ``pallas.common.pallas_call`` (the kernels' wrapper, which
+  passes its callers' ``compiler_params`` on and checks their type)."""
   for path in sorted((ROOT / "jaxsample").rglob("*.py")):
-    for node in ast.walk(ast.parse(path.read_text())):
-      if isinstance(node, ast.Call) and (
+    tree = ast.parse(path.read_text())
+    wrapper = {id(node) for func in ast.walk(tree)
+               if isinstance(func, ast.FunctionDef) and
+               func.name == "pallas_call" for node in ast.walk(func)}
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Call) and id(node) not in wrapper and (
           getattr(node.func, "attr", None) == "pallas_call" or
           getattr(node.func, "id", None) == "pallas_call"):
         yield f"{path.relative_to(ROOT)}:{node.lineno}", node

@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxsample
 from jaxsample import reference, sharded, spec
+from jaxsample.pallas.tuning import RaceLaunch, Tuning
 
 B, V, K = 8, 300, 2
 
@@ -79,11 +80,11 @@ def test_batch_parallel_equals_one_device(impl, fn, mode):
   logits, target, draft, num, key = _inputs(1)
   x = target if fn == "spec" else logits
   params = _params(B)
-  if impl == "pallas":
-    params = jaxsample.SamplingParams.make(
-        B, temperature=[1.0, 0.7, 0.0, 1.3] * (B // 4))
+  if impl == "pallas":  # scalars: they fit a batch shard too
+    params = jaxsample.SamplingParams(temperature=0.8, top_k=0, top_p=1.0,
+                                      min_p=0.0)
   run = _call(fn, impl, params if impl == "pallas" else None)
-  args = (x, params, draft, num)
+  args = (x, jnp.zeros(B) if impl == "pallas" else params, draft, num)
   want = jax.jit(run)(*args, key)
   if mode == "auto":
     mesh = jax.make_mesh((4,), ("b",), axis_types=(AxisType.Auto,))
@@ -157,7 +158,8 @@ def test_vocab_parallel_equals_one_device(impl, generator, fp64, shape,
   x, params = _vocab_inputs(vocab=8192 if impl == "pallas" else 1024)
   config = jaxsample.SamplerConfig(
       implementation=impl, rng=generator, use_fp64_gumbel=fp64,
-      num_splits=8 if impl == "pallas" else None)
+      tuning=Tuning(gumbel=RaceLaunch(num_splits=8)) if impl == "pallas"
+      else None)
   key = jax.random.key(3)
   key = jax.random.split(key, x.shape[0]) if per_request else key
   positions = jnp.arange(x.shape[0]) * 7 if per_request else None

@@ -98,11 +98,16 @@ def _planned_rows(batch: int) -> int:
   return batch * _PLAN_ROW_SCALE
 
 
-def pallas_call(kernel, *, out_shape, **kwargs):
-  """``pl.pallas_call`` whose outputs vary over the manual mesh axes its
-  operands vary over (inside ``jax.shard_map`` with ``check_vma``, which
+def pallas_call(kernel, *, out_shape,
+                compiler_params: plgpu.CompilerParams, **kwargs):
+  """``pl.pallas_call`` with Triton ``compiler_params`` (the Triton lowering,
+  ``tests/test_lowering.py``), whose outputs vary over the manual mesh axes
+  its operands vary over (inside ``jax.shard_map`` with ``check_vma``, which
   needs each out ``ShapeDtypeStruct``'s ``manual_axis_type``); a kernel
   runs on its shard's rows, so its outputs vary wherever its inputs do."""
+  if not isinstance(compiler_params, plgpu.CompilerParams):
+    raise TypeError("compiler_params must be plgpu.CompilerParams; got "
+                    f"{type(compiler_params).__name__}")
 
   def call(*operands):
     shapes = out_shape
@@ -112,7 +117,8 @@ def pallas_call(kernel, *, out_shape, **kwargs):
       shapes = jax.tree.map(
           lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
                                          manual_axis_type=mat), out_shape)
-    return pl.pallas_call(kernel, out_shape=shapes, **kwargs)(*operands)
+    return pl.pallas_call(kernel, out_shape=shapes,
+                          compiler_params=compiler_params, **kwargs)(*operands)
 
   return call
 
