@@ -89,7 +89,9 @@ def pytest_runtest_setup(item):
 
 def on_gpu(*values, id=None):
   """A parametrization case that runs on a GPU only (marked ``gpu``): the
-  shapes and models the interpret-mode twins are too slow for."""
+  shapes and models interpret mode is too slow for.  Tests with such cases
+  are marked ``kernels``: their other cases run on every backend, and the
+  GPU run (``-m "gpu or kernels"``) takes them all."""
   return pytest.param(*values, marks=pytest.mark.gpu, id=id)
 
 
@@ -100,7 +102,7 @@ def require_gpu():
 
 
 @pytest.fixture(scope="session")
-def embedded_model():
+def embedded():
   """``(Transformer, tokenizer)``: the embedded model, loaded once."""
   if not (EMBEDDED_DIR / "config.json").exists():
     pytest.skip(f"no embedded model in {EMBEDDED_DIR} (scripts/train_model.py)")
@@ -108,13 +110,14 @@ def embedded_model():
 
 
 @pytest.fixture
-def embedded(embedded_model):
-  """The embedded model, its fp32 matmuls at full precision while the test
-  runs.  Under JAX's GPU default (TF32) its logits depend on the batch shape
+def full_precision():
+  """fp32 matmuls at full precision while the test runs (a no-op on CPU).
+  Under JAX's GPU default (TF32) a model's logits depend on the batch shape
   by ~1e-3, and a serving loop (4 slots) and ``generate`` (8 rows) run
-  different shapes: logprobs then differed by up to 7.6e-4 on an H100."""
+  different shapes: the embedded model's logprobs differed by up to 7.6e-4
+  on an H100."""
   with jax.default_matmul_precision("highest"):
-    yield embedded_model
+    yield
 
 
 _MAP_COUNT_LIMIT = 40_000  # of the kernel's default vm.max_map_count, 65530

@@ -278,6 +278,7 @@ def assert_kernel_masks_match_oracle(x, temps, ks, ps, ms, result, m, kinds):
   return near, int(m.overflow.sum())
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("vocab,cap,overflows", [
     (1007, 8, 200), on_gpu(1007, 1024, 0), on_gpu(151936, 8, 200),
     on_gpu(151936, 1024, 150)])

@@ -95,6 +95,7 @@ def parity_cases():
   return cases
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("shape,dtype,gen,fp64", parity_cases())
 def test_pallas_matches_xla(shape, dtype, gen, fp64):
   """Untruncated rows (the Gumbel kernel), every third one greedy and a -inf

@@ -14,6 +14,9 @@ from jaxsample.models import Transformer, TransformerConfig
 
 from conftest import on_gpu
 
+# Batch-shape independent logits on a GPU (``conftest.full_precision``).
+pytestmark = pytest.mark.usefixtures("full_precision")
+
 CONFIG = TransformerConfig(vocab_size=96, d_model=32, num_layers=2,
                            num_heads=4, num_kv_heads=2, mlp_dim=64, max_len=64)
 SETTINGS = [  # temperature, top_k, top_p, min_p
@@ -72,6 +75,7 @@ def choices(generation):
            c["finish_reason"]) for c in generation.to_openai()]
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("which", MODELS)
 def test_bit_identical_across_runs_and_batch_compositions(request, which):
   """The default implementation (XLA on CPU, the kernels on a GPU): a batch
@@ -95,6 +99,7 @@ def test_bit_identical_across_runs_and_batch_compositions(request, which):
   assert choices(mixed)[:n] == [full[i] for i in order]
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("which", MODELS)
 def test_xla_and_kernels_generate_the_same_tokens(request, which):
   """``generate`` on the XLA reference and on the kernels (interpret mode

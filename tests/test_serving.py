@@ -20,6 +20,9 @@ from jaxsample.serve_loop import Request, ServeLoop, generate
 from conftest import on_gpu
 from toy_lm import tiny_transformer
 
+# Batch-shape independent logits on a GPU (``conftest.full_precision``).
+pytestmark = pytest.mark.usefixtures("full_precision")
+
 CACHE = 32
 SLOTS = 4  # every loop has 4 slots and admits 4: the tests share compilations
 CONFIG = SamplerConfig(implementation="xla")
@@ -144,6 +147,7 @@ def mask_workload(request, which: str):
           SamplerConfig(implementation="pallas", max_mask_ids=64), None, 1e-4)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("which", ["tiny", on_gpu("embedded")])
 def test_masks_match_generate(request, which):
   model, requests, config, cache_len, atol = mask_workload(request, which)

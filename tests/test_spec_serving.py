@@ -22,6 +22,9 @@ from jaxsample.serve_loop import (ModelDrafter, NgramDrafter, Request,
 
 from toy_lm import bigram_lm, next_logits, tiny_transformer
 
+# Batch-shape independent logits on a GPU (``conftest.full_precision``).
+pytestmark = pytest.mark.usefixtures("full_precision")
+
 CONFIG = SamplerConfig(implementation="xla")
 CACHE = 32
 K = 3
@@ -58,6 +61,7 @@ def greedy_workload(request, which: str):
           SamplerConfig(implementation="pallas", max_mask_ids=64), None, 4)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("which,drafter", [
     ("tiny", "ngram"), ("tiny", "layers"), ("tiny", "other"),
     on_gpu("embedded", "ngram"), on_gpu("embedded", "layers")])

@@ -83,6 +83,7 @@ def test_key_searches_from_a_shared_prefix():
       assert int(found) == want, (lower, upper, int(answer))
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("seed", [0, on_gpu(1), on_gpu(2), on_gpu(3)])
 def test_logit_floor_splits_like_the_quotient(seed):
   """``x < logit_floor(floor, T)`` iff ``reference.divide(x, T) < floor`` (the
@@ -138,6 +139,7 @@ def test_bound_mode_rounds_the_exact_threshold_down(k, p):
   assert np.all(exact - bound <= 2.0**-11 * np.abs(exact)), (bound, exact)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("vocab", [16, 1007, on_gpu(151936)])
 def test_kept_sets_match_oracle(vocab):
   """Every kind of row x p x k x min-p: every valid truncating row is

@@ -98,6 +98,7 @@ def low_precision_batch(vocab, dtype, seed=7):
   return jnp.asarray(x.astype(np.float32)).astype(dtype), params
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("vocab", [1007, on_gpu(151936)])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16],
                          ids=lambda d: jnp.dtype(d).name)
@@ -155,6 +156,7 @@ def mass_batch(vocab, seed=11):
   return x.astype(np.float32), params
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("vocab", [1007, on_gpu(151936)])
 def test_kept_mass_and_lse_match_float64(vocab):
   """``sample(..., return_mask=True)`` on the kernels (fp32): per row the
