@@ -60,9 +60,10 @@ FP32_EPS = float(np.finfo(np.float32).eps)
 # modules to workers in collection order (``--dist loadfile
 # --no-loadscope-reorder``), so the longest start first and the short ones
 # fill the gaps at the end.
-_SLOWEST_MODULES = ("test_mask.py", "test_sample.py", "test_threshold.py",
-                    "test_spec.py", "test_spec_kernels.py",
-                    "test_truncated_sampling.py")
+_SLOWEST_MODULES = ("test_serve_loop.py", "test_spec_serving.py",
+                    "test_mask.py", "test_sample.py", "test_threshold.py",
+                    "test_spec.py", "test_spec_kernels.py", "test_model.py",
+                    "test_truncated_sampling.py", "test_serving.py")
 
 
 def pytest_collection_modifyitems(items):
