@@ -44,6 +44,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import jaxsample  # noqa: E402
+from jaxsample.models import EMBEDDED_DIR, load_embedded  # noqa: E402
 
 IMPLEMENTATIONS = ("xla", "pallas")
 GENERATORS = ("philox", "threefry")
@@ -59,9 +60,10 @@ FP32_EPS = float(np.finfo(np.float32).eps)
 # modules to workers in collection order (``--dist loadfile
 # --no-loadscope-reorder``), so the longest start first and the short ones
 # fill the gaps at the end.
-_SLOWEST_MODULES = ("test_mask.py", "test_sample.py", "test_threshold.py",
-                    "test_spec.py", "test_spec_kernels.py",
-                    "test_truncated_sampling.py")
+_SLOWEST_MODULES = ("test_serve_loop.py", "test_spec_serving.py",
+                    "test_mask.py", "test_sample.py", "test_threshold.py",
+                    "test_spec.py", "test_spec_kernels.py", "test_model.py",
+                    "test_truncated_sampling.py", "test_serving.py")
 
 
 def pytest_collection_modifyitems(items):
@@ -74,12 +76,49 @@ def pytest_collection_modifyitems(items):
 # ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def require_gpu():
-  """Skips the test unless JAX runs on a GPU (use only in gpu-marked tests)."""
+def _skip_without_gpu():
   if jax.default_backend() != "gpu":
     pytest.skip(f"needs a GPU; jax.default_backend() is "
                 f"{jax.default_backend()!r}")
+
+
+def pytest_runtest_setup(item):
+  """Every ``gpu``-marked test (or case) skips, with the reason, off a GPU."""
+  if item.get_closest_marker("gpu") is not None:
+    _skip_without_gpu()
+
+
+def on_gpu(*values, id=None):
+  """A parametrization case that runs on a GPU only (marked ``gpu``): the
+  shapes and models interpret mode is too slow for.  Tests with such cases
+  are marked ``kernels``: their other cases run on every backend, and the
+  GPU run (``-m "gpu or kernels"``) takes them all."""
+  return pytest.param(*values, marks=pytest.mark.gpu, id=id)
+
+
+@pytest.fixture
+def require_gpu():
+  """Skips the test unless JAX runs on a GPU (use only in gpu-marked tests)."""
+  _skip_without_gpu()
+
+
+@pytest.fixture(scope="session")
+def embedded():
+  """``(Transformer, tokenizer)``: the embedded model, loaded once."""
+  if not (EMBEDDED_DIR / "config.json").exists():
+    pytest.skip(f"no embedded model in {EMBEDDED_DIR} (scripts/train_model.py)")
+  return load_embedded()
+
+
+@pytest.fixture
+def full_precision():
+  """fp32 matmuls at full precision while the test runs (a no-op on CPU).
+  Under JAX's GPU default (TF32) a model's logits depend on the batch shape
+  by ~1e-3, and a serving loop (4 slots) and ``generate`` (8 rows) run
+  different shapes: the embedded model's logprobs differed by up to 7.6e-4
+  on an H100."""
+  with jax.default_matmul_precision("highest"):
+    yield
 
 
 _MAP_COUNT_LIMIT = 40_000  # of the kernel's default vm.max_map_count, 65530

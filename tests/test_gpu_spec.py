@@ -18,9 +18,9 @@ import pytest
 from conftest import oracle_keep, sort_operands
 from jaxsample import SamplerConfig, SamplingParams, spec
 from jaxsample.pallas.tuning import RaceLaunch, SpecStatsLaunch, Tuning
-from test_mask import assert_masks_equal, tempered
-from test_spec import assert_same, keys, logits, run
-from test_spec_kernels import edge_case_batch
+
+from cases import (assert_masks_equal, assert_same, edge_case_batch, keys,
+                   logits, run, tempered)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 

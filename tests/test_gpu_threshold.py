@@ -1,8 +1,10 @@
-"""GPU tests of the truncated-sampling kernels (``jaxsample.pallas.threshold``).
-
-They lower and run the stats, select and candidate kernels on the device and
-compare tokens, kept sets and masks with the XLA reference at V = 151936.
-"""
+"""GPU-only tests of the truncated-sampling kernels
+(``jaxsample.pallas.threshold``): at V = 151936 they lower and run the stats,
+select and candidate kernels on the device and compare tokens, kept sets and
+masks with the XLA reference.  The checks that also run in interpret mode
+(kept sets, masks, low-precision logits, masses, the logit floor) are one
+body each in ``test_threshold``, ``test_mask`` and ``test_truncated_sampling``,
+with GPU-marked cases at V = 151936."""
 
 from __future__ import annotations
 
@@ -18,12 +20,8 @@ import jaxsample
 from conftest import oracle_keep, run_sample
 from jaxsample import SamplerConfig, SamplingParams, reference, rng
 from jaxsample.pallas import threshold
-from test_mask import check_kernel_masks_match_oracle
-from test_threshold import (check_kept_sets_match_oracle,
-                            check_logit_floor_splits_like_the_quotient,
-                            kept_set_batch)
-from test_truncated_sampling import (check_kept_mass_and_lse_match_float64,
-                                     check_low_precision_matches_reference)
+
+from cases import kept_set_batch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 
@@ -112,26 +110,12 @@ def test_fp64_truncated_rows_match_reference(setting, kind):
   test_truncated_kernels_match_reference(setting, kind, jnp.float32, fp64=True)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_logit_floor_splits_like_the_quotient(seed):
-  """XLA's division on the GPU (the kernels' ``y``) is monotone in ``x``: the
-  floored kernels' logit compare keeps exactly ``{y >= floor}``."""
-  check_logit_floor_splits_like_the_quotient(seed)
-
-
 @pytest.mark.parametrize("vocab", [1007, 151936])
-def test_kept_sets_match_oracle(vocab):
-  """The oracle grid of every kind of row (flat, ties at the boundary, -inf,
-  peaked, ...) x p x k (1, 2, 50, V - 1, V) x min-p, compiled: every valid
-  truncating row complete, with the oracle's kept set.  At V = 151936 the
-  rows whose ties at a threshold overflow the candidate buffer or span a
-  window (flat rows, rows of a few values, peaked rows whose 151935 other
-  entries tie) take the pivot search.  With the grid's tail rows (top-p
-  0.999999 dropping a tail, checked exactly) and invalid rows (NaN, +inf):
-  through ``jaxsample.sample`` too, the kernel path gives them the
-  reference's tokens bit for bit, ``valid`` False and logprob -inf, and
-  every row the reference's validity."""
-  check_kept_sets_match_oracle(vocab)
+def test_kept_set_batch_through_sample(vocab):
+  """The kept-set batch (``test_threshold.test_kept_sets_match_oracle`` checks
+  its kept sets, here compiled too) through ``jaxsample.sample``: its
+  invalid rows (NaN, +inf) get the reference's tokens bit for bit, ``valid``
+  False and logprob -inf, and every row the reference's validity."""
   y, ks, ps, ms, _ = kept_set_batch(vocab)
   params = SamplingParams.make(len(y), top_k=ks, top_p=ps, min_p=ms)
   key = jax.random.key(0)
@@ -254,50 +238,3 @@ def test_masks_match_reference(setting, kind, cap, fp64):
                                     err_msg=f)
     np.testing.assert_allclose(got.logz, expect.logz, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got.lse, expect.lse, rtol=1e-5, atol=1e-5)
-
-
-# fp16/bf16 truncation and the per-row masses, compiled: the checks of
-# ``test_truncated_sampling`` (run there in interpret mode at V = 1007).
-
-
-@pytest.mark.parametrize("vocab", [1007, VOCAB])
-@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16],
-                         ids=lambda d: jnp.dtype(d).name)
-def test_low_precision_truncated_batches_match_reference(dtype, vocab):
-  """fp16/bf16 logits in truncated batches (``low_precision_batch``: mixed
-  per-request k / p / min-p / T, greedy, unfiltered, -inf and NaN rows):
-  valid flags, tokens bit for bit and logprobs against the XLA reference
-  on the same logits.  A row on a top-p rounding boundary is left out of the
-  token compare (at most one at V = 151936; none on the CPU)."""
-  near = check_low_precision_matches_reference(vocab, dtype)
-  assert len(near) <= (vocab == VOCAB), near
-
-
-@pytest.mark.parametrize("vocab", [1007, VOCAB])
-def test_kept_count_mass_and_lse_match_float64(vocab):
-  """Per row (top-k, top-p, min-p, combined, greedy and unfiltered rows;
-  ``mass_batch``): the mask's count and ids, ``logz`` and ``lse`` from the
-  compiled kernels against float64 on the oracle's kept set (an admissible
-  set on a top-p rounding boundary: at V = 151936 a zipf top-p 0.95 row
-  is, by the CPU's quotients)."""
-  near = check_kept_mass_and_lse_match_float64(vocab)
-  assert len(near) <= (vocab == VOCAB), near
-
-
-
-@pytest.mark.parametrize("cap", [8, 1024])
-@pytest.mark.parametrize("vocab", [1007, VOCAB])
-def test_kernel_masks_match_oracle(vocab, cap):
-  """``test_mask``'s check (interpret mode there, V = 1007, K_cap 8),
-  compiled.  Masks of the kept-set batch (``test_mask.kernel_mask_batch``: the
-  oracle grid of every row kind, incl. ties, flat, peaked and -inf rows, x
-  p in {1e-6, 0.5, 0.9, 0.999999, 1} x k in {1, 2, 50, V - 1, V} x min-p;
-  tail, NaN and +inf rows; tempered and greedy rows) against float64 per
-  row: count, kept ids by probability (the first K_cap), truncated and
-  overflow flags, ``logz`` and ``lse``; the token in the mask with the
-  logprob rebuilt from it.  By the oracle, K_cap 8 overflows on 201 rows
-  (V = 1007) and 218 (V = 151936); K_cap 1024 on 180 at V = 151936 (large
-  kept sets: listed from the K_cap window), none at V = 1007."""
-  _, overflow = check_kernel_masks_match_oracle(vocab, cap)
-  assert overflow >= (200 if cap == 8 else 150 if vocab == VOCAB else 0), (
-      overflow)

@@ -4,8 +4,8 @@ Masks are checked against the numpy float64 oracle in conftest.py, and masks
 returned by ``sample(..., return_mask=True)`` against the tokens and logprobs
 drawn with them, on both backends.  The kernel path's masks (truncation
 kernels, interpret mode here) are checked against the oracle on
-``test_threshold``'s kept-set batch too (``check_kernel_masks_match_oracle``,
-also compiled on a GPU: ``test_gpu_threshold``).
+``test_threshold``'s kept-set batch too (``test_kernel_masks_match_oracle``,
+with GPU-marked cases compiled at V = 151936).
 """
 
 from __future__ import annotations
@@ -23,32 +23,20 @@ import jaxsample
 from conftest import (IMPLEMENTATIONS, STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB,
                       assert_binned_chi2_fits, assert_chi2_fits,
                       chi2_critical, chi2_statistic, closing_over,
-                      oracle_keep, without_truncation)
+                      on_gpu, oracle_keep, without_truncation)
 from jaxsample import SamplerConfig, SamplingMask, SamplingParams, sampling_mask
 from jaxsample.mask import MaskOverflowError
 from jaxsample.pallas import sampler, threshold
-from test_reference import KINDS, M_VALUES, P_VALUES, k_values, make_row
-from test_threshold import kept_set_batch
-from test_truncated_sampling import (LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL,
-                                     LSE_ATOL, logsumexp64, mass_tolerance)
 
-FIELDS = ("ids", "count", "logz", "lse", "truncated", "overflow")
+from cases import (KINDS, LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL,
+                   LSE_ATOL, M_VALUES, P_VALUES, assert_mask_types,
+                   assert_masks_equal, extract, k_values, kept_set_batch,
+                   listed, logsumexp64, make_row, mask_kept, mass_tolerance,
+                   rebuilt_logprob, tempered, to_np)
 
-_extract = jax.jit(jaxsample.extract_sampling_mask, static_argnames=("config",))
+
 _sample = jax.jit(functools.partial(jaxsample.sample, return_mask=True),
                   static_argnames=("config",))
-
-
-def to_np(tree):
-  return jax.tree.map(np.asarray, jax.device_get(tree))
-
-
-def extract(logits, params, **config_kw):
-  """``extract_sampling_mask``, jitted; the XLA reference unless
-  ``implementation`` says otherwise."""
-  config_kw.setdefault("implementation", "xla")
-  return to_np(_extract(jnp.asarray(logits), params,
-                        config=SamplerConfig(**config_kw)))
 
 
 def sample_with_mask(logits, params, key, *, impl, positions=None, **config_kw):
@@ -63,48 +51,12 @@ def sample_with_mask(logits, params, key, *, impl, positions=None, **config_kw):
                        config=config))
 
 
-def assert_masks_equal(a, b, *, exact_floats=True):
-  """Equal kept sets; ``logz``/``lse`` bit-equal, or within 1e-5 when the
-  masses come from a kernel's own summation order (``exact_floats=False``)."""
-  for f in FIELDS:
-    if f in ("logz", "lse") and not exact_floats:
-      np.testing.assert_allclose(getattr(a, f), getattr(b, f), rtol=1e-5,
-                                 atol=1e-5, err_msg=f)
-    else:
-      np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
-
-
-def assert_mask_types(m, batch, cap):
-  assert m.ids.shape == (batch, cap) and m.ids.dtype == np.int32
-  for f, dtype in (("count", np.int32), ("logz", np.float32),
-                   ("lse", np.float32), ("truncated", np.bool_),
-                   ("overflow", np.bool_)):
-    assert getattr(m, f).shape == (batch,), f
-    assert getattr(m, f).dtype == dtype, f
-
-
 def with_token(ids, token) -> list:
   """An overflowed row's listed ``ids`` (the first ``K_cap`` of its kept
   set) as the sampler lists them: its ``token`` in the last slot if it is
   not among them (``sampling_mask.with_token``)."""
   ids = [int(i) for i in ids]
   return ids if int(token) in ids else ids[:-1] + [int(token)]
-
-
-def listed(m, b):
-  """Row ``b``'s listed ids (asserting the -1 padding after them)."""
-  n = min(int(m.count[b]), m.ids.shape[1]) if m.truncated[b] else 0
-  assert np.all(m.ids[b, n:] == -1), (b, m.ids[b])
-  return m.ids[b, :n]
-
-
-def mask_kept(m, b, y):
-  """Row ``b``'s kept set as a bool ``[V]`` (needs ``count <= K_cap``)."""
-  if not m.truncated[b]:
-    return np.asarray(y) > -np.inf
-  kept = np.zeros(len(y), bool)
-  kept[listed(m, b)] = True
-  return kept
 
 
 def oracle_order(y, kept):
@@ -117,12 +69,6 @@ def logsumexp_np(y, where):
   y = np.asarray(y, np.float64)
   m = y[where].max()
   return m + math.log(np.exp(y[where] - m).sum())
-
-
-def rebuilt_logprob(m, b, y, token):
-  """``y_token - lse - logz`` in float64: the log-probability a consumer
-  rebuilds from the mask."""
-  return float(y[token]) - float(m.lse[b]) - float(m.logz[b])
 
 
 def mixed_batch(seed, batch, vocab, *, truncating):
@@ -138,12 +84,6 @@ def mixed_batch(seed, batch, vocab, *, truncating):
                    top_p=r.choice([1.0, 0.99, 0.9, 0.5, 0.1], batch),
                    min_p=r.choice([0.0, 0.0, 0.01, 0.2], batch))
   return x, temps, SamplingParams.make(batch, temperature=temps, **filters)
-
-
-def tempered(x, t):
-  """Step 2 in numpy (greedy rows keep ``x``)."""
-  x = np.asarray(x, np.float32)
-  return x if t == 0 else (x / np.float32(t)).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------
@@ -338,27 +278,30 @@ def assert_kernel_masks_match_oracle(x, temps, ks, ps, ms, result, m, kinds):
   return near, int(m.overflow.sum())
 
 
-def check_kernel_masks_match_oracle(vocab, max_mask_ids):
-  """``sample(..., return_mask=True)`` on the kernels (``implementation=
-  "pallas"``; ``kernel_mask_batch``: every row kind x p in {1e-6, 0.5, 0.9,
-  0.999999, 1} x k in {1, 2, 50, V - 1, V} x min-p, tail, NaN / +inf,
-  tempered and greedy rows) against the float64 oracle
-  (``assert_kernel_masks_match_oracle``).  Returns ``(near, overflow)``."""
+@pytest.mark.kernels
+@pytest.mark.parametrize("vocab,cap,overflows", [
+    (1007, 8, 200), on_gpu(1007, 1024, 0), on_gpu(151936, 8, 200),
+    on_gpu(151936, 1024, 150)])
+def test_kernel_masks_match_oracle(vocab, cap, overflows):
+  """``sample(..., return_mask=True)`` on the kernels (``kernel_mask_batch``:
+  the oracle grid of every row kind, incl. ties, flat, peaked and -inf rows,
+  x p in {1e-6, 0.5, 0.9, 0.999999, 1} x k in {1, 2, 50, V - 1, V} x min-p;
+  tail, NaN and +inf rows; tempered and greedy rows) against float64 per
+  row (``assert_kernel_masks_match_oracle``): count, kept ids by
+  probability (the first K_cap), truncated and overflow flags, ``logz`` and
+  ``lse``; the token in the mask with the logprob rebuilt from it.  By the
+  oracle, K_cap 8 overflows on 201 rows (V = 1007) and 218 (V = 151936);
+  K_cap 1024 on 180 at V = 151936 (large kept sets: listed from the K_cap
+  window), none at V = 1007.  Interpret mode: V = 1007, K_cap 8 (one
+  compile); the rest compiled on a GPU."""
   x, temps, ks, ps, ms, kinds = kernel_mask_batch(vocab)
   params = SamplingParams.make(len(x), temperature=temps, top_k=ks, top_p=ps,
                                min_p=ms)
   result, m = sample_with_mask(x, params, jax.random.key(vocab),
-                               impl="pallas", max_mask_ids=max_mask_ids)
-  return assert_kernel_masks_match_oracle(x, temps, ks, ps, ms, result, m,
-                                          kinds)
-
-
-def test_kernel_masks_match_oracle():
-  """The kernels' masks against the oracle on the kept-set batch at V =
-  1007 (one interpret-mode compile, ~13 s); K_cap 8 overflows on 201 rows.
-  K_cap 1024 and V = 151936: ``test_gpu_threshold``."""
-  _, overflow = check_kernel_masks_match_oracle(1007, 8)
-  assert overflow >= 200, overflow
+                               impl="pallas", max_mask_ids=cap)
+  _, overflow = assert_kernel_masks_match_oracle(x, temps, ks, ps, ms, result,
+                                                 m, kinds)
+  assert overflow >= overflows, overflow
 
 
 # ---------------------------------------------------------------------------

@@ -46,8 +46,8 @@ def test_save_and_load_round_trip(tmp_path):
     save_model(model, tmp_path / "bf16", dtype="bfloat16")
 
 
-def test_embedded_model_speaks_shakespeare():
-  model, tokenizer = load_embedded()
+def test_embedded_model_speaks_shakespeare(embedded):
+  model, tokenizer = embedded
   assert tokenizer.get_vocab_size() >= 2048
   assert model.config.vocab_size == tokenizer.get_vocab_size()
   text = ("HAMLET.\nTo be, or not to be, that is the question:\nWhether 'tis "

@@ -8,7 +8,6 @@ Gumbel-max against ``jax.random.categorical``.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 
 import jax
@@ -19,6 +18,8 @@ import pytest
 from conftest import (STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB, assert_chi2_fits,
                       chi2_critical, chi2_statistic, make_params, oracle_keep)
 from jaxsample import SamplingParams, reference, rng
+
+from cases import KINDS, oracle_grid
 
 
 @functools.partial(jax.jit, static_argnames=("generator",))
@@ -65,57 +66,6 @@ def test_chi2_statistic_rejects_a_wrong_distribution():
 # ---------------------------------------------------------------------------
 # keep_threshold vs the numpy oracle.
 # ---------------------------------------------------------------------------
-
-P_VALUES = (1e-6, 0.5, 0.9, 0.999999, 1.0)
-M_VALUES = (0.0, 0.05, 0.5, 1.0)
-
-
-def k_values(vocab):
-  return (1, 2, 50 if vocab > 50 else 5, vocab - 1, vocab)
-
-
-def make_row(kind, r, vocab):
-  if kind == "random":
-    return r.standard_normal(vocab) * 1.5
-  if kind == "wide":
-    return r.standard_normal(vocab) * 6 + 20
-  if kind == "peaked":  # one token with probability 0.999
-    x = np.zeros(vocab)
-    x[r.integers(vocab)] = math.log(0.999 * (vocab - 1) / 0.001)
-    return x
-  if kind == "flat":
-    return np.full(vocab, -1.25)
-  if kind == "ties":  # values from a small integer set: ties at every boundary
-    return r.integers(0, 4, vocab).astype(np.float64)
-  if kind == "ties_halves":
-    return r.integers(-6, 1, vocab) * 0.5
-  if kind == "neg_inf":
-    x = r.standard_normal(vocab)
-    x[r.random(vocab) < 0.4] = -np.inf
-    x[r.integers(vocab)] = 0.5
-    return x
-  if kind == "few_finite":
-    x = np.full(vocab, -np.inf)
-    x[r.choice(vocab, size=min(3, vocab), replace=False)] = [1.0, 1.0, -2.0][:min(3, vocab)]
-    return x
-  if kind == "single_finite":
-    x = np.full(vocab, -np.inf)
-    x[r.integers(vocab)] = -7.0
-    return x
-  raise ValueError(kind)
-
-
-KINDS = ("random", "wide", "peaked", "flat", "ties", "ties_halves", "neg_inf",
-         "few_finite", "single_finite")
-
-
-def oracle_grid(vocab, seed, m_values=M_VALUES):
-  """Rows of every kind for every (p, k, min-p): ``(y, ks, ps, ms, combos)``."""
-  r = np.random.default_rng(seed)
-  combos = list(itertools.product(P_VALUES, k_values(vocab), m_values))
-  rows = [make_row(kind, r, vocab) for kind in KINDS for _ in combos]
-  ks, ps, ms = ([c[i] for _ in KINDS for c in combos] for i in (1, 0, 2))
-  return np.asarray(rows, np.float32), ks, ps, ms, combos
 
 
 @pytest.mark.parametrize("vocab", [16, 1007])
@@ -260,7 +210,6 @@ def test_threefry_per_request_keys_position0_match_categorical():
 # ---------------------------------------------------------------------------
 # Statistics: sampled frequencies vs the exact processed distribution.
 # ---------------------------------------------------------------------------
-
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import pytest
 
 import jaxsample
 from conftest import (GENERATORS, IMPLEMENTATIONS, assert_chi2_fits, make_params,
-                      oracle_keep, outside_conds, run_sample)
+                      on_gpu, oracle_keep, outside_conds, run_sample)
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample.pallas.tuning import RaceLaunch, Tuning
 
@@ -70,17 +70,53 @@ def parity(x, params, key, gen, positions=None, **kw):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("gen", GENERATORS)
-@pytest.mark.parametrize("shape", [(1, 1007), (B, V), (3, 32000)])
-def test_pallas_matches_xla(gen, shape):
-  seed = shape[0] * 7 + shape[1]
-  x = random_logits(seed, *shape)
-  params = SamplingParams.make(shape[0], temperature=random_temps(seed, shape[0]))
-  out = parity(x, params, jax.random.key(seed), gen)
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
+          "float16": jnp.float16}
+
+
+def parity_cases():
+  """``(shape, dtype, generator, fp64)``: fp32 at five shapes in interpret
+  mode (every backend); on a GPU every production shape x dtype x
+  generator x noise precision."""
+  def name(shape, dtype, gen, fp64):
+    return f"{shape[0]}x{shape[1]}-{dtype}-{gen}-{'fp64' if fp64 else 'fp32'}"
+  cases = [pytest.param(shape, "float32", gen, False,
+                        id=name(shape, "float32", gen, False))
+           for shape in [(1, 1007), (B, V), (3, 32000), (2, 151936),
+                         (513, 1007)] for gen in GENERATORS]
+  cases += [on_gpu(shape, dtype, gen, fp64, id=name(shape, dtype, gen, fp64))
+            for shape in [(1, 151936), (8, 151936), (128, 151936), (4, 32000),
+                          (2, 1007)]
+            for dtype in DTYPES for gen in GENERATORS for fp64 in (False, True)]
+  cases += [on_gpu((513, 1007), dtype, gen, fp64,
+                   id=name((513, 1007), dtype, gen, fp64))
+            for dtype in DTYPES for gen in GENERATORS for fp64 in (False, True)
+            if (dtype, fp64) != ("float32", False)]
+  return cases
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("shape,dtype,gen,fp64", parity_cases())
+def test_pallas_matches_xla(shape, dtype, gen, fp64):
+  """Untruncated rows (the Gumbel kernel), every third one greedy and a -inf
+  prefix in row 0: tokens and validity equal the reference's bit for bit,
+  logprobs within 1e-5; greedy rows take the argmax with logprob 0, and the
+  noise matters (not every sampled row takes its argmax)."""
+  batch, vocab = shape
+  seed = batch * 7 + vocab
+  x = random_logits(seed, batch, vocab, scale=3.0)
+  x = x.at[0, :7].set(-jnp.inf).astype(DTYPES[dtype])
+  temps = random_temps(seed, batch)
+  temps[1::3] = 0.0
+  params = SamplingParams.make(batch, temperature=temps)
+  out = parity(x, params, jax.random.key(seed), gen, fp64=fp64)
   assert out.valid.all()
-  # Sanity: the noise matters (not every token is the argmax).
-  if shape[0] > 1:
-    assert not np.array_equal(out.tokens, np.argmax(np.asarray(x), -1))
+  greedy = temps == 0
+  xf = np.asarray(x.astype(jnp.float32))
+  np.testing.assert_array_equal(out.tokens[greedy], np.argmax(xf[greedy], -1))
+  np.testing.assert_array_equal(out.logprobs[greedy], 0.0)
+  if (~greedy).sum() > 1:
+    assert not np.array_equal(out.tokens[~greedy], np.argmax(xf[~greedy], -1))
 
 
 def test_static_and_traced_params_agree():
@@ -124,23 +160,6 @@ def test_traced_params_send_one_predicate_to_the_host(return_mask, fp64):
   for kernel in ("jaxsample_row_stats", "jaxsample_collect_candidates",
                  "jaxsample_select_threshold", "jaxsample_gumbel_max"):
     assert found.get(kernel), kernel
-
-
-@pytest.mark.parametrize("gen", GENERATORS)
-def test_pallas_matches_xla_large_vocab(gen):
-  x = random_logits(151936, 2, 151936, scale=3.0)
-  params = SamplingParams.make(2, temperature=[0.8, 1.3])
-  parity(x, params, jax.random.key(2), gen)
-
-
-@pytest.mark.parametrize("gen", GENERATORS)
-def test_pallas_matches_xla_large_batch(gen):
-  x = random_logits(513, 513, 1007)
-  temps = random_temps(513, 513)
-  temps[::7] = 0.0  # some greedy rows too
-  params = SamplingParams.make(513, temperature=temps)
-  out = parity(x, params, jax.random.key(513), gen)
-  np.testing.assert_array_equal(out.tokens[::7], np.argmax(np.asarray(x)[::7], -1))
 
 
 @pytest.mark.parametrize("gen", GENERATORS)

@@ -1,6 +1,5 @@
-"""decode_step and generate on a tiny random-weight NNX transformer (CPU)."""
-
-import dataclasses
+"""decode_step and generate on a tiny random-weight NNX transformer (every
+backend) and on the embedded model (GPU-marked cases: the kernels there)."""
 
 import jax
 import jax.numpy as jnp
@@ -9,9 +8,14 @@ import pytest
 from flax import nnx
 
 import jaxsample as js
-from jaxsample import reference, serve_loop
+from jaxsample import demo, reference, serve_loop
 from jaxsample.generation.generate import _generate
 from jaxsample.models import Transformer, TransformerConfig
+
+from conftest import on_gpu
+
+# Batch-shape independent logits on a GPU (``conftest.full_precision``).
+pytestmark = pytest.mark.usefixtures("full_precision")
 
 CONFIG = TransformerConfig(vocab_size=96, d_model=32, num_layers=2,
                            num_heads=4, num_kv_heads=2, mlp_dim=64, max_len=64)
@@ -48,38 +52,76 @@ def run(model, prompts, settings, keys, budgets, **kw):
                              max_new_tokens=budgets, **kw)
 
 
+def workload(request, which: str, seed: int):
+  """``(model, prompts, settings, keys, budgets, atol, masks)``: six
+  ``requests`` on the tiny model, or the demo's prompts and settings on the
+  embedded one (40 tokens; ``atol`` for logprobs: the GPU's sums differ
+  more; ``masks``: whether to compare masks too, on the GPU, where they are
+  cheap; interpret mode checks the kernels' masks in ``test_mask``)."""
+  if which == "tiny":
+    return (request.getfixturevalue("model"), *requests(6, seed), 1e-5, False)
+  model, tokenizer = request.getfixturevalue("embedded")
+  prompts = [tokenizer.encode(text).ids for text in demo.PROMPTS]
+  settings = [demo.SETTINGS[i % len(demo.SETTINGS)][1:]
+              for i in range(len(prompts))]
+  keys = jax.random.key_data(jax.random.split(jax.random.key(seed),
+                                              len(prompts)))
+  return (model, prompts, settings, np.asarray(keys), [40] * len(prompts), 1e-4,
+          True)
+
+
+MODELS = ["tiny", on_gpu("embedded")]
+
+
 def choices(generation):
   return [(c["token_ids"], np.asarray(c["logprobs"]).tobytes(),
            c["finish_reason"]) for c in generation.to_openai()]
 
 
-def test_bit_identical_across_runs_and_batch_compositions(model):
-  prompts, settings, keys, budgets = requests(6)
+@pytest.mark.kernels
+@pytest.mark.parametrize("which", MODELS)
+def test_bit_identical_across_runs_and_batch_compositions(request, which):
+  """The default implementation (XLA on CPU, the kernels on a GPU): a batch
+  twice, each request alone (slot 0, the rest padding) and the batch
+  reordered with an extra long prompt give the same choices bit for bit."""
+  model, prompts, settings, keys, budgets, _, _ = workload(request, which, 0)
+  n = len(prompts)
   full = choices(run(model, prompts, settings, keys, budgets))
   assert full == choices(run(model, prompts, settings, keys, budgets))
   assert all(len(c[0]) > 0 for c in full)
-  for b in range(6):  # each request alone: slot 0 of 8, 7 padding slots
+  for b in range(n):
     alone = run(model, prompts[b:b + 1], settings[b:b + 1], keys[b:b + 1],
                 budgets[b:b + 1])
     assert choices(alone) == [full[b]], b
-  order = [4, 1, 5, 0, 3, 2]  # another order, with an extra long prompt
+  order = np.random.default_rng(0).permutation(n).tolist()
   long_prompt = list(range(30))  # pushes the prompt bucket from 16 to 32
   mixed = run(model, [prompts[i] for i in order] + [long_prompt],
-              [settings[i] for i in order] + [SETTINGS[1]],
+              [settings[i] for i in order] + [settings[1]],
               np.concatenate([keys[order], keys[:1] + 7]),
               [budgets[i] for i in order] + [5])
-  assert choices(mixed)[:6] == [full[i] for i in order]
+  assert choices(mixed)[:n] == [full[i] for i in order]
 
 
-def test_xla_and_pallas_interpret_generate_the_same_tokens(model):
-  prompts, settings, keys, budgets = requests(6, seed=1)
-  xla = run(model, prompts, settings, keys, budgets,
-            config=js.SamplerConfig(implementation="xla"))
-  pallas = run(model, prompts, settings, keys, budgets,
-               config=js.SamplerConfig(implementation="pallas"))
-  np.testing.assert_array_equal(xla.tokens, pallas.tokens)
-  np.testing.assert_array_equal(xla.num_tokens, pallas.num_tokens)
-  np.testing.assert_allclose(xla.logprobs, pallas.logprobs, atol=1e-5)
+@pytest.mark.kernels
+@pytest.mark.parametrize("which", MODELS)
+def test_xla_and_kernels_generate_the_same_tokens(request, which):
+  """``generate`` on the XLA reference and on the kernels (interpret mode
+  off a GPU): the same tokens and logprobs (within ``atol``); on the
+  embedded model the same masks and logZ too."""
+  model, prompts, settings, keys, budgets, atol, masks = workload(
+      request, which, 1)
+  xla, kernels = (run(model, prompts, settings, keys, budgets,
+                      return_masks=masks,
+                      config=js.SamplerConfig(implementation=impl))
+                  for impl in ("xla", "pallas"))
+  np.testing.assert_array_equal(xla.tokens, kernels.tokens)
+  np.testing.assert_array_equal(xla.num_tokens, kernels.num_tokens)
+  np.testing.assert_allclose(xla.logprobs, kernels.logprobs, atol=atol)
+  for a, b in zip(xla.to_openai(), kernels.to_openai()):
+    assert (a.get("logz") is None) == (not masks)
+    if masks:
+      np.testing.assert_allclose(a["logz"], b["logz"], atol=atol)
+      assert a["sampling_mask"] == b["sampling_mask"]
 
 
 @nnx.jit

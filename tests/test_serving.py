@@ -1,5 +1,6 @@
 """ServeLoop: continuous batching equals ``generate``; load, memory,
-compilations, streaming, masks and bad requests (CPU, tiny models)."""
+compilations, streaming, masks and bad requests (tiny models on every
+backend; the embedded model on the kernels in GPU-marked cases)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxsample import serve_demo
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.serve_loop import Request, ServeLoop, generate
 
+from conftest import on_gpu
 from toy_lm import tiny_transformer
+
+# Batch-shape independent logits on a GPU (``conftest.full_precision``).
+pytestmark = pytest.mark.usefixtures("full_precision")
 
 CACHE = 32
 SLOTS = 4  # every loop has 4 slots and admits 4: the tests share compilations
@@ -119,33 +125,57 @@ def test_steps_per_call_and_callbacks(model):
     assert_same(events[-1].completion, expected[r.request_id])
 
 
-def test_masks_match_generate(model):
-  rs = np.random.default_rng(3)
-  requests = [dataclasses.replace(r, return_masks=bool(i % 2))
-              for i, r in enumerate(random_requests(rs, 6))]
-  config = dataclasses.replace(CONFIG, max_mask_ids=8)
+def mask_workload(request, which: str):
+  """``(model, requests, config, cache_len, atol)``: six random requests on
+  the tiny model (every other one asking for masks, ``max_mask_ids`` 8: some
+  overflow), or eight of the serving demo's on the embedded model and the
+  kernels (``atol`` for logprobs and logZ)."""
+  if which == "tiny":
+    rs = np.random.default_rng(3)
+    requests = [dataclasses.replace(r, return_masks=bool(i % 2))
+                for i, r in enumerate(random_requests(rs, 6))]
+    return (request.getfixturevalue("model"), requests,
+            dataclasses.replace(CONFIG, max_mask_ids=8), CACHE, 1e-5)
+  model, tokenizer = request.getfixturevalue("embedded")
+  demo = [(serve_demo.PROMPTS[i % len(serve_demo.PROMPTS)],
+           serve_demo.SETTINGS[i % len(serve_demo.SETTINGS)][1])
+          for i in range(8)]
+  requests = [Request(prompt=tokenizer.encode(text).ids, max_tokens=32,
+                      seed=i, request_id=i, stop=[0], return_masks=True,
+                      **setting) for i, (text, setting) in enumerate(demo)]
+  return (model, requests,
+          SamplerConfig(implementation="pallas", max_mask_ids=64), None, 1e-4)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("which", ["tiny", on_gpu("embedded")])
+def test_masks_match_generate(request, which):
+  model, requests, config, cache_len, atol = mask_workload(request, which)
   expected = generate(
       model, [r.prompt for r in requests],
-      params=SamplingParams.make(6, **{
+      params=SamplingParams.make(len(requests), **{
           f: [getattr(r, f) for r in requests]
           for f in ("temperature", "top_k", "top_p", "min_p")}),
       keys=jnp.stack([jax.random.key_data(jax.random.PRNGKey(r.seed))
                       for r in requests]),
       max_new_tokens=[r.max_tokens for r in requests],
       stop_tokens=[list(r.stop) for r in requests], config=config,
-      return_masks=True, cache_len=CACHE).to_openai()
-  loop = ServeLoop(model, slots=SLOTS, cache_len=CACHE, config=config,
+      return_masks=True, cache_len=cache_len).to_openai()
+  loop = ServeLoop(model, slots=SLOTS, cache_len=cache_len, config=config,
                    return_masks=True)
+  cap = config.max_mask_ids
   for r, done, choice in zip(requests, loop.run(requests), expected):
     assert done.token_ids == choice["token_ids"]
+    np.testing.assert_allclose(done.logprobs, choice["logprobs"], atol=atol)
     if not r.return_masks:
       assert done.sampling_mask is None and done.logz is None
       continue
     assert done.sampling_mask == choice["sampling_mask"]
-    np.testing.assert_allclose(done.logz, choice["logz"], rtol=1e-5)
+    np.testing.assert_allclose(done.logz, choice["logz"], rtol=1e-5,
+                               atol=atol)
     for token, ids in zip(done.token_ids, done.sampling_mask):
       if isinstance(ids, dict):  # more than max_mask_ids kept: flagged
-        assert ids["overflow"] and ids["count"] > 8 and len(ids["ids"]) == 8
+        assert ids["overflow"] and ids["count"] > cap and len(ids["ids"]) == cap
       else:
         assert ids is None or token in ids
     assert done.to_openai()["sampling_mask"] == done.sampling_mask

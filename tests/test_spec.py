@@ -33,72 +33,19 @@ import numpy as np
 import pytest
 
 import jaxsample
-from conftest import (IMPLEMENTATIONS, assert_chi2_fits, closing_over,
-                      make_params, oracle_keep, run_sample, without_truncation)
+from conftest import (IMPLEMENTATIONS, assert_chi2_fits, make_params,
+                      oracle_keep, run_sample)
 from jaxsample import SamplerConfig, SamplingParams, rng, spec
-from test_mask import (assert_mask_types, assert_masks_equal, extract,
-                       mask_kept, rebuilt_logprob, tempered)
 
-B, K, V = 64, 3, 16  # the shared workhorse shape
-PALLAS_SLICE = 1024
+from cases import (PALLAS_SLICE, B, K, V, assert_mask_types,
+                   assert_masks_equal, assert_same, extract, keys, logits,
+                   mask_kept, rebuilt_logprob, run, tempered)
+
 # Tests of the definition whose kernel-path cases the parity tests below pin
 # bit for bit (greedy rows, synthetic rates 0 and 1, k = 1, bf16, batch keys,
 # clamping): on CPU they run the reference alone, as a kernel-path compile
 # in interpret mode (threshold kernels included) costs ~30 s.
 REFERENCE_ONLY = ("xla",)
-_jitted = jax.jit(spec.rejection_sample,
-                  static_argnames=("config", "return_mask"))
-
-
-def run(target, drafts, num_draft, params, key, *, draft_logits=None,
-        rates=None, positions=None, gen="philox", jit=True, impl="xla",
-        return_mask=False, **config_kw):
-  """``rejection_sample`` as numpy; jitted with explicit positions (default
-  0) unless ``jit=False`` (kernel runs of batches without filters close over
-  the params: ``conftest.closing_over``).  Pallas batches of per-request keys
-  larger than ``PALLAS_SLICE`` run slice by slice (the last slice padded by
-  wrapping), unless ``return_mask``."""
-  batch = len(num_draft)
-  if positions is None and (jit or rng.key_words(key).ndim == 2):
-    positions = np.zeros(batch)
-  per_request = rng.key_words(key).ndim == 2
-  if (impl == "pallas" and jit and per_request and batch > PALLAS_SLICE and
-      not return_mask):
-    parts = []
-    for start in range(0, batch, PALLAS_SLICE):
-      idx = np.arange(start, start + PALLAS_SLICE) % batch
-      take = lambda a: None if a is None else np.asarray(a)[idx]
-      part = run(take(target), take(drafts), take(num_draft),
-                 jax.tree.map(lambda a: a[idx], params), key[idx],
-                 draft_logits=take(draft_logits), rates=rates,
-                 positions=take(positions), gen=gen, impl=impl, **config_kw)
-      parts.append(jax.tree.map(lambda a: a[:batch - start], part))
-    return jax.tree.map(lambda *a: np.concatenate(a), *parts)
-  config = SamplerConfig(rng=gen, implementation=impl, **config_kw)
-  fn = functools.partial(_jitted if jit else spec.rejection_sample,
-                         config=config, return_mask=return_mask)
-  if jit and impl == "pallas" and without_truncation(params,
-                                                     np.shape(target)[-1]):
-    closed = closing_over(params, lambda p: lambda t, d, n, k, **kw: (
-        spec.rejection_sample(t, d, n, p, k, config=config,
-                              return_mask=return_mask, **kw)), config,
-                          return_mask)
-    fn = lambda t, d, n, p, k, **kw: closed(t, d, n, k, **kw)
-  out = fn(jnp.asarray(target), jnp.asarray(drafts, jnp.int32),
-           jnp.asarray(num_draft, jnp.int32), params, key,
-           draft_logits=None if draft_logits is None else jnp.asarray(
-               draft_logits),
-           synthetic_rates=None if rates is None else jnp.float32(rates),
-           positions=None if positions is None else jnp.asarray(
-               positions, jnp.int32))
-  return jax.tree.map(np.asarray, out)
-
-
-def assert_same(a, b):
-  """Tokens and counts identical, logprobs within 1e-5 (module doc)."""
-  np.testing.assert_array_equal(a.tokens, b.tokens)
-  np.testing.assert_array_equal(a.num_accepted, b.num_accepted)
-  np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
 
 
 def probs_np(x, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
@@ -123,15 +70,6 @@ def assert_padding(out, num_accepted):
   np.testing.assert_array_equal(out.num_accepted, num_accepted)
   assert np.all(out.tokens[pad] == -1) and np.all(out.tokens[~pad] >= 0)
   assert np.all(out.logprobs[pad] == 0)
-
-
-def keys(n, seed=0):
-  return jax.random.split(jax.random.key(seed), n)
-
-
-def logits(seed, *shape, scale=1.0):
-  return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(
-      np.float32)
 
 
 # ---------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from conftest import outside_conds, sort_operands
 from jaxsample import SamplerConfig, SamplingParams, spec
 from jaxsample.pallas import gumbel
 from jaxsample.pallas.tuning import RaceLaunch, SpecStatsLaunch, Tuning
-from test_spec import B, K, V, assert_same, keys, logits, run
+
+from cases import B, K, V, assert_same, edge_case_batch, logits, run
 
 # Triton kernels of ``threshold.kept_sets``: stats, bound; compact, pack
 # and select of the candidates and of the top-k and top-p windows; two window
@@ -36,52 +37,6 @@ def both(*args, **kw):
   a = run(*args, impl="pallas", **kw)
   assert_same(a, run(*args, impl="xla", **kw))
   return a
-
-
-def edge_case_batch(seed, batch, k, vocab, *, with_draft):
-  """Random requests with edge cases in fixed row groups (see the test)."""
-  r = np.random.default_rng(seed)
-  target = logits(seed, batch, k + 1, vocab, scale=2.0)
-  draft = target[:, :k] + 0.7 * logits(seed + 1, batch, k, vocab)
-  target[r.random(target.shape) < 0.1] = -np.inf
-  draft[r.random(draft.shape) < 0.1] = -np.inf
-  drafts = np.where(r.random((batch, k)) < 0.6, np.argmax(draft, -1),
-                    r.integers(0, vocab, (batch, k)))
-  n = r.integers(0, k + 1, batch)
-  temps = r.choice([0.0, 0.6, 1.0, 1.7], batch)
-  pos = r.integers(0, 2**31, batch)
-  # 0-7: all accepted: draft rows equal to target rows peaked at the drafts
-  # (q_t(d) = 1 - O(e^-40) for one-hot drafts).
-  g = slice(0, 8)
-  target[g] = logits(seed + 2, 8, k + 1, vocab)
-  drafts[g] = r.integers(0, vocab, (8, k))
-  for i in range(k):
-    target[g, i][np.arange(8), drafts[g, i]] = 50.0
-  draft[g] = target[g, :k]
-  n[g], temps[g] = k, 1.0
-  # 8-15: the first draft has no target mass.
-  g = slice(8, 16)
-  target[g, 0][np.arange(8), drafts[g, 0]] = -np.inf
-  n[g], temps[g] = k, 0.9
-  # 16-23: zero residual: equal rows, the draft -inf in both (draft logits).
-  g = slice(16, 24)
-  draft[g] = target[g, :k]
-  draft[g, 0][np.arange(8), drafts[g, 0]] = -np.inf
-  target[g, 0][np.arange(8), drafts[g, 0]] = -np.inf
-  n[g], temps[g] = k, 1.3
-  # 24-27: invalid target rows at slot 0 (NaN, +inf, no finite entry, x / T
-  # overflowing), 28-31: invalid draft rows (one-hot fallback).
-  target[24, 0, 3] = np.nan
-  target[25, 0, 5] = np.inf
-  target[26, 0] = -np.inf
-  target[27, 0, [2, 7]] = 3e38
-  draft[28:32, 0, 1] = np.nan
-  n[24:32], temps[24:28], temps[28:32] = k, [1.0, 1.0, 0.8, 0.5], 1.1
-  # 32, 33: slot 0 valid and accepted-prone, an invalid slot 1.
-  target[32:34, 1, 4] = np.nan
-  params = SamplingParams.make(batch, temperature=temps)
-  return (target, drafts, n, params, keys(batch, seed)), dict(
-      draft_logits=draft if with_draft else None, positions=pos)
 
 
 @pytest.mark.parametrize("k,gen,with_draft", [

@@ -1,7 +1,9 @@
 """Speculative decoding in the ServeLoop: greedy output equals plain greedy
 output token for token; sampled output is distributed exactly as plain
 sampling (chi-square against the exact joint distribution of three tokens);
-the synthetic mode's acceptance follows its rates."""
+the synthetic mode's acceptance follows its rates.  Tiny models on every
+backend; greedy speculation on the embedded model and the kernels in
+GPU-marked cases."""
 
 from __future__ import annotations
 
@@ -12,48 +14,78 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import assert_chi2_fits
-from jaxsample import reference
+from conftest import assert_chi2_fits, on_gpu
+from jaxsample import reference, serve_demo
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.serve_loop import (ModelDrafter, NgramDrafter, Request,
                                   ServeLoop, Speculation, layer_prefix)
 
 from toy_lm import bigram_lm, next_logits, tiny_transformer
 
+# Batch-shape independent logits on a GPU (``conftest.full_precision``).
+pytestmark = pytest.mark.usefixtures("full_precision")
+
 CONFIG = SamplerConfig(implementation="xla")
 CACHE = 32
 K = 3
 
 
-def speculation(kind: str, target):
-  if kind == "ngram":
-    return Speculation(NgramDrafter(K))
-  lm, weights = target
-  return Speculation(ModelDrafter(lm, K, CONFIG), weights)
+@pytest.fixture(scope="module")
+def plain_runs():
+  """Completions of the plain (non-speculative) loop by workload, shared by
+  the drafters' cases."""
+  return {}
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "layers", "other"])
-def test_greedy_speculative_equals_plain(drafter):
-  target = tiny_transformer(seed=0, vocab=32, max_len=CACHE, layers=2)
+def greedy_workload(request, which: str):
+  """``(target, target module, requests, config, cache_len, num_draft)``:
+  ten random greedy requests on a tiny 2-layer model (XLA), or eight of the
+  serving demo's, made greedy and asking for masks, on the embedded model
+  and the kernels."""
+  if which == "tiny":
+    target = tiny_transformer(seed=0, vocab=32, max_len=CACHE, layers=2)
+    rs = np.random.default_rng(0)
+    requests = [Request(prompt=rs.integers(0, 32, rs.integers(1, 10)).tolist(),
+                        max_tokens=int(rs.integers(1, 20)), temperature=0.0,
+                        stop=rs.integers(0, 32, 1).tolist(), seed=i)
+                for i in range(10)]
+    return (target, nnx.merge(target[0].graphdef, target[1]), requests, CONFIG,
+            CACHE, K)
+  model, tokenizer = request.getfixturevalue("embedded")
+  requests = [Request(prompt=tokenizer.encode(text).ids, max_tokens=32,
+                      seed=i, request_id=i, stop=[0], return_masks=True,
+                      **dict(setting, temperature=0.0))
+              for i, (text, (_, setting)) in enumerate(
+                  zip(serve_demo.PROMPTS * 2, serve_demo.SETTINGS * 2))]
+  return (model, model, requests,
+          SamplerConfig(implementation="pallas", max_mask_ids=64), None, 4)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("which,drafter", [
+    ("tiny", "ngram"), ("tiny", "layers"), ("tiny", "other"),
+    on_gpu("embedded", "ngram"), on_gpu("embedded", "layers")])
+def test_greedy_speculative_equals_plain(request, plain_runs, which, drafter):
+  target, module, requests, config, cache_len, k = greedy_workload(request,
+                                                                    which)
   if drafter == "ngram":
-    spec = Speculation(NgramDrafter(K))
+    spec = Speculation(NgramDrafter(k))
   else:
-    draft = (layer_prefix(nnx.merge(target[0].graphdef, target[1]), 1)
-             if drafter == "layers" else
+    draft = (layer_prefix(module, 1) if drafter == "layers" else
              tiny_transformer(seed=7, vocab=32, max_len=CACHE, layers=1))
-    spec = Speculation(ModelDrafter(draft[0], K, CONFIG), draft[1])
-  rs = np.random.default_rng(0)
-  requests = [Request(prompt=rs.integers(0, 32, rs.integers(1, 10)).tolist(),
-                      max_tokens=int(rs.integers(1, 20)), temperature=0.0,
-                      stop=rs.integers(0, 32, 1).tolist(), seed=i)
-              for i in range(10)]
-  plain = ServeLoop(target, slots=4, cache_len=CACHE, config=CONFIG)
-  fast = ServeLoop(target, slots=4, cache_len=CACHE, config=CONFIG,
-                   speculation=spec)
+    spec = Speculation(ModelDrafter(draft[0], k, config), draft[1])
+  masks = any(r.return_masks for r in requests)
+  if which not in plain_runs:
+    plain_runs[which] = ServeLoop(target, slots=4, cache_len=cache_len,
+                                  config=config, return_masks=masks
+                                  ).run(requests)
+  fast = ServeLoop(target, slots=4, cache_len=cache_len, config=config,
+                   return_masks=masks, speculation=spec)
   drafted = accepted = 0
-  for a, b in zip(plain.run(requests), fast.run(requests)):
+  for a, b in zip(plain_runs[which], fast.run(requests)):
     assert a.token_ids == b.token_ids
     assert a.finish_reason == b.finish_reason
+    assert a.sampling_mask == b.sampling_mask
     np.testing.assert_array_equal(b.logprobs, 0.0)
     drafted += b.drafted
     accepted += b.accepted

@@ -15,12 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import oracle_keep, run_sample, sort_operands
+from conftest import on_gpu, oracle_keep, run_sample, sort_operands
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, reference, rng
 from jaxsample.pallas import common, gumbel, threshold
 from jaxsample.pallas.tuning import PivotLaunch, Tuning
-from test_reference import KINDS, M_VALUES, oracle_grid
+
+from cases import kept_set_batch
 
 
 @functools.cache
@@ -82,7 +83,9 @@ def test_key_searches_from_a_shared_prefix():
       assert int(found) == want, (lower, upper, int(answer))
 
 
-def check_logit_floor_splits_like_the_quotient(seed):
+@pytest.mark.kernels
+@pytest.mark.parametrize("seed", [0, on_gpu(1), on_gpu(2), on_gpu(3)])
+def test_logit_floor_splits_like_the_quotient(seed):
   """``x < logit_floor(floor, T)`` iff ``reference.divide(x, T) < floor`` (the
   kernels' ``y``), for x within 64 ulps of the logit floor and at random,
   on rows whose floors are tempered logits (as thresholds are), arbitrary
@@ -113,10 +116,6 @@ def check_logit_floor_splits_like_the_quotient(seed):
   np.testing.assert_array_equal(x < x_floor[:, None], y < floor[:, None])
 
 
-def test_logit_floor_splits_like_the_quotient():
-  check_logit_floor_splits_like_the_quotient(0)
-
-
 @pytest.mark.parametrize("k,p", [(1, 1.0), (50, 1.0), (50, 0.9), (200, 1.0),
                                  (0, 0.9), (0, 0.5), (0, 1e-6)])
 def test_bound_mode_rounds_the_exact_threshold_down(k, p):
@@ -140,59 +139,9 @@ def test_bound_mode_rounds_the_exact_threshold_down(k, p):
   assert np.all(exact - bound <= 2.0**-11 * np.abs(exact)), (bound, exact)
 
 
-@pytest.mark.parametrize("vocab", [16, 1007])
+@pytest.mark.kernels
+@pytest.mark.parametrize("vocab", [16, 1007, on_gpu(151936)])
 def test_kept_sets_match_oracle(vocab):
-  check_kept_sets_match_oracle(vocab)
-
-
-def tail_rows(vocab, r):
-  """Rows on which top-p 0.999999 drops a tail: a near-flat bulk (every
-  token above 3e-6 of the mass, at V = 151936 too) and three tail tokens
-  holding 2.5e-8, 1.5e-8 and 1e-8 of it.  The crossing (the bulk's last
-  token) lies 9.6e-7 of the mass (8.1 eps) above ``p = 0.999999`` and over
-  2e-6 below it, beyond the oracle's margin (``top_p_rtol``), so the kept
-  set (the bulk) is checked exactly: ``(rows, ks, ps, ms)``, with top-k off
-  and at ``V - 1`` (which drops the smallest tail token)."""
-  rows = []
-  for _ in range(2):
-    x = r.standard_normal(vocab) * 0.1
-    tail = r.choice(vocab, 3, replace=False)
-    x[tail] = -np.inf
-    bulk = np.log(np.sum(np.exp(x)))
-    x[tail] = bulk + np.log([2.5e-8, 1.5e-8, 1e-8])
-    rows.append(x)
-  return (np.asarray(rows, np.float32), [vocab, vocab - 1], [0.999999] * 2,
-          [0.0] * 2)
-
-
-def invalid_rows(vocab, r):
-  """Invalid truncating rows (README "Bad input"): random rows with a few
-  NaNs (top-p 0.999999; top-k 50, top-p 0.9 and min-p 0.05) and with one
-  +inf (top-k 2, top-p 0.5): ``(rows, ks, ps, ms)``."""
-  x = r.standard_normal((3, vocab)) * 1.5
-  x[0, r.choice(vocab, 3, replace=False)] = np.nan
-  x[1, r.choice(vocab, 2, replace=False)] = np.nan
-  x[2, r.integers(vocab)] = np.inf
-  return (x.astype(np.float32), [vocab, 50, 2], [0.999999, 0.9, 0.5],
-          [0.0, 0.05, 0.0])
-
-
-def kept_set_batch(vocab):
-  """The oracle grid (``oracle_grid``'s rows, unchanged) followed by
-  ``tail_rows`` and ``invalid_rows``: ``(y, ks, ps, ms, kinds)``."""
-  y, ks, ps, ms, combos = oracle_grid(vocab, seed=vocab + 1,
-                                     m_values=M_VALUES[:3])
-  r = np.random.default_rng(vocab + 2)
-  kinds = [kind for kind in KINDS for _ in combos]
-  for kind, (rows, *cols) in (("tail", tail_rows(vocab, r)),
-                              ("invalid", invalid_rows(vocab, r))):
-    y = np.concatenate([y, rows])
-    ks, ps, ms = (a + list(b) for a, b in zip((ks, ps, ms), cols))
-    kinds += [kind] * len(rows)
-  return y, ks, ps, ms, np.asarray(kinds)
-
-
-def check_kept_sets_match_oracle(vocab):
   """Every kind of row x p x k x min-p: every valid truncating row is
   complete and keeps the oracle's set (an admissible one on a rounding
   boundary, at most 2% of the rows), with its count and mass; top-p
@@ -200,8 +149,10 @@ def check_kept_sets_match_oracle(vocab):
   (``tail_rows``) too.  Invalid rows in the batch (``invalid_rows``) are
   left to the Gumbel kernel (not complete, not unfinished), which gives the
   reference's token, ``valid`` False and logprob -inf; the other rows keep
-  the oracle's sets beside them.  On a GPU the kernels run compiled
-  (``test_gpu_threshold``)."""
+  the oracle's sets beside them.  On a GPU the kernels run compiled; at
+  V = 151936 the rows whose ties at a threshold overflow the candidate
+  buffer or span a window (flat rows, rows of a few values, peaked rows
+  whose 151935 other entries tie) take the pivot search."""
   y, ks, ps, ms, kinds = kept_set_batch(vocab)
   params = SamplingParams.make(len(y), top_k=ks, top_p=ps, min_p=ms)
   canon = params.canonical(vocab)
