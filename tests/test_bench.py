@@ -3,6 +3,7 @@ writes the JSON the GPU runs are read from."""
 
 import json
 
+import numpy as np
 import pytest
 
 from jaxsample.bench import cases, cli, report, runner, vllm_peers
@@ -184,3 +185,22 @@ def test_report_names_the_fix_for_a_missing_vllm_copy(tmp_path, monkeypatch):
     cli.main(["report", "--peers", "vllm", "--vllm-src", str(tmp_path / "nope"),
               "--out", str(tmp_path)])
   assert not list(tmp_path.iterdir())  # nothing timed, nothing written
+
+
+def test_a_failing_external_peer_is_recorded_then_left_out(capsys):
+  failures, calls = [], []
+
+  def factory(filters, temperature):
+    def op(rows, iters, repeats):
+      calls.append(filters)
+      raise RuntimeError("this Triton cannot compile that kernel")
+    return op
+
+  guarded = report._guarded("broken peer", factory, failures)
+  rows = [np.zeros((2, 8), np.float32)]
+  assert guarded({}, 1.0)(rows, 1, 1) is None
+  assert guarded({"top_k": 5}, 1.0)(rows, 1, 1) is None  # not tried again
+  assert calls == [{}] and len(failures) == 1
+  assert failures[0]["peer"] == "broken peer" and failures[0]["shape"] == [2, 8]
+  assert "RuntimeError: this Triton cannot compile" in failures[0]["error"]
+  assert "left out from here on" in capsys.readouterr().err

@@ -181,11 +181,13 @@ def run(opts: argparse.Namespace) -> dict:
     kernels = vllm_peers.load(opts.vllm_src or None) if "vllm" in chosen else None
   except vllm_peers.VllmSourceError as error:
     raise SystemExit(str(error)) from None
-  external = {}
+  factories = {}
   if "torch" in chosen:
-    external[peers.TORCH_SORT] = peers.torch_sort_op
+    factories[peers.TORCH_SORT] = peers.torch_sort_op
   if kernels is not None:
-    external.update(vllm_peers.peer_factories(kernels))
+    factories.update(vllm_peers.peer_factories(kernels))
+  failures = []
+  external = {name: _guarded(name, factory, failures) for name, factory in factories.items()}
   # torch shares the GPU: JAX must not take 75% of its memory up front.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   bandwidth = measure_bandwidth(opts.bandwidth_gib)
@@ -208,9 +210,36 @@ def run(opts: argparse.Namespace) -> dict:
              command="python -m jaxsample.bench " + " ".join(sys.argv[1:]),
              git_commit=_git_commit(), options=vars(opts),
              peers=dict(names=sorted(chosen), external=sorted(external),
-                        vllm=kernels.describe() if kernels is not None else None),
+                        vllm=kernels.describe() if kernels is not None else None,
+                        failures=failures),
              rows=rows)
   return render(doc, opts.out)
+
+
+def _guarded(name: str, factory, failures: list):
+  """``factory`` whose ops record an exception in ``failures`` and time nothing
+  (a peer that fails once, e.g. a kernel this Triton cannot compile, is left
+  out of the remaining cases) instead of ending the run."""
+
+  def for_case(filters, temperature):
+    op = factory(filters, temperature)
+
+    def run(rows, iters, repeats):
+      if any(f["peer"] == name for f in failures):
+        return None
+      try:
+        return op(rows, iters, repeats)
+      except Exception as error:  # noqa: BLE001 -- recorded in the report
+        failures.append(dict(peer=name, filters=filters, shape=list(rows[0].shape),
+                             dtype=str(rows[0].dtype),
+                             error=f"{type(error).__name__}: {error}"[:2000]))
+        print(f"# peer {name!r} failed and is left out from here on: {failures[-1]['error']}",
+              file=sys.stderr, flush=True)
+        return None
+
+    return run
+
+  return for_case
 
 
 def _merged(paths: list[pathlib.Path]) -> dict:
@@ -299,6 +328,9 @@ def _markdown(doc: dict, figures: dict) -> str:
            f"- peers: {', '.join((doc.get('peers') or {}).get('names', [])) or 'none'}"
            + (f"; vLLM kernels from {vllm['commit']}" if vllm else "")]
   lines += [f"- merged run: `{m['command']}` on {m['device']}" for m in doc.get("merged", [])]
+  lines += [f"- FAILED peer {f['peer']} ({f['dtype']} {f['shape']}, {f['filters']}): "
+            f"{f['error'].splitlines()[0][:300]}"
+            for f in (doc.get("peers") or {}).get("failures", [])]
   lines += ["", "Times are device time per call (profiler-summed kernels for JAX ops; "
             "CUDA-graph replays for torch and vLLM), medians over blocks of calls on "
             "rotating inputs; off GPU, wall time.", ""]
