@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from jaxsample.bench import cases, cli, report, runner, vllm_peers
+from jaxsample.bench import cases, cli, peers, report, runner, vllm_peers
 
 TINY = ["--batch", "2", "--vocab", "256", "--dtypes", "float32", "--iters", "1",
         "--repeats", "1", "--bandwidth-gib", "0.001", "--no-progress"]
@@ -173,6 +173,9 @@ def test_report_grid_and_options():
   assert {j.args.params for j in todo if j.suite.name == "sample"} == {"both"}
   cut = cli.parser().parse_args(["report", "--no-spec", "--vocab", "512", "--batch", "2"])
   assert [j.suite.name for j in report.jobs(cut, set())] == ["sample"] * 8  # 2 dtypes, 4 settings
+  spec_only = cli.parser().parse_args(["report", "--no-sample", "--vocab", "512", "--batch", "2",
+                                       "--dtypes", "bfloat16", "--spec-k", "4"])
+  assert [(j.suite.name, j.case.k) for j in report.jobs(spec_only, set())] == [("spec", 4)] * 4
   with pytest.raises(SystemExit, match="expected a comma-separated subset"):
     cli.main(["report", "--peers", "jax,flashinfer", "--out", "unused"])
 
@@ -185,6 +188,13 @@ def test_report_names_the_fix_for_a_missing_vllm_copy(tmp_path, monkeypatch):
     cli.main(["report", "--peers", "vllm", "--vllm-src", str(tmp_path / "nope"),
               "--out", str(tmp_path)])
   assert not list(tmp_path.iterdir())  # nothing timed, nothing written
+  if peers.torch_module() is None:
+    source = tmp_path / "vllm"
+    for name in vllm_peers.FILES.values():
+      (source / name).parent.mkdir(parents=True, exist_ok=True)
+      (source / name).write_text("")
+    with pytest.raises(SystemExit, match="need torch"):
+      cli.main(["report", "--peers", "vllm", "--vllm-src", str(source), "--out", str(source)])
 
 
 def test_a_failing_external_peer_is_recorded_then_left_out(capsys):

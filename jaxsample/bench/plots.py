@@ -33,6 +33,7 @@ def require_matplotlib() -> None:
 def _figure(title: str, lines: dict[str, list[tuple[int, float]]],
             floor: list[tuple[int, float]], path: pathlib.Path) -> None:
   fig, ax = pyplot.subplots(figsize=(8, 5.5))
+  ax.set_prop_cycle(color=pyplot.get_cmap("tab20").colors)  # a dozen lines stay apart
   for name, points in lines.items():
     xs, ys = zip(*sorted(points))
     read = name in _READS

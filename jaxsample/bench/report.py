@@ -26,6 +26,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 from jaxsample.bench import cases as cases_lib
 from jaxsample.bench import peers, plots, runner, suites, vllm_peers
@@ -62,6 +63,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--spec-k", default="1,4,8", help="draft lengths of the spec part")
   parser.add_argument("--no-spec", dest="spec", action="store_false",
                       help="leave out speculative verification")
+  parser.add_argument("--no-sample", dest="sample", action="store_false",
+                      help="leave out the sample part (a verification-only slice)")
   parser.add_argument("--quick", action="store_true",
                       help="a short run: --iters 4 --repeats 2, params traced only, the "
                       "first draft length only, a 0.25 GiB bandwidth copy")
@@ -103,16 +106,23 @@ def _chosen_peers(opts: argparse.Namespace) -> set[str]:
     return set()
   if opts.peers == "auto":
     chosen = {"jax"}
-    chosen |= {"torch"} if peers.torch_module() is not None else set()
-    chosen |= {"vllm"} if opts.vllm_src or os.environ.get(vllm_peers.ENV_VAR) else set()
+    if peers.torch_module() is not None:
+      chosen |= {"torch"}
+      chosen |= {"vllm"} if opts.vllm_src or os.environ.get(vllm_peers.ENV_VAR) else set()
     return chosen
   chosen = set(_names(opts.peers))
   unknown = chosen - set(PEERS)
   if unknown:
     raise SystemExit(f"--peers {opts.peers!r}: unknown {sorted(unknown)}; expected a "
                      f"comma-separated subset of {list(PEERS)}, 'auto' or 'none'")
-  if "torch" in chosen and peers.torch_module() is None:
-    raise SystemExit("--peers torch needs torch with a CUDA device; leave torch out")
+  if "vllm" in chosen:
+    try:
+      vllm_peers.resolve_source(opts.vllm_src or None)
+    except vllm_peers.VllmSourceError as error:
+      raise SystemExit(str(error)) from None
+  if chosen & {"torch", "vllm"} and peers.torch_module() is None:
+    raise SystemExit(f"--peers {opts.peers}: torch and vLLM's kernels need torch (and Triton) "
+                     "with a CUDA device; leave them out here")
   return chosen
 
 
@@ -148,8 +158,9 @@ def jobs(opts: argparse.Namespace, chosen: set[str]) -> list[Job]:
     for dtype in _names(opts.dtypes):
       grid = cases_lib.grid(_ints(opts.batch), vocab, (dtype,), _names(opts.settings),
                             (opts.dist,), opts.temperature)
-      found += [Job(suites.SAMPLE, sample_plain if c.setting == "plain" else sample, c, True)
-                for c in grid]
+      if opts.sample:
+        found += [Job(suites.SAMPLE, sample_plain if c.setting == "plain" else sample, c, True)
+                  for c in grid]
       if opts.spec:
         found += [Job(suites.SPEC, spec, suites.SpecCase(c, k, False), False)
                   for c in grid for k in _ints(opts.spec_k)]
@@ -177,19 +188,23 @@ def run(opts: argparse.Namespace) -> dict:
   plots.require_matplotlib()
   opts = _quick(opts)
   chosen = _chosen_peers(opts)
-  try:
-    kernels = vllm_peers.load(opts.vllm_src or None) if "vllm" in chosen else None
-  except vllm_peers.VllmSourceError as error:
-    raise SystemExit(str(error)) from None
+  failures, kernels = [], None
+  if "vllm" in chosen:
+    try:
+      kernels = vllm_peers.load(opts.vllm_src or None)
+    except vllm_peers.VllmSourceError as error:
+      raise SystemExit(str(error)) from None
+    except Exception as error:  # noqa: BLE001 -- e.g. a Triton too old for the copy
+      _record(failures, "vllm (loading the source copy)", {}, None, error)
   factories = {}
   if "torch" in chosen:
     factories[peers.TORCH_SORT] = peers.torch_sort_op
   if kernels is not None:
     factories.update(vllm_peers.peer_factories(kernels))
-  failures = []
   external = {name: _guarded(name, factory, failures) for name, factory in factories.items()}
   # torch shares the GPU: JAX must not take 75% of its memory up front.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  start = time.perf_counter()
   bandwidth = measure_bandwidth(opts.bandwidth_gib)
   runner.print_header("report", bandwidth)
   todo = jobs(opts, chosen)
@@ -208,12 +223,22 @@ def run(opts: argparse.Namespace) -> dict:
     bar.close()
   doc = dict(report=1, **runner.describe_device(bandwidth),
              command="python -m jaxsample.bench " + " ".join(sys.argv[1:]),
-             git_commit=_git_commit(), options=vars(opts),
+             git_commit=_git_commit(), elapsed_s=round(time.perf_counter() - start, 1),
+             options=vars(opts),
              peers=dict(names=sorted(chosen), external=sorted(external),
                         vllm=kernels.describe() if kernels is not None else None,
                         failures=failures),
              rows=rows)
   return render(doc, opts.out)
+
+
+def _record(failures: list, peer: str, filters: dict, rows, error: Exception) -> None:
+  failures.append(dict(peer=peer, filters=filters,
+                       shape=list(rows.shape) if rows is not None else [],
+                       dtype=str(rows.dtype) if rows is not None else "",
+                       error=f"{type(error).__name__}: {error}"[:2000]))
+  print(f"# peer {peer!r} failed and is left out from here on: {failures[-1]['error']}",
+        file=sys.stderr, flush=True)
 
 
 def _guarded(name: str, factory, failures: list):
@@ -230,11 +255,7 @@ def _guarded(name: str, factory, failures: list):
       try:
         return op(rows, iters, repeats)
       except Exception as error:  # noqa: BLE001 -- recorded in the report
-        failures.append(dict(peer=name, filters=filters, shape=list(rows[0].shape),
-                             dtype=str(rows[0].dtype),
-                             error=f"{type(error).__name__}: {error}"[:2000]))
-        print(f"# peer {name!r} failed and is left out from here on: {failures[-1]['error']}",
-              file=sys.stderr, flush=True)
+        _record(failures, name, filters, rows[0], error)
         return None
 
     return run
@@ -251,7 +272,8 @@ def _merged(paths: list[pathlib.Path]) -> dict:
           file=sys.stderr)
   return dict(docs[0], rows=[r for d in docs for r in d["rows"]],
               merged=[dict(path=str(p), command=d["command"], device=d["device"],
-                           git_commit=d["git_commit"]) for p, d in zip(paths, docs)])
+                           git_commit=d["git_commit"], elapsed_s=d.get("elapsed_s"))
+                      for p, d in zip(paths, docs)])
 
 
 # ---------------------------------------------------------------------------
@@ -324,10 +346,11 @@ def _markdown(doc: dict, figures: dict) -> str:
            f"{doc['jaxsample']}; git commit {doc.get('git_commit')}",
            f"- copy bandwidth: {doc['bandwidth_bytes_per_s'] / 1e12:.3f} TB/s; floor = logits "
            "bytes read once / copy bandwidth",
-           f"- command: `{doc['command']}`",
+           f"- command: `{doc['command']}` ({doc.get('elapsed_s', '?')} s)",
            f"- peers: {', '.join((doc.get('peers') or {}).get('names', [])) or 'none'}"
            + (f"; vLLM kernels from {vllm['commit']}" if vllm else "")]
-  lines += [f"- merged run: `{m['command']}` on {m['device']}" for m in doc.get("merged", [])]
+  lines += [f"- merged run: `{m['command']}` on {m['device']} ({m.get('elapsed_s', '?')} s)"
+            for m in doc.get("merged", [])]
   lines += [f"- FAILED peer {f['peer']} ({f['dtype']} {f['shape']}, {f['filters']}): "
             f"{f['error'].splitlines()[0][:300]}"
             for f in (doc.get("peers") or {}).get("failures", [])]
