@@ -112,7 +112,8 @@ def test_report_writes_json_tables_and_figures(tmp_path):
   doc = json.loads((out / "report.json").read_text())
   assert set(report.JSON_KEYS) <= set(doc)
   assert doc["peers"]["names"] == ["jax"] and doc["peers"]["vllm"] is None
-  assert doc["command"].startswith("python -m jaxsample.bench")
+  assert doc["command"] == "python -m jaxsample.bench " + " ".join(
+      [*REPORT_TINY, "--out", str(out)]).replace("--mask-caps  ", "--mask-caps '' ")
   sample = [r for r in doc["rows"] if r["suite"] == "sample"]
   spec = [r for r in doc["rows"] if r["suite"] == "spec"]
   for setting in ("plain", "top_p0.95"):

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
 import time
@@ -167,6 +168,14 @@ def jobs(opts: argparse.Namespace, chosen: set[str]) -> list[Job]:
   return found
 
 
+def _command(argv: list[str]) -> str:
+  return "python -m jaxsample.bench " + shlex.join(argv)
+
+
+def _seconds(doc: dict) -> str:
+  return f" ({doc['elapsed_s']} s)" if doc.get("elapsed_s") is not None else ""
+
+
 def _git_commit() -> str | None:
   """HEAD of the checkout this package runs from (``+dirty`` with local changes)."""
   try:
@@ -181,10 +190,11 @@ def _git_commit() -> str | None:
   return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def run(opts: argparse.Namespace) -> dict:
-  """Times the grid; writes and returns the report document."""
+def run(opts: argparse.Namespace, argv: list[str]) -> dict:
+  """Times the grid; writes and returns the report document (``argv``: the
+  command line after ``python -m jaxsample.bench``, recorded)."""
   if opts.merge:
-    return render(_merged([pathlib.Path(p) for p in _names(opts.merge)]), opts.out)
+    return render(_merged([pathlib.Path(p) for p in _names(opts.merge)], argv), opts.out)
   plots.require_matplotlib()
   opts = _quick(opts)
   chosen = _chosen_peers(opts)
@@ -222,7 +232,7 @@ def run(opts: argparse.Namespace) -> dict:
   if bar is not None:
     bar.close()
   doc = dict(report=1, **runner.describe_device(bandwidth),
-             command="python -m jaxsample.bench " + " ".join(sys.argv[1:]),
+             command=_command(argv),
              git_commit=_git_commit(), elapsed_s=round(time.perf_counter() - start, 1),
              options=vars(opts),
              peers=dict(names=sorted(chosen), external=sorted(external),
@@ -263,14 +273,15 @@ def _guarded(name: str, factory, failures: list):
   return for_case
 
 
-def _merged(paths: list[pathlib.Path]) -> dict:
+def _merged(paths: list[pathlib.Path], argv: list[str]) -> dict:
   """One document from several runs' ``report.json``: the first's fields, every row."""
   docs = [json.loads(p.read_text()) for p in paths]
   devices = sorted({d["device"] for d in docs})
   if len(devices) > 1:
     print(f"warning: --merge mixes devices {devices}; compare rows of one device only",
           file=sys.stderr)
-  return dict(docs[0], rows=[r for d in docs for r in d["rows"]],
+  return dict(docs[0], command=_command(argv), elapsed_s=None,
+              rows=[r for d in docs for r in d["rows"]],
               merged=[dict(path=str(p), command=d["command"], device=d["device"],
                            git_commit=d["git_commit"], elapsed_s=d.get("elapsed_s"))
                       for p, d in zip(paths, docs)])
@@ -346,10 +357,10 @@ def _markdown(doc: dict, figures: dict) -> str:
            f"{doc['jaxsample']}; git commit {doc.get('git_commit')}",
            f"- copy bandwidth: {doc['bandwidth_bytes_per_s'] / 1e12:.3f} TB/s; floor = logits "
            "bytes read once / copy bandwidth",
-           f"- command: `{doc['command']}` ({doc.get('elapsed_s', '?')} s)",
+           f"- command: `{doc['command']}`{_seconds(doc)}",
            f"- peers: {', '.join((doc.get('peers') or {}).get('names', [])) or 'none'}"
            + (f"; vLLM kernels from {vllm['commit']}" if vllm else "")]
-  lines += [f"- merged run: `{m['command']}` on {m['device']} ({m.get('elapsed_s', '?')} s)"
+  lines += [f"- merged run: `{m['command']}` on {m['device']}{_seconds(m)}"
             for m in doc.get("merged", [])]
   lines += [f"- FAILED peer {f['peer']} ({f['dtype']} {f['shape']}, {f['filters']}): "
             f"{f['error'].splitlines()[0][:300]}"
@@ -385,6 +396,6 @@ def render(doc: dict, out: str | os.PathLike) -> dict:
   return doc
 
 
-def main(opts: argparse.Namespace) -> int:
-  run(opts)
+def main(opts: argparse.Namespace, argv: list[str]) -> int:
+  run(opts, argv)
   return 0
