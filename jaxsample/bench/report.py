@@ -212,8 +212,10 @@ def run(opts: argparse.Namespace, argv: list[str]) -> dict:
   if kernels is not None:
     factories.update(vllm_peers.peer_factories(kernels))
   external = {name: _guarded(name, factory, failures) for name, factory in factories.items()}
-  # torch shares the GPU: JAX must not take 75% of its memory up front.
-  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  if factories and os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower() != "false":
+    print("warning: torch shares the GPU with JAX, which takes 75% of its memory up front "
+          "unless XLA_PYTHON_CLIENT_PREALLOCATE=false (scripts/gpu_run.sh sets it)",
+          file=sys.stderr, flush=True)
   start = time.perf_counter()
   bandwidth = measure_bandwidth(opts.bandwidth_gib)
   runner.print_header("report", bandwidth)
@@ -280,7 +282,9 @@ def _merged(paths: list[pathlib.Path], argv: list[str]) -> dict:
   if len(devices) > 1:
     print(f"warning: --merge mixes devices {devices}; compare rows of one device only",
           file=sys.stderr)
+  failures = [f for d in docs for f in (d.get("peers") or {}).get("failures", [])]
   return dict(docs[0], command=_command(argv), elapsed_s=None,
+              peers=dict(docs[0].get("peers") or {}, failures=failures),
               rows=[r for d in docs for r in d["rows"]],
               merged=[dict(path=str(p), command=d["command"], device=d["device"],
                            git_commit=d["git_commit"], elapsed_s=d.get("elapsed_s"))
