@@ -11,11 +11,15 @@
 #   mask       issue 5's table: truncation suite, sample + mask against sample alone
 #   SUITE      any other suite of python -m jaxsample.bench (truncation, profile, extract,
 #              fp64, spec, sweep, pivot, sort) with its defaults
+#   peers      tests/test_gpu_peers.py: torch's and vLLM's samplers (vLLM's copy: .peers/vllm)
+#   report-V-DTYPE, reportspec-V-DTYPE   one slice of python -m jaxsample.bench report (the
+#              sample part / the verification part at vocabulary V in DTYPE) into $OUT/STEP/,
+#              with vLLM's kernels from $VLLM_SRC (default .peers/vllm) where that folder exists
 # $BENCH_ARGS is appended to every benchmark step's command (e.g. "--batch 128 --iters 16").
 # Logs and JSON go to $OUT (the device tool's output folder) or ./gpu-out, one STEP.log and
 # STEP.json per step.  GPU_TEST_WORKERS: pytest-xdist workers for the tests (default 6; 0: none).
 set -uo pipefail
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then sed -n '2,16p' "$0" | cut -c3-; exit 0; fi
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then sed -n '2,20p' "$0" | cut -c3-; exit 0; fi
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 out="${OUT:-gpu-out}"; mkdir -p "$out"
 steps=("$@"); [[ ${#steps[@]} -gt 0 ]] || steps=(smoke tests bench)
@@ -49,6 +53,18 @@ for step in "${steps[@]}"; do
     mask) bench mask truncation --batch 1,32,128,256 --settings top_k50+top_p0.9,top_p0.95 \
             --mask-caps 64,1024,4096 --no-peers --no-reference --iters 16 --repeats 3 ;;
     truncation|profile|extract|fp64|spec|sweep|pivot|sort) bench "$step" "$step" ;;
+    peers)
+      python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_peers.py 2>&1 | quiet \
+        > "$out/gpu-peers.log"
+      status=$((status | ${PIPESTATUS[0]})); tail -n 30 "$out/gpu-peers.log" ;;
+    report-*-*|reportspec-*-*)
+      IFS=- read -r kind vocab dtype <<< "$step"
+      part=--no-spec; [[ "$kind" == reportspec ]] && part=--no-sample
+      vllm=(); [[ -d "${VLLM_SRC:-.peers/vllm}" ]] && vllm=(--vllm-src "${VLLM_SRC:-.peers/vllm}")
+      # shellcheck disable=SC2086  # BENCH_ARGS is a word list
+      python3 -m jaxsample.bench report --vocab "$vocab" --dtypes "$dtype" "$part" "${vllm[@]}" \
+        --no-progress ${BENCH_ARGS:-} --out "$out/$step" 2>&1 | quiet | tee "$out/$step.log"
+      status=$((status | ${PIPESTATUS[0]})) ;;
     *) echo "unknown step $step (bash scripts/gpu_run.sh --help)" >&2; exit 2 ;;
   esac
 done

@@ -3,9 +3,10 @@ writes the JSON the GPU runs are read from."""
 
 import json
 
+import numpy as np
 import pytest
 
-from jaxsample.bench import cases, cli, report, runner, vllm_peers
+from jaxsample.bench import cases, cli, peers, report, runner, vllm_peers
 
 TINY = ["--batch", "2", "--vocab", "256", "--dtypes", "float32", "--iters", "1",
         "--repeats", "1", "--bandwidth-gib", "0.001", "--no-progress"]
@@ -114,7 +115,8 @@ def test_report_writes_json_tables_and_figures(tmp_path):
   doc = json.loads((out / "report.json").read_text())
   assert set(report.JSON_KEYS) <= set(doc)
   assert doc["peers"]["names"] == ["jax"] and doc["peers"]["vllm"] is None
-  assert doc["command"].startswith("python -m jaxsample.bench")
+  assert doc["command"] == "python -m jaxsample.bench " + " ".join(
+      [*REPORT_TINY, "--out", str(out)]).replace("--mask-caps  ", "--mask-caps '' ")
   sample = [r for r in doc["rows"] if r["suite"] == "sample"]
   spec = [r for r in doc["rows"] if r["suite"] == "spec"]
   for setting in ("plain", "top_p0.95"):
@@ -175,6 +177,9 @@ def test_report_grid_and_options():
   assert {j.args.params for j in todo if j.suite.name == "sample"} == {"both"}
   cut = cli.parser().parse_args(["report", "--no-spec", "--vocab", "512", "--batch", "2"])
   assert [j.suite.name for j in report.jobs(cut, set())] == ["sample"] * 8  # 2 dtypes, 4 settings
+  spec_only = cli.parser().parse_args(["report", "--no-sample", "--vocab", "512", "--batch", "2",
+                                       "--dtypes", "bfloat16", "--spec-k", "4"])
+  assert [(j.suite.name, j.case.k) for j in report.jobs(spec_only, set())] == [("spec", 4)] * 4
   with pytest.raises(SystemExit, match="expected a comma-separated subset"):
     cli.main(["report", "--peers", "jax,flashinfer", "--out", "unused"])
 
@@ -187,3 +192,29 @@ def test_report_names_the_fix_for_a_missing_vllm_copy(tmp_path, monkeypatch):
     cli.main(["report", "--peers", "vllm", "--vllm-src", str(tmp_path / "nope"),
               "--out", str(tmp_path)])
   assert not list(tmp_path.iterdir())  # nothing timed, nothing written
+  if peers.torch_module() is None:
+    source = tmp_path / "vllm"
+    for name in vllm_peers.FILES.values():
+      (source / name).parent.mkdir(parents=True, exist_ok=True)
+      (source / name).write_text("")
+    with pytest.raises(SystemExit, match="need torch"):
+      cli.main(["report", "--peers", "vllm", "--vllm-src", str(source), "--out", str(source)])
+
+
+def test_a_failing_external_peer_is_recorded_then_left_out(capsys):
+  failures, calls = [], []
+
+  def factory(filters, temperature):
+    def op(rows, iters, repeats):
+      calls.append(filters)
+      raise RuntimeError("this Triton cannot compile that kernel")
+    return op
+
+  guarded = report._guarded("broken peer", factory, failures)
+  rows = [np.zeros((2, 8), np.float32)]
+  assert guarded({}, 1.0)(rows, 1, 1) is None
+  assert guarded({"top_k": 5}, 1.0)(rows, 1, 1) is None  # not tried again
+  assert calls == [{}] and len(failures) == 1
+  assert failures[0]["peer"] == "broken peer" and failures[0]["shape"] == [2, 8]
+  assert "RuntimeError: this Triton cannot compile" in failures[0]["error"]
+  assert "left out from here on" in capsys.readouterr().err

@@ -48,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
   args = parser().parse_args(argv)
   if args.suite == "report":
-    return report.main(args)
+    return report.main(args, sys.argv[1:] if argv is None else list(argv))
   if args.cases and args.cases not in cases.NAMED:
     raise SystemExit(f"--cases {args.cases!r}: expected one of {list(cases.NAMED)}")
   runner.run_suite(SUITES[args.suite], args)

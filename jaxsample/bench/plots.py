@@ -32,7 +32,9 @@ def require_matplotlib() -> None:
 
 def _figure(title: str, lines: dict[str, list[tuple[int, float]]],
             floor: list[tuple[int, float]], path: pathlib.Path) -> None:
-  fig, ax = pyplot.subplots(figsize=(8, 5.5))
+  fig, ax = pyplot.subplots(figsize=(10.5, 5.5))
+  colors = pyplot.get_cmap("tab20").colors
+  ax.set_prop_cycle(color=colors[::2] + colors[1::2])  # ten hues, then their light shades
   for name, points in lines.items():
     xs, ys = zip(*sorted(points))
     read = name in _READS
@@ -47,7 +49,7 @@ def _figure(title: str, lines: dict[str, list[tuple[int, float]]],
   ax.set_ylabel("us per call")
   ax.set_title(title, fontsize=10)
   ax.grid(True, which="both", alpha=0.3)
-  ax.legend(fontsize=7, loc="upper left")
+  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   pyplot.close(fig)

@@ -24,8 +24,10 @@ import dataclasses
 import json
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
+import time
 
 from jaxsample.bench import cases as cases_lib
 from jaxsample.bench import peers, plots, runner, suites, vllm_peers
@@ -62,6 +64,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--spec-k", default="1,4,8", help="draft lengths of the spec part")
   parser.add_argument("--no-spec", dest="spec", action="store_false",
                       help="leave out speculative verification")
+  parser.add_argument("--no-sample", dest="sample", action="store_false",
+                      help="leave out the sample part (a verification-only slice)")
   parser.add_argument("--quick", action="store_true",
                       help="a short run: --iters 4 --repeats 2, params traced only, the "
                       "first draft length only, a 0.25 GiB bandwidth copy")
@@ -103,16 +107,23 @@ def _chosen_peers(opts: argparse.Namespace) -> set[str]:
     return set()
   if opts.peers == "auto":
     chosen = {"jax"}
-    chosen |= {"torch"} if peers.torch_module() is not None else set()
-    chosen |= {"vllm"} if opts.vllm_src or os.environ.get(vllm_peers.ENV_VAR) else set()
+    if peers.torch_module() is not None:
+      chosen |= {"torch"}
+      chosen |= {"vllm"} if opts.vllm_src or os.environ.get(vllm_peers.ENV_VAR) else set()
     return chosen
   chosen = set(_names(opts.peers))
   unknown = chosen - set(PEERS)
   if unknown:
     raise SystemExit(f"--peers {opts.peers!r}: unknown {sorted(unknown)}; expected a "
                      f"comma-separated subset of {list(PEERS)}, 'auto' or 'none'")
-  if "torch" in chosen and peers.torch_module() is None:
-    raise SystemExit("--peers torch needs torch with a CUDA device; leave torch out")
+  if "vllm" in chosen:
+    try:
+      vllm_peers.resolve_source(opts.vllm_src or None)
+    except vllm_peers.VllmSourceError as error:
+      raise SystemExit(str(error)) from None
+  if chosen & {"torch", "vllm"} and peers.torch_module() is None:
+    raise SystemExit(f"--peers {opts.peers}: torch and vLLM's kernels need torch (and Triton) "
+                     "with a CUDA device; leave them out here")
   return chosen
 
 
@@ -148,12 +159,21 @@ def jobs(opts: argparse.Namespace, chosen: set[str]) -> list[Job]:
     for dtype in _names(opts.dtypes):
       grid = cases_lib.grid(_ints(opts.batch), vocab, (dtype,), _names(opts.settings),
                             (opts.dist,), opts.temperature)
-      found += [Job(suites.SAMPLE, sample_plain if c.setting == "plain" else sample, c, True)
-                for c in grid]
+      if opts.sample:
+        found += [Job(suites.SAMPLE, sample_plain if c.setting == "plain" else sample, c, True)
+                  for c in grid]
       if opts.spec:
         found += [Job(suites.SPEC, spec, suites.SpecCase(c, k, False), False)
                   for c in grid for k in _ints(opts.spec_k)]
   return found
+
+
+def _command(argv: list[str]) -> str:
+  return "python -m jaxsample.bench " + shlex.join(argv)
+
+
+def _seconds(doc: dict) -> str:
+  return f" ({doc['elapsed_s']} s)" if doc.get("elapsed_s") is not None else ""
 
 
 def _git_commit() -> str | None:
@@ -170,24 +190,33 @@ def _git_commit() -> str | None:
   return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def run(opts: argparse.Namespace) -> dict:
-  """Times the grid; writes and returns the report document."""
+def run(opts: argparse.Namespace, argv: list[str]) -> dict:
+  """Times the grid; writes and returns the report document (``argv``: the
+  command line after ``python -m jaxsample.bench``, recorded)."""
   if opts.merge:
-    return render(_merged([pathlib.Path(p) for p in _names(opts.merge)]), opts.out)
+    return render(_merged([pathlib.Path(p) for p in _names(opts.merge)], argv), opts.out)
   plots.require_matplotlib()
   opts = _quick(opts)
   chosen = _chosen_peers(opts)
-  try:
-    kernels = vllm_peers.load(opts.vllm_src or None) if "vllm" in chosen else None
-  except vllm_peers.VllmSourceError as error:
-    raise SystemExit(str(error)) from None
-  external = {}
+  failures, kernels = [], None
+  if "vllm" in chosen:
+    try:
+      kernels = vllm_peers.load(opts.vllm_src or None)
+    except vllm_peers.VllmSourceError as error:
+      raise SystemExit(str(error)) from None
+    except Exception as error:  # noqa: BLE001 -- e.g. a Triton too old for the copy
+      _record(failures, "vllm (loading the source copy)", {}, None, error)
+  factories = {}
   if "torch" in chosen:
-    external[peers.TORCH_SORT] = peers.torch_sort_op
+    factories[peers.TORCH_SORT] = peers.torch_sort_op
   if kernels is not None:
-    external.update(vllm_peers.peer_factories(kernels))
-  # torch shares the GPU: JAX must not take 75% of its memory up front.
-  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    factories.update(vllm_peers.peer_factories(kernels))
+  external = {name: _guarded(name, factory, failures) for name, factory in factories.items()}
+  if factories and os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower() != "false":
+    print("warning: torch shares the GPU with JAX, which takes 75% of its memory up front "
+          "unless XLA_PYTHON_CLIENT_PREALLOCATE=false (scripts/gpu_run.sh sets it)",
+          file=sys.stderr, flush=True)
+  start = time.perf_counter()
   bandwidth = measure_bandwidth(opts.bandwidth_gib)
   runner.print_header("report", bandwidth)
   todo = jobs(opts, chosen)
@@ -205,24 +234,61 @@ def run(opts: argparse.Namespace) -> dict:
   if bar is not None:
     bar.close()
   doc = dict(report=1, **runner.describe_device(bandwidth),
-             command="python -m jaxsample.bench " + " ".join(sys.argv[1:]),
-             git_commit=_git_commit(), options=vars(opts),
+             command=_command(argv),
+             git_commit=_git_commit(), elapsed_s=round(time.perf_counter() - start, 1),
+             options=vars(opts),
              peers=dict(names=sorted(chosen), external=sorted(external),
-                        vllm=kernels.describe() if kernels is not None else None),
+                        vllm=kernels.describe() if kernels is not None else None,
+                        failures=failures),
              rows=rows)
   return render(doc, opts.out)
 
 
-def _merged(paths: list[pathlib.Path]) -> dict:
+def _record(failures: list, peer: str, filters: dict, rows, error: Exception) -> None:
+  failures.append(dict(peer=peer, filters=filters,
+                       shape=list(rows.shape) if rows is not None else [],
+                       dtype=str(rows.dtype) if rows is not None else "",
+                       error=f"{type(error).__name__}: {error}"[:2000]))
+  print(f"# peer {peer!r} failed and is left out from here on: {failures[-1]['error']}",
+        file=sys.stderr, flush=True)
+
+
+def _guarded(name: str, factory, failures: list):
+  """``factory`` whose ops record an exception in ``failures`` and time nothing
+  (a peer that fails once, e.g. a kernel this Triton cannot compile, is left
+  out of the remaining cases) instead of ending the run."""
+
+  def for_case(filters, temperature):
+    op = factory(filters, temperature)
+
+    def run(rows, iters, repeats):
+      if any(f["peer"] == name for f in failures):
+        return None
+      try:
+        return op(rows, iters, repeats)
+      except Exception as error:  # noqa: BLE001 -- recorded in the report
+        _record(failures, name, filters, rows[0], error)
+        return None
+
+    return run
+
+  return for_case
+
+
+def _merged(paths: list[pathlib.Path], argv: list[str]) -> dict:
   """One document from several runs' ``report.json``: the first's fields, every row."""
   docs = [json.loads(p.read_text()) for p in paths]
   devices = sorted({d["device"] for d in docs})
   if len(devices) > 1:
     print(f"warning: --merge mixes devices {devices}; compare rows of one device only",
           file=sys.stderr)
-  return dict(docs[0], rows=[r for d in docs for r in d["rows"]],
+  failures = [f for d in docs for f in (d.get("peers") or {}).get("failures", [])]
+  return dict(docs[0], command=_command(argv), elapsed_s=None,
+              peers=dict(docs[0].get("peers") or {}, failures=failures),
+              rows=[r for d in docs for r in d["rows"]],
               merged=[dict(path=str(p), command=d["command"], device=d["device"],
-                           git_commit=d["git_commit"]) for p, d in zip(paths, docs)])
+                           git_commit=d["git_commit"], elapsed_s=d.get("elapsed_s"))
+                      for p, d in zip(paths, docs)])
 
 
 # ---------------------------------------------------------------------------
@@ -295,10 +361,14 @@ def _markdown(doc: dict, figures: dict) -> str:
            f"{doc['jaxsample']}; git commit {doc.get('git_commit')}",
            f"- copy bandwidth: {doc['bandwidth_bytes_per_s'] / 1e12:.3f} TB/s; floor = logits "
            "bytes read once / copy bandwidth",
-           f"- command: `{doc['command']}`",
+           f"- command: `{doc['command']}`{_seconds(doc)}",
            f"- peers: {', '.join((doc.get('peers') or {}).get('names', [])) or 'none'}"
            + (f"; vLLM kernels from {vllm['commit']}" if vllm else "")]
-  lines += [f"- merged run: `{m['command']}` on {m['device']}" for m in doc.get("merged", [])]
+  lines += [f"- merged run: `{m['command']}` on {m['device']}{_seconds(m)}"
+            for m in doc.get("merged", [])]
+  lines += [f"- FAILED peer {f['peer']} ({f['dtype']} {f['shape']}, {f['filters']}): "
+            f"{f['error'].splitlines()[0][:300]}"
+            for f in (doc.get("peers") or {}).get("failures", [])]
   lines += ["", "Times are device time per call (profiler-summed kernels for JAX ops; "
             "CUDA-graph replays for torch and vLLM), medians over blocks of calls on "
             "rotating inputs; off GPU, wall time.", ""]
@@ -330,6 +400,6 @@ def render(doc: dict, out: str | os.PathLike) -> dict:
   return doc
 
 
-def main(opts: argparse.Namespace) -> int:
-  run(opts)
+def main(opts: argparse.Namespace, argv: list[str]) -> int:
+  run(opts, argv)
   return 0

@@ -50,6 +50,7 @@ class Group:
     peer_filters, temperature: the case's filters and temperature, for the peers.
     extra: op name -> fields added to that op's row (e.g. an exactness check).
     annotate: ``(op name, time_op result) -> fields`` added to the row.
+    suite: the suite's name (the rows' ``suite`` field), set by whoever times the group.
   """
 
   label: dict
@@ -61,7 +62,7 @@ class Group:
   temperature: float = 1.0
   extra: dict[str, dict] = dataclasses.field(default_factory=dict)
   annotate: Callable[[str, dict], dict] | None = None
-  suite: str = ""  # the suite's name, set by the runner
+  suite: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
