@@ -6,11 +6,15 @@ V over ``--devices`` devices): ``sharded.sample_sharded`` inside
 device, then ``jaxsample.sample``); and ``jaxsample.sample`` on one device.
 The sharded ops pad V with -inf to a multiple of ``devices x 2048`` (the
 kernels' vocab shards are whole RNG tiles); the one-device op reads the
-unpadded row.  Every row records ``collective_bytes``: the bytes of the
-results of the collectives in the compiled program, per device (all-reduce,
-all-gather, ...), and ``same_tokens``: whether its tokens equal one
-device's ``sample`` on the same padded logits (sharded ops only).  Multi-device ``us`` sums
-the kernels of every device (``timing.time_op``): compare ``wall_us``, the
+unpadded row.  Params are closed over (a decode loop's fixed settings), so
+each program holds the route of those params alone.
+
+Every row records ``collective_bytes``: the bytes of the results of the
+collectives in the compiled program, per device (all-reduce, all-gather,
+...; those inside conds count whether taken or not: an upper bound), and,
+for the sharded ops, ``same_tokens``: whether their tokens equal one
+device's ``sample`` on the same padded logits.  Multi-device ``us`` sums the
+kernels of every device (``timing.time_op``): compare ``wall_us``, the
 latency of a call.
 """
 
@@ -71,34 +75,32 @@ def _build(args, case: cases_lib.Case) -> Group:
   tile = devices * rng.PHILOX_TILE
   padded = -(-case.vocab // tile) * tile
   split = NamedSharding(mesh, P(None, "v"))
-  replicated = NamedSharding(mesh, P())
 
   def pad(x):
     return jnp.pad(x, ((0, 0), (0, padded - case.vocab)), constant_values=-jnp.inf)
 
   inputs = [(x, jax.device_put(pad(x), split)) for x in case.inputs(most=8)]
-  one = jax.jit(lambda x, p: js.sample(x, p, _KEY, config=config))
-  shard_specs = dict(mesh=mesh, in_specs=(P(None, "v"), P()), out_specs=P())
+  one = jax.jit(lambda x: js.sample(x, params, _KEY, config=config))
+  shard_specs = dict(mesh=mesh, in_specs=P(None, "v"), out_specs=P())
   parallel = jax.jit(jax.shard_map(
-      lambda x, p: sharded.sample_sharded(x, p, _KEY, axis_name="v", config=config),
+      lambda x: sharded.sample_sharded(x, params, _KEY, axis_name="v", config=config),
       **shard_specs))
   gathered = jax.jit(jax.shard_map(
-      lambda x, p: js.sample(lax.all_gather(x, "v", axis=1, tiled=True), p, _KEY,
-                             config=config), check_vma=False, **shard_specs))
-  on_mesh = jax.device_put(params, replicated)
-  ops = {"one device sample": (lambda xs: one(xs[0], params)),
-         f"sample_sharded {devices} devices": (lambda xs: parallel(xs[1], on_mesh)),
-         f"all-gather + sample {devices} devices": (lambda xs: gathered(xs[1], on_mesh))}
-  compiled = {"one device sample": one.lower(inputs[0][0], params),
-              f"sample_sharded {devices} devices": parallel.lower(inputs[0][1], on_mesh),
-              f"all-gather + sample {devices} devices": gathered.lower(inputs[0][1], on_mesh)}
-  want = np.asarray(one(jax.device_put(pad(inputs[0][0]), jax.devices()[0]), params).tokens)
+      lambda x: js.sample(lax.all_gather(x, "v", axis=1, tiled=True), params, _KEY,
+                          config=config), check_vma=False, **shard_specs))
+  one_name = "one device sample"
+  programs = {one_name: (one, 0), f"sample_sharded {devices} devices": (parallel, 1),
+              f"all-gather + sample {devices} devices": (gathered, 1)}
+  compiled = {name: fn.lower(inputs[0][i]).compile() for name, (fn, i) in programs.items()}
+  ops = {name: (lambda xs, name=name, i=i: compiled[name](xs[i]))
+         for name, (_, i) in programs.items()}
+  want = np.asarray(one(jax.device_put(pad(inputs[0][0]), jax.devices()[0])).tokens)
   extra = {}
   for name in ops:
-    alone = name == "one device sample"
+    alone = name == one_name
     extra[name] = dict(devices=1 if alone else devices,
                        vocab_padded=case.vocab if alone else padded,
-                       collective_bytes=collective_bytes(compiled[name].compile().as_text()))
+                       collective_bytes=collective_bytes(compiled[name].as_text()))
     if not alone:  # the one-device op reads the unpadded row: other counters
       extra[name]["same_tokens"] = bool(np.array_equal(
           np.asarray(ops[name](inputs[0]).tokens), want))
