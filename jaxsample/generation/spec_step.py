@@ -102,6 +102,10 @@ def spec_step(lm: LanguageModel, weights, drafter, draft_weights,
   """One speculative step (module doc); pure and jit-able (``lm``,
   ``drafter``, ``config`` and ``return_mask`` static)."""
   d = state.decode
+  if d.processors is not None:
+    raise ValueError("spec_step does not apply DecodeState.processors yet; "
+                     "decode with decode_step, or call "
+                     "spec.rejection_sample(..., processors=...) directly")
   k = drafter.num_draft
   drafts, num, draft_logits, own = drafter.propose(
       draft_weights, state.draft, state.history, d.positions, d.params, d.keys)
