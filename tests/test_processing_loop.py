@@ -12,7 +12,10 @@ import pytest
 
 import jaxsample as js
 from jaxsample import logprobs
-from jaxsample.serve_loop import DecodeState, Request, ServeLoop, emit
+from jaxsample.generation.spec_step import write_history
+from jaxsample.serve_loop import (DecodeState, FunctionLM, NgramDrafter,
+                                  Request, ServeLoop, SpecState, decode_step,
+                                  emit, prefill, spec_step)
 from conftest import assert_chi2_fits, chi2_critical, chi2_statistic
 from processing_oracle import process_oracle, rank_oracle, top_oracle
 from toy_lm import tiny_transformer
@@ -167,3 +170,63 @@ def test_serve_loop_rejects_bad_top_logprobs():
     ServeLoop(lm_weights, slots=1, cache_len=16, logprobs_mode="logits")
   with pytest.raises(ValueError, match="num_top"):
     ServeLoop(lm_weights, slots=1, cache_len=16, top_logprobs=21)
+
+
+def test_spec_step_with_processors_emits_the_plain_greedy_tokens():
+  """Greedy slots with penalties, bias, banned ids and min tokens: the
+  speculative step (n-gram drafts, processed slot by slot, each emitted
+  token appended to the history) emits exactly the plain decode step's
+  tokens."""
+  batch, vocab, k, budget, cache = 3, 16, 2, 10, 32
+  table = np.random.default_rng(8).normal(size=(vocab, vocab))
+  table[np.arange(vocab), (np.arange(vocab) + 1) % 5] += 6  # a 5-cycle: drafts hit
+  table = jnp.asarray(table, jnp.float32)
+  lm = FunctionLM(lambda w, tokens, positions, c: (w[tokens], c),
+                  lambda w, b, length: jnp.zeros((b, length)), max_len=cache,
+                  vocab_size=vocab)
+  prompts = jnp.array([[1, 2, 3], [4, 4, 0], [5, 0, 0]], jnp.int32)
+  lengths = jnp.array([3, 2, 1], jnp.int32)
+  processors = js.LogitsProcessors.make(
+      batch, repetition_penalty=[1.5, 1.2, 2.0], frequency_penalty=0.2,
+      presence_penalty=[0.0, 0.5, 0.2], logit_bias=[{7: 2.0}, None, {1: 1.0}],
+      banned_token_ids=[[9], None, [3]], min_tokens=[3, 0, 2],
+      stop_token_ids=[[0], [0], [0]], prompt_token_ids=[[1, 2, 3], [4, 4], [5]],
+      history_width=budget + 1)
+  start = DecodeState(
+      tokens=prompts, positions=lengths - 1,
+      keys=jnp.zeros((batch, 2), jnp.uint32),
+      params=js.SamplingParams.make(batch, temperature=0.0),
+      finished=jnp.zeros((batch,), bool),
+      stop_tokens=jnp.full((batch, 1), -1, jnp.int32),
+      remaining=jnp.full((batch,), budget, jnp.int32),
+      cache=lm.init_cache(table, batch, cache + k), processors=processors)
+  state, first = jax.jit(lambda s: prefill(lm, table, s, config=CONFIG))(start)
+  plain = [[t] for t in first.tokens.tolist()]
+  step = jax.jit(lambda s: decode_step(lm, table, s, config=CONFIG))
+  decoding = state
+  while not bool(np.all(decoding.finished)):
+    decoding, out = step(decoding)
+    for b in np.flatnonzero(out.valid):
+      plain[b].append(int(out.tokens[b]))
+  drafter = NgramDrafter(k)
+  history = write_history(jnp.zeros((batch, cache + k), jnp.int32), prompts,
+                          jnp.zeros_like(lengths), lengths)
+  history = write_history(history, first.tokens[:, None], lengths,
+                          jnp.ones_like(lengths))
+  own = drafter.prefill(None, drafter.init(None, batch, cache + k), prompts,
+                        lengths)
+  spec_state = SpecState(state, history, own)
+  spec = jax.jit(lambda s: spec_step(lm, table, drafter, None, s,
+                                     config=CONFIG))
+  emitted = [[t] for t in first.tokens.tolist()]
+  accepted = 0
+  while not bool(np.all(spec_state.decode.finished)):
+    spec_state, out = spec(spec_state)
+    accepted += int(out.accepted.sum())
+    for b in range(batch):
+      emitted[b] += out.tokens[b, :int(out.count[b])].tolist()
+  assert emitted == plain
+  assert accepted > 0  # the drafts were used
+  assert all(len(p) > 1 for p in plain)
+  np.testing.assert_array_equal(spec_state.decode.processors.output_ids,
+                                decoding.processors.output_ids)
