@@ -163,6 +163,11 @@ class LogitsProcessors:
     if (self.min_tokens is None) != (self.stop_ids is None):
       raise ValueError("LogitsProcessors.min_tokens needs stop_ids (and "
                        "stop_ids min_tokens): give both")
+    if self.min_tokens is not None and self.output_ids is None and (
+        self.num_output is None):
+      raise ValueError("LogitsProcessors.min_tokens needs num_output (or "
+                       "output_ids) to count the tokens generated; "
+                       "LogitsProcessors.make sets it")
     if self.bitmask is not None and np.shape(self.bitmask)[1] != bitmask_width(
         vocab_size):
       raise ValueError(
@@ -202,14 +207,21 @@ class LogitsProcessors:
                     ) -> "LogitsProcessors":
     """After a decode step: ``tokens`` ``[B]`` appended to ``output_ids``
     (at slot ``num_output``) where ``emitted`` ``[B]``; ``num_output``
-    advances.  Tokens past the width are counted in ``num_output`` only."""
+    advances.  Tokens past the width are counted in ``num_output`` only.
+    Processors tracking neither (no ``output_ids``, no ``num_output``) are
+    returned as they are; ``make`` sets ``num_output`` wherever outputs
+    matter, so a decode loop's carry keeps its structure."""
+    if self.output_ids is None and self.num_output is None:
+      return self
     count = self.output_count()
+    num_output = count + emitted.astype(jnp.int32)
+    if self.output_ids is None:
+      return dataclasses.replace(self, num_output=num_output)
     rows = jnp.arange(count.shape[0])
     slot = jnp.where(emitted, count, self.output_ids.shape[1])
     output = self.output_ids.at[rows, slot].set(
         tokens.astype(jnp.int32), mode="drop")
-    return dataclasses.replace(self, output_ids=output,
-                               num_output=count + emitted.astype(jnp.int32))
+    return dataclasses.replace(self, output_ids=output, num_output=num_output)
 
   @classmethod
   def make(cls, batch_size: int, *,
@@ -288,6 +300,12 @@ class LogitsProcessors:
     history = output_token_ids
     if history is None and history_width is not None:
       history = [None] * batch_size
+    output_ids = lists("output_token_ids", history, history_width)
+    num_output = None
+    if output_ids is not None:
+      num_output = jnp.asarray([len(h or ()) for h in history], jnp.int32)
+    elif min_tokens is not None:
+      num_output = jnp.zeros((batch_size,), jnp.int32)
     return cls(
         repetition_penalty=rows("repetition_penalty", repetition_penalty,
                                 np.float32,
@@ -304,7 +322,7 @@ class LogitsProcessors:
                         lambda v: int(v) == v and v >= 0),
         stop_ids=lists("stop_token_ids", stop_token_ids),
         prompt_ids=lists("prompt_token_ids", prompt_token_ids),
-        output_ids=lists("output_token_ids", history, history_width))
+        output_ids=output_ids, num_output=num_output)
 
 
 def _scatter_ids(ids: jax.Array, vocab: int) -> tuple[jax.Array, jax.Array]:

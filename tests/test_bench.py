@@ -39,6 +39,9 @@ SUITE_ARGS = {
                  "all-gather + sample 2 devices"]),
     "sort": (["--vocab", "64", "--no-peers"],
              ["xla sort stable (-y, ids)", "xla sort uint32 key, stable"]),
+    "processing": (["--settings", "plain", "--history", "8", "--implementation", "xla"],
+                   ["sampler", "+penalties (history 8)", "+bias (16 ids)", "+grammar bitmask",
+                    "+top-5 raw logprobs", "all together", "jnp.max (one read)"]),
 }
 
 
@@ -56,6 +59,9 @@ def test_suite_writes_rows_and_json(suite, tmp_path, capsys):
   ops = [row["op"] for row in doc["rows"]]
   assert set(want_ops) <= set(ops), ops
   assert all(row.get("resident", False) == ("--resident" in extra) for row in doc["rows"])
+  if suite == "processing":  # every row over the sampler alone
+    assert all(row["x_sampler"] > 0 for row in doc["rows"])
+    assert [r["x_sampler"] for r in doc["rows"] if r["op"] == "sampler"] == [1.0]
   if suite == "sample":
     assert [r["same_tokens"] for r in doc["rows"] if r["op"] == "jaxsample"] == [True]
   for row in doc["rows"]:

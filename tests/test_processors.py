@@ -1,7 +1,10 @@
-"""Logits processors against a numpy oracle, across backends and in a decode
-loop (``jaxsample/processors.py``, ``docs/processing.md``)."""
+"""Logits processors against a numpy oracle and across backends
+(``jaxsample/processors.py``, ``docs/processing.md``; in the decode loop:
+``test_processing_loop.py``)."""
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -10,63 +13,17 @@ import pytest
 
 import jaxsample as js
 from jaxsample import processors as procs, reference, spec
-from conftest import assert_chi2_fits, chi2_critical, chi2_statistic
+from processing_oracle import process_oracle as oracle, random_case
 
-BACKENDS = ("xla", "xla_search", "pallas")
-
-
-def random_case(rng, batch, vocab):
-  """Logits with ties, zeros and -inf entries, and per-request Python specs
-  of every processor (lists with duplicates, empty rows, edge bitmask words)."""
-  logits = (rng.integers(-6, 7, (batch, vocab)) / 2).astype(np.float32)
-  logits[rng.random((batch, vocab)) < 0.1] = -np.inf
-  ids = lambda n: [int(i) for i in rng.integers(0, vocab, n)]
-  maybe = lambda make: [make() if rng.random() < 0.7 else None
-                        for _ in range(batch)]
-  words = rng.integers(-2**31, 2**31, (batch, procs.bitmask_width(vocab)))
-  words[rng.random(words.shape) < 0.3] = -1  # all 32 ids allowed, past V too
-  kw = dict(
-      repetition_penalty=list(rng.uniform(0.5, 2.0, batch)),
-      presence_penalty=list(rng.uniform(-1, 1, batch)),
-      frequency_penalty=list(rng.uniform(-1, 1, batch)),
-      logit_bias=maybe(lambda: {i: float(rng.uniform(-5, 5)) for i in ids(3)}),
-      allowed_token_ids=maybe(lambda: ids(rng.integers(1, 8))),
-      banned_token_ids=maybe(lambda: ids(2)),
-      min_tokens=[int(v) for v in rng.integers(0, 4, batch)],
-      stop_token_ids=[ids(2) for _ in range(batch)],
-      prompt_token_ids=maybe(lambda: ids(6)),
-      output_token_ids=maybe(lambda: ids(rng.integers(0, 6))),
-      history_width=8,
-      bitmask=words.astype(np.int32))
-  return logits, kw
+# Sort-based and sort-free XLA; the kernels (one Pallas interpret-mode
+# compile costs ~45 CPU-s) in the gpu-marked twin at the end.
+BACKENDS = ("xla", "xla_search")
 
 
-def oracle(logits, kw):
-  """The module doc's math, row by row in numpy float32."""
-  z = np.array(logits, np.float32)
-  batch, vocab = z.shape
-  for b in range(batch):
-    for i, v in (kw["logit_bias"][b] or {}).items():
-      z[b, i] += np.float32(v)
-    out = kw["output_token_ids"][b] or []
-    counts = np.bincount(np.asarray(out, int), minlength=vocab)[:vocab]
-    seen = counts > 0
-    seen[kw["prompt_token_ids"][b] or []] = True
-    rep = np.float32(kw["repetition_penalty"][b])
-    z[b] = np.where(seen, np.where(z[b] > 0, z[b] / rep, z[b] * rep), z[b])
-    z[b] -= np.float32(kw["frequency_penalty"][b]) * counts.astype(np.float32)
-    z[b] -= np.float32(kw["presence_penalty"][b]) * (counts > 0)
-    keep = np.ones(vocab, bool)
-    if kw["allowed_token_ids"][b]:
-      keep[:] = False
-      keep[kw["allowed_token_ids"][b]] = True
-    keep[kw["banned_token_ids"][b] or []] = False
-    words = kw["bitmask"][b].astype(np.int64) & 0xFFFFFFFF
-    keep &= [(words[v // 32] >> (v % 32)) & 1 == 1 for v in range(vocab)]
-    if len(out) < kw["min_tokens"][b]:
-      keep[kw["stop_token_ids"][b]] = False
-    z[b] = np.where(keep, z[b], -np.inf)
-  return z
+@functools.cache
+def jitted(fn, **static):
+  """One compiled ``fn`` per static setting, shared by every case."""
+  return jax.jit(functools.partial(fn, **static))
 
 
 def assert_logits_match(got, want):
@@ -76,13 +33,18 @@ def assert_logits_match(got, want):
   np.testing.assert_allclose(got[finite], want[finite], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("vocab", [33, 64, 100])
-def test_apply_matches_the_oracle(vocab):
+@pytest.mark.parametrize("vocab,dtype", [(33, jnp.float32),
+                                         (64, jnp.bfloat16),
+                                         (100, jnp.float32)])
+def test_apply_matches_the_oracle(vocab, dtype):
+  """Every processor at once on random rows (V below, at and above word
+  edges; bf16 logits are read exactly: half-integers)."""
   rng = np.random.default_rng(vocab)
   logits, kw = random_case(rng, 12, vocab)
   processors = js.LogitsProcessors.make(12, **kw)
-  assert_logits_match(jax.jit(procs.apply_processors)(logits, processors),
-                      oracle(logits, kw))
+  got = jitted(procs.apply_processors)(jnp.asarray(logits, dtype), processors)
+  assert got.dtype == jnp.float32
+  assert_logits_match(got, oracle(logits, kw))
 
 
 def test_bitmask_layout_edge_words():
@@ -96,43 +58,72 @@ def test_bitmask_layout_edge_words():
   assert words[0, 0] == np.int32(-2**31 + 1) and words[1, 1] == np.int32(
       -2**31 + 1) and words[2, 2] == 1
   words[:, 2] |= ~1  # bits past V are ignored
-  z = procs.apply_processors(np.zeros((3, vocab), np.float32),
-                             js.LogitsProcessors(bitmask=jnp.asarray(words)))
+  z = jitted(procs.apply_processors)(
+      np.zeros((3, vocab), np.float32),
+      js.LogitsProcessors(bitmask=jnp.asarray(words)))
   np.testing.assert_array_equal(np.isfinite(z), allowed)
 
 
 def test_neutral_processors_change_nothing():
   logits = np.random.default_rng(0).normal(size=(4, 40)).astype(np.float32)
-  z = procs.apply_processors(logits, js.LogitsProcessors.make(
+  z = jitted(procs.apply_processors)(logits, js.LogitsProcessors.make(
       4, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
       prompt_token_ids=[[1, 2]] * 4, output_token_ids=[[3, 3]] * 4))
   np.testing.assert_array_equal(z, logits)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_backends_draw_identical_tokens(dtype):
+def draws(logits, params, key, processors, z, *, impl):
+  """``sample`` with processors and on the processed logits ``z``, with
+  their masks' counts, and ``extract_sampling_mask``'s counts."""
+  got, got_mask = js.sample(logits, params, key, config=impl,
+                            processors=processors, return_mask=True)
+  want, want_mask = js.sample(z, params, key, config=impl, return_mask=True)
+  extracted = js.extract_sampling_mask(logits, params, config=impl,
+                                       processors=processors)
+  return got, got_mask.count, want, want_mask.count, extracted.count
+
+
+def backends_case():
+  """Random rows of every processor; row 6 fully masked, row 7 allowing
+  one id."""
   batch, vocab = 8, 100
   rng = np.random.default_rng(7)
   logits, kw = random_case(rng, batch, vocab)
-  logits = jnp.asarray(logits + rng.normal(size=logits.shape), dtype)
+  logits = (logits + rng.normal(size=logits.shape)).astype(np.float32)
+  kw["allowed_token_ids"][6:] = [[3], [3]]
+  kw["banned_token_ids"][6:] = [[3], None]
+  kw["bitmask"][6:] = -1
+  kw["min_tokens"][6:] = [0, 0]
+  logits[7, 3] = 0.0
   processors = js.LogitsProcessors.make(batch, **kw)
   params = js.SamplingParams.make(
       batch, temperature=[0.0, 0.7, 1.0, 1.3, 1.0, 0.9, 1.0, 2.0],
       top_k=[0, 0, 5, 0, 3, 0, 0, 50], top_p=[1, 1, 1, 0.8, 0.9, 1, 1, 0.95],
       min_p=[0, 0, 0, 0, 0, 0.1, 0, 0])
-  key = jax.random.key(3)
-  z = procs.apply_processors(logits, processors)
+  return logits, processors, params, jax.random.key(3)
+
+
+def test_backends_draw_identical_tokens():
+  """Each backend with ``processors=`` equals itself on the processed logits
+  (tokens, logprobs, masks), and all backends draw the same tokens.  The
+  processed logits are fp32 whatever the input dtype (bf16 input:
+  ``test_apply_matches_the_oracle``), so fp32 covers every kernel path.
+  Row 6 is fully masked (invalid: token 0, logprob -inf), row 7 allows one
+  id (its point mass: logprob 0)."""
+  logits, processors, params, key = backends_case()
+  batch = logits.shape[0]
+  z = jitted(procs.apply_processors)(logits, processors)
   results = []
   for impl in BACKENDS:
-    got, got_mask = js.sample(logits, params, key, config=impl,
-                              processors=processors, return_mask=True)
-    want, want_mask = js.sample(z, params, key, config=impl, return_mask=True)
+    got, got_count, want, want_count, extracted = jitted(draws, impl=impl)(
+        logits, params, key, processors, z)
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_array_equal(got.logprobs, want.logprobs)
-    np.testing.assert_array_equal(got_mask.count, want_mask.count)
-    extracted = js.extract_sampling_mask(logits, params, config=impl,
-                                         processors=processors)
-    np.testing.assert_array_equal(extracted.count, want_mask.count)
+    np.testing.assert_array_equal(got_count, want_count)
+    np.testing.assert_array_equal(extracted, want_count)
+    np.testing.assert_array_equal(got.valid, np.isfinite(z).any(axis=-1))
+    assert got.valid[7] and not got.valid[6], impl
+    assert got.tokens[6] == 0 and got.tokens[7] == 3 and got.logprobs[7] == 0
     results.append(got)
   for other in results[1:]:
     np.testing.assert_array_equal(other.tokens, results[0].tokens)
@@ -141,18 +132,6 @@ def test_backends_draw_identical_tokens(dtype):
                                atol=1e-5)
   assert np.all(np.isfinite(z[np.arange(batch), results[0].tokens])
                 | ~np.asarray(results[0].valid))
-
-
-def test_fully_masked_row_is_invalid_with_an_in_range_token():
-  processors = js.LogitsProcessors.make(2, allowed_token_ids=[[3], [3]],
-                                        banned_token_ids=[[3], None])
-  logits = jnp.zeros((2, 10))
-  for impl in BACKENDS:
-    result = js.sample(logits, js.SamplingParams.make(2), jax.random.key(0),
-                       config=impl, processors=processors)
-    assert result.valid.tolist() == [False, True]
-    assert result.tokens.tolist() == [0, 3]
-    assert result.logprobs[1] == 0.0
 
 
 def test_traced_out_of_range_values_are_defined():
@@ -193,13 +172,15 @@ def test_append_output_feeds_penalties_and_min_tokens():
       history_width=2)
   step = processors.append_output(jnp.array([4, 5]), jnp.array([True, False]))
   np.testing.assert_array_equal(step.output_ids, [[4, -1], [-1, -1]])
-  z = procs.apply_processors(jnp.zeros((2, 6)), step)
+  z = jitted(procs.apply_processors)(jnp.zeros((2, 6)), step)
   np.testing.assert_array_equal(z, [[0, 0, 0, 0, -1, 0],
                                     [-np.inf, 0, 0, 0, 0, 0]])
 
 
-@pytest.mark.parametrize("impl", ["xla", "pallas"])
-def test_rejection_sample_processes_each_slot_with_its_drafts(impl):
+def test_rejection_sample_processes_each_slot_with_its_drafts(impl="xla"):
+  """Each target and draft slot against the oracle with the request's
+  history plus the drafts before it; ``rejection_sample`` with processors
+  equals itself on the processed logits (kernels: the gpu twin)."""
   batch, k, vocab = 3, 2, 40
   rng = np.random.default_rng(11)
   logits, kw = random_case(rng, batch, vocab)
@@ -215,54 +196,18 @@ def test_rejection_sample_processes_each_slot_with_its_drafts(impl):
                           for i in range(k + 1)], axis=1)
   want_draft = np.stack([oracle(draft_logits[:, i], slot_kw(i))
                          for i in range(k)], axis=1)
-  got_target, got_draft = procs.apply_to_slots(processors, target, drafts,
-                                               draft_logits)
+  got_target, got_draft = jitted(procs.apply_to_slots)(
+      processors, target, drafts, draft_logits)
   assert_logits_match(got_target, want_target)
   assert_logits_match(got_draft, want_draft)
   params = js.SamplingParams.make(batch, temperature=[0.0, 1.0, 0.8])
   args = (jnp.array([2, 1, 2]), params, jax.random.key(5))
-  got = spec.rejection_sample(target, drafts, *args, draft_logits=draft_logits,
-                              config=impl, processors=processors)
-  want = spec.rejection_sample(got_target, drafts, *args,
-                               draft_logits=got_draft, config=impl)
+  reject = jitted(spec.rejection_sample, config=impl)
+  got = reject(target, drafts, *args, draft_logits=draft_logits,
+               processors=processors)
+  want = reject(got_target, drafts, *args, draft_logits=got_draft)
   np.testing.assert_array_equal(got.tokens, want.tokens)
   np.testing.assert_array_equal(got.num_accepted, want.num_accepted)
-
-
-def test_penalties_shape_a_two_step_decode_as_the_oracle_says():
-  """Joint law of two decode steps from fixed logits: step 2's penalties
-  come from step 1's token (``append_output``), so ``P(t1, t2) = p(t1)
-  p(t2 | t1)`` with the oracle's penalized ``p(. | t1)``; a chi-square test
-  at alpha 1e-3 on ``n`` draws, which also must reject the unpenalized law."""
-  n, vocab = 40000, 5
-  logits = np.array([1.0, 0.6, 0.3, -0.2, -1.0], np.float32)
-  kw = dict(repetition_penalty=1.8, presence_penalty=0.4,
-            frequency_penalty=0.3, prompt_token_ids=[[1]] * n, history_width=2)
-  processors = js.LogitsProcessors.make(n, **kw)
-  params = js.SamplingParams.make(n, temperature=1.0)
-  x = jnp.broadcast_to(logits, (n, vocab))
-  first = js.sample(x, params, jax.random.key(1), processors=processors)
-  processors = processors.append_output(first.tokens, first.valid)
-  second = js.sample(x, params, jax.random.key(2), processors=processors)
-
-  def law(history):
-    spec_kw = {name: [value] * 1 for name, value in kw.items()
-               if name != "history_width"}
-    spec_kw.update(prompt_token_ids=[[1]], output_token_ids=[history],
-                   logit_bias=[None], allowed_token_ids=[None],
-                   banned_token_ids=[None], min_tokens=[0],
-                   stop_token_ids=[[]], bitmask=-np.ones((1, 1), np.int64))
-    z = oracle(logits[None], spec_kw)[0].astype(np.float64)
-    return np.exp(z - z.max()) / np.exp(z - z.max()).sum()
-
-  p1 = law([])
-  joint = np.concatenate([p1[t] * law([t]) for t in range(vocab)])
-  cells = np.asarray(first.tokens) * vocab + np.asarray(second.tokens)
-  assert_chi2_fits(cells, joint)
-  plain = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
-  stat, df = chi2_statistic(np.bincount(cells, minlength=vocab**2),
-                            np.outer(plain, plain).ravel())
-  assert stat > chi2_critical(df, 1e-3)
 
 
 def test_processed_logits_reach_the_reference_processing():
@@ -272,7 +217,38 @@ def test_processed_logits_reach_the_reference_processing():
   processors = js.LogitsProcessors.make(5, **kw)
   params = js.SamplingParams.make(5, top_k=4).canonical(50)
   z = oracle(logits, kw)
-  proc = reference.process(jnp.asarray(z), params)
-  got = js.extract_sampling_mask(logits, params, config="xla",
-                                 processors=processors)
+  proc = jitted(reference.process)(jnp.asarray(z), params)
+  got = jitted(js.extract_sampling_mask, config="xla")(
+      logits, params, processors=processors)
   np.testing.assert_array_equal(got.count, np.sum(proc.keep, axis=-1))
+
+
+@pytest.mark.gpu
+def test_kernels_with_processors_match_xla(require_gpu):
+  """The Pallas kernels with ``processors=``: ``sample`` (tokens, logprobs,
+  masks), ``extract_sampling_mask`` and ``rejection_sample`` against the
+  XLA path on the same processors."""
+  logits, processors, params, key = backends_case()
+  z = jitted(procs.apply_processors)(logits, processors)
+  got, got_count, want, want_count, extracted = jitted(
+      draws, impl="pallas")(logits, params, key, processors, z)
+  ref = jitted(draws, impl="xla")(logits, params, key, processors, z)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_array_equal(got.tokens, ref[0].tokens)
+  np.testing.assert_array_equal(got.valid, ref[0].valid)
+  np.testing.assert_allclose(got.logprobs, ref[0].logprobs, rtol=1e-5,
+                             atol=1e-5)
+  np.testing.assert_array_equal(got_count, want_count)
+  np.testing.assert_array_equal(extracted, want_count)
+  batch, k, vocab = 8, 2, 100
+  rng = np.random.default_rng(11)
+  target = rng.normal(size=(batch, k + 1, vocab)).astype(np.float32)
+  draft_logits = rng.normal(size=(batch, k, vocab)).astype(np.float32)
+  drafts = rng.integers(0, vocab, (batch, k))
+  args = (drafts, jnp.full((batch,), k), params, key)
+  results = [jitted(spec.rejection_sample, config=impl)(
+      target, *args, draft_logits=draft_logits, processors=processors)
+             for impl in ("pallas", "xla")]
+  np.testing.assert_array_equal(results[0].tokens, results[1].tokens)
+  np.testing.assert_array_equal(results[0].num_accepted,
+                                results[1].num_accepted)

@@ -1,5 +1,5 @@
 """The benchmark suites of the public API: sample, truncation, profile, extract,
-fp64, spec and sweep (``python -m jaxsample.bench SUITE --help``).
+fp64, spec, sweep and processing (``python -m jaxsample.bench SUITE --help``).
 
 Params are ``jit`` arguments, as in a decode loop (closed over, XLA would fold
 the row conditions away), unless an op's name says "params closed over".
@@ -413,4 +413,80 @@ SPEC = Suite(
     defaults=dict(dtypes="float32,bfloat16", repeats=3),
     add_options=_spec_options, cases=_spec_cases, build=_build_spec)
 
-SUITES = {s.name: s for s in (SAMPLE, TRUNCATION, PROFILE, EXTRACT, FP64, SPEC, SWEEP)}
+# ---------------------------------------------------------------------------
+# processing: logits processors and logprob outputs against the sampler alone.
+# ---------------------------------------------------------------------------
+
+
+def _processing_options(parser):
+  parser.add_argument("--history", type=int, default=1024,
+                      help="output tokens per request the penalties count")
+  parser.add_argument("--bias-ids", type=int, default=16, help="logit-bias ids per request")
+  parser.add_argument("--num-top", type=int, default=5, help="top-n raw logprobs")
+
+
+def _processors(args, case) -> dict:
+  """Per-request processor fields of the suite's ops, random but fixed."""
+  r = np.random.default_rng(case.batch)
+  ids = lambda n: jnp.asarray(r.integers(0, case.vocab, (case.batch, n)), jnp.int32)
+  rows = lambda v: jnp.full((case.batch,), v, jnp.float32)
+  words = r.integers(-2**31, 2**31, (case.batch, js.processors.bitmask_width(case.vocab)))
+  return {
+      "penalties": dict(repetition_penalty=rows(1.1), presence_penalty=rows(0.5),
+                        frequency_penalty=rows(0.2), output_ids=ids(args.history),
+                        num_output=jnp.full((case.batch,), args.history, jnp.int32)),
+      "bias": dict(bias_ids=ids(args.bias_ids),
+                   bias_values=jnp.asarray(r.uniform(-5, 5, (case.batch, args.bias_ids)),
+                                           jnp.float32)),
+      "bitmask": dict(bitmask=jnp.asarray(words, jnp.int32)),
+  }
+
+
+def _build_processing(args, case) -> Group:
+  """The sampler alone, with each processor, with top-n raw logprobs and with
+  everything; rows carry ``x_sampler``, their time over the sampler's."""
+  params = case.params()
+  config = js.SamplerConfig(implementation=args.implementation)
+  fields = _processors(args, case)
+
+  def op(processors, num_top=0):
+    @jax.jit
+    def run(x, params, processors):  # params and processors are data, as in a decode loop
+      out = js.sample(x, params, _KEY, config=config, processors=processors)
+      if not num_top:
+        return out
+      return out, js.logprobs.token_logprobs(x, params, out.tokens, num_top=num_top,
+                                             mode="raw_logprobs", processors=processors)
+    return lambda x: run(x, params, processors)
+
+  every = {k: v for f in fields.values() for k, v in f.items()}
+  make = lambda kw: js.LogitsProcessors(**kw)
+  ops = {"sampler": op(None),
+         f"+penalties (history {args.history})": op(make(fields["penalties"])),
+         f"+bias ({args.bias_ids} ids)": op(make(fields["bias"])),
+         "+grammar bitmask": op(make(fields["bitmask"])),
+         f"+top-{args.num_top} raw logprobs": op(None, args.num_top),
+         "all together": op(make(every), args.num_top),
+         "jnp.max (one read)": jax.jit(lambda x: jnp.max(x, axis=-1))}
+  base = {}
+
+  def annotate(name, result):
+    if name == "sampler":
+      base["us"] = result["us"]
+    return {"x_sampler": result["us"] / base["us"]} if base else {}
+
+  return Group(label=case.label(), inputs=case.inputs(), ops=ops,
+               floor_bytes=case.logits_bytes, peer_rows=None,
+               temperature=case.temperature, annotate=annotate)
+
+
+PROCESSING = Suite(
+    name="processing",
+    help="logits processors (penalties, bias, grammar bitmask) and top-n logprobs, "
+    "as ratios to the sampler alone (issue 40's bars)",
+    defaults=dict(batch="128", dtypes="float32,bfloat16", settings="plain,top_p0.9",
+                  temperature=1.0, repeats=5),
+    add_options=_processing_options, cases=grid_cases, build=_build_processing)
+
+SUITES = {s.name: s for s in (SAMPLE, TRUNCATION, PROFILE, EXTRACT, FP64, SPEC, SWEEP,
+                                          PROCESSING)}

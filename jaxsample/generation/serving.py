@@ -38,6 +38,7 @@ from jaxsample.generation.generate import FINISH_REASONS, bucket
 from jaxsample.generation.lm import LanguageModel, as_language_model
 from jaxsample.generation.spec_step import SpecState, spec_step, write_history
 from jaxsample.generation.step import DecodeState, decode_step, prefill
+from jaxsample.logprobs import MODES, TokenLogprobs, check_num_top
 from jaxsample.mask import SamplingMask
 from jaxsample.params import SamplerConfig, SamplingParams, check_setting
 
@@ -54,8 +55,10 @@ class Request:
   ``seed`` in ``[0, 2^32)`` is the key ``jax.random.PRNGKey(seed)``; the
   request's tokens depend only on it, ``prompt`` and the settings.  Generation
   stops after a token of ``stop`` or after ``max_tokens`` tokens (capped so
-  the sequence fits the cache).  ``logprobs`` / ``return_masks`` choose what
-  the outputs carry (masks need a loop built with ``return_masks=True``).
+  the sequence fits the cache).  ``logprobs`` / ``top_logprobs`` /
+  ``return_masks`` choose what the outputs carry (``top_logprobs`` up to the
+  loop's ``top_logprobs``; masks need a loop built with
+  ``return_masks=True``).
   """
 
   prompt: Sequence[int]
@@ -67,6 +70,7 @@ class Request:
   seed: int = 0
   stop: Sequence[int] = ()
   logprobs: bool = True
+  top_logprobs: int = 0
   return_masks: bool = False
   request_id: Any = None
 
@@ -75,7 +79,10 @@ class Request:
 class StreamEvent:
   """New tokens of one request (and, on the last event, how it finished).
 
-  ``logprobs`` is None unless the request asked; ``sampling_mask`` and
+  ``logprobs`` is None unless the request asked; ``top_logprobs`` (one
+  entry per new token: ``{"logprob", "rank", "top"}``, the token's value and
+  rank and ``(id, value)`` pairs, in the loop's ``logprobs_mode``) unless it
+  asked for ``top_logprobs``; ``sampling_mask`` and
   ``logz`` (one entry per new token: the kept ids, or None where nothing was
   truncated; ``SamplingMask.to_lists``) are None unless it asked for masks.
   ``completion`` is set on the final event.
@@ -84,6 +91,7 @@ class StreamEvent:
   request_id: Any
   token_ids: list[int]
   logprobs: list[float] | None = None
+  top_logprobs: list[dict] | None = None
   sampling_mask: list | None = None
   logz: list[float] | None = None
   finish_reason: str | None = None
@@ -105,6 +113,7 @@ class Completion:
   logprobs: list[float] | None
   sampling_mask: list | None
   logz: list[float] | None
+  top_logprobs: list[dict] | None = None
   finish_reason: str | None = None
   drafted: int = 0
   accepted: int = 0
@@ -121,7 +130,7 @@ class Completion:
               "finish_reason": self.finish_reason}
     if tokenizer is not None:
       choice["text"] = tokenizer.decode(self.token_ids)
-    for name in ("logprobs", "sampling_mask", "logz"):
+    for name in ("logprobs", "top_logprobs", "sampling_mask", "logz"):
       if getattr(self, name) is not None:
         choice[name] = getattr(self, name)
     choice["usage"] = {"prompt_tokens": self.prompt_tokens,
@@ -153,7 +162,7 @@ class _Output:
   """What one program emitted: ``tokens``/``logprobs`` ``[n, R, E]``,
   ``count``/``drafted``/``accepted`` ``[n, R]`` for ``n`` steps of ``R`` rows
   of up to ``E`` tokens, ``finished`` ``[R]`` after them, ``mask``
-  ``[n, E, R, ...]`` or None."""
+  ``[n, E, R, ...]`` or None, ``top`` ``[n, R, ...]`` or None (``E = 1``)."""
 
   tokens: jax.Array
   logprobs: jax.Array
@@ -162,6 +171,7 @@ class _Output:
   accepted: jax.Array
   finished: jax.Array
   mask: SamplingMask | None
+  top: TokenLogprobs | None
 
 
 def _scatter_rows(full, rows, slot_ids):
@@ -172,14 +182,16 @@ def _scatter_rows(full, rows, slot_ids):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(7,))
-def _admit(lm, drafter, config, return_mask, cache_len, weights, draft_weights,
+def _admit(lm, drafter, config, outputs, cache_len, weights, draft_weights,
            state, slot_ids, tokens, lengths, params, keys, stop_ids, budgets):
+  return_mask, num_top, mode = outputs
   prompts = DecodeState(
       tokens=tokens, positions=lengths - 1, keys=keys, params=params,
       finished=budgets <= 0, stop_tokens=stop_ids, remaining=budgets,
       cache=lm.init_cache(weights, tokens.shape[0], cache_len))
   fresh, out = prefill(lm, weights, prompts, config=config,
-                       return_mask=return_mask)
+                       return_mask=return_mask, num_top=num_top,
+                       logprob_mode=mode)
   if drafter is not None:
     history = jnp.zeros((tokens.shape[0], cache_len), jnp.int32)
     history = write_history(history, tokens, jnp.zeros_like(lengths), lengths)
@@ -195,32 +207,36 @@ def _admit(lm, drafter, config, return_mask, cache_len, weights, draft_weights,
       lambda a: a[None, None], out.mask)
   return state, _Output(out.tokens[None, :, None], out.logprobs[None, :, None],
                         out.valid.astype(jnp.int32)[None], zeros, zeros,
-                        (fresh.decode if drafter else fresh).finished, mask)
+                        (fresh.decode if drafter else fresh).finished, mask,
+                        jax.tree.map(lambda a: a[None], out.top))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(7,))
-def _step(lm, drafter, config, return_mask, steps, weights, draft_weights,
+def _step(lm, drafter, config, outputs, steps, weights, draft_weights,
           state, synthetic_rates):
+  return_mask, num_top, mode = outputs
+
   def one(state, _):
     if drafter is None:
       state, out = decode_step(lm, weights, state, config=config,
-                               return_mask=return_mask)
+                               return_mask=return_mask, num_top=num_top,
+                               logprob_mode=mode)
       zeros = jnp.zeros(out.tokens.shape, jnp.int32)
       mask = None if out.mask is None else jax.tree.map(lambda a: a[None],
                                                         out.mask)
       return state, (out.tokens[:, None], out.logprobs[:, None],
-                     out.valid.astype(jnp.int32), zeros, zeros, mask)
+                     out.valid.astype(jnp.int32), zeros, zeros, mask, out.top)
     state, out = spec_step(lm, weights, drafter, draft_weights, state,
                            config=config, return_mask=return_mask,
                            synthetic_rates=synthetic_rates)
     return state, (out.tokens, out.logprobs, out.count, out.drafted,
-                   out.accepted, out.mask)
+                   out.accepted, out.mask, None)
 
-  state, (tokens, logprobs, count, drafted, accepted, mask) = jax.lax.scan(
-      one, state, None, length=steps)
+  state, (tokens, logprobs, count, drafted, accepted, mask, top) = (
+      jax.lax.scan(one, state, None, length=steps))
   finished = (state if drafter is None else state.decode).finished
   return state, _Output(tokens, logprobs, count, drafted, accepted, finished,
-                        mask)
+                        mask, top)
 
 
 @dataclasses.dataclass
@@ -249,12 +265,17 @@ class ServeLoop:
     steps_per_call: decode (or speculative) steps per jitted call (more
       amortizes the host round trip; retirement waits for the call's end).
     speculation: a ``Speculation``, or None for plain decoding.
+    top_logprobs: the most top logprobs a request may ask for (0 to 20;
+      plain decoding only).
+    logprobs_mode: the values ``top_logprobs`` report, one of
+      ``jaxsample.logprobs.MODES`` (vLLM's ``logprobs_mode``).
   """
 
   def __init__(self, model, *, slots: int = 8, cache_len: int | None = None,
                config: SamplerConfig | None = None, return_masks: bool = False,
                max_stop_tokens: int = 4, admit_batch: int | None = None,
-               steps_per_call: int = 1, speculation: Speculation | None = None):
+               steps_per_call: int = 1, speculation: Speculation | None = None,
+               top_logprobs: int = 0, logprobs_mode: str = "raw_logprobs"):
     self.lm, self.weights = as_language_model(model)
     self.cache_len = cache_len or self.lm.max_len
     if not self.cache_len or self.cache_len < 2:
@@ -279,6 +300,14 @@ class ServeLoop:
       raise ValueError(f"synthetic_rates needs {extra} rates (one per draft "
                        f"position); got shape {self._rates.shape}")
     self.vocab_size = self._probe_vocab()
+    self.top_logprobs = check_num_top(top_logprobs, self.vocab_size)
+    if logprobs_mode not in MODES:
+      raise ValueError(f"logprobs_mode must be one of {MODES}; got "
+                       f"{logprobs_mode!r}")
+    if top_logprobs and speculation is not None:
+      raise ValueError("top_logprobs needs plain decoding (speculation=None)")
+    self._outputs = (self.return_masks, self.top_logprobs,
+                     logprobs_mode if top_logprobs else None)
     self._queue: collections.deque = collections.deque()
     self._active: list[_Active | None] = [None] * slots
     self._ids = itertools.count()
@@ -332,6 +361,12 @@ class ServeLoop:
     if request.return_masks and not self.return_masks:
       raise ValueError("return_masks needs a ServeLoop built with "
                        "return_masks=True")
+    top = request.top_logprobs
+    if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or (
+        not 0 <= top <= self.top_logprobs):
+      raise ValueError(f"top_logprobs must be an int in [0, "
+                       f"{self.top_logprobs}] (the loop's top_logprobs); got "
+                       f"{top!r}")
     if rid is None:
       rid = next(self._ids)
       request = dataclasses.replace(request, request_id=rid)
@@ -353,7 +388,7 @@ class ServeLoop:
       events += self._admit_some()
     if any(a is not None for a in self._active):
       out = self._timed(_step, self.lm, self.drafter, self.config,
-                        self.return_masks, self.steps_per_call, self.weights,
+                        self._outputs, self.steps_per_call, self.weights,
                         self._draft_weights, self._state, self._rates)
       events += self._collect(out, list(range(self.slots)))
       self.stats["step_calls"] += 1
@@ -388,7 +423,7 @@ class ServeLoop:
         break
       width *= 2
     self._timed(_step, self.lm, self.drafter, self.config,
-                self.return_masks, self.steps_per_call, self.weights,
+                self._outputs, self.steps_per_call, self.weights,
                 self._draft_weights, self._state, self._rates)
     self.stats.clear()
 
@@ -456,7 +491,7 @@ class ServeLoop:
 
   def _call_admit(self, slot_ids, inputs) -> _Output:
     return self._timed(_admit, self.lm, self.drafter, self.config,
-                       self.return_masks, self._state_len, self.weights,
+                       self._outputs, self._state_len, self.weights,
                        self._draft_weights, self._state, slot_ids, *inputs)
 
   def _admit_some(self) -> list[StreamEvent]:
@@ -472,7 +507,8 @@ class ServeLoop:
           request.request_id, len(request.prompt), [],
           [] if request.logprobs else None,
           [] if request.return_masks else None,
-          [] if request.return_masks else None), callback)
+          [] if request.return_masks else None,
+          [] if request.top_logprobs else None), callback)
     out = self._call_admit(slot_ids, self._admission_inputs(batch, width))
     self.stats["admit_calls"] += 1
     return self._collect(out, free[:len(batch)])
@@ -523,6 +559,15 @@ class ServeLoop:
       logprobs = host.logprobs[:, row][emitted].tolist()
       done.logprobs += logprobs
       event = dataclasses.replace(event, logprobs=logprobs)
+    if request.top_logprobs:
+      n, top = request.top_logprobs, host.top
+      entries = [{"logprob": float(top.token_values[t, row]),
+                  "rank": int(top.token_ranks[t, row]),
+                  "top": list(zip(top.top_ids[t, row, :n].tolist(),
+                                  top.top_values[t, row, :n].tolist()))}
+                 for t in np.flatnonzero(emitted[:, 0])]
+      done.top_logprobs += entries
+      event = dataclasses.replace(event, top_logprobs=entries)
     if request.return_masks:
       masks, logz = [], []
       for t, n in enumerate(emitted.sum(axis=1).tolist()):

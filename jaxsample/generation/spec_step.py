@@ -13,7 +13,13 @@ Slot ``b`` (last token ``t`` at position ``p``, not yet cached) runs:
    the same work, a chosen acceptance);
 4. the emitted tokens are cut after the first stop token and at the slot's
    remaining budget; a token from an invalid target row (NaN, +inf, no finite
-   logit) is dropped and finishes the slot, as in ``emit``.
+   logit, after the processors) is dropped and finishes the slot, as in
+   ``emit``.
+
+With ``DecodeState.processors`` every slot's target and draft rows are
+processed with the request's history plus the drafts before them
+(``processors.apply_to_slots``), and the emitted tokens are appended to the
+history.
 
 Cache entries past the new last token (rejected drafts) are stale and ignored
 by the model, then overwritten.  The target cache (and the history) needs
@@ -36,6 +42,7 @@ from jaxsample.generation.lm import LanguageModel
 from jaxsample.generation.step import DecodeState
 from jaxsample.mask import SamplingMask
 from jaxsample.params import SamplerConfig
+from jaxsample.processors import apply_to_slots
 from jaxsample.spec import rejection_sample
 
 __all__ = ["SpecOutput", "SpecState", "spec_step", "write_history"]
@@ -112,11 +119,12 @@ def spec_step(lm: LanguageModel, weights, drafter, draft_weights,
   verified = rejection_sample(
       logits, drafts, num, d.params, d.keys, draft_logits=draft_logits,
       synthetic_rates=synthetic_rates, positions=d.positions + 1,
-      config=config, return_mask=return_mask)
+      config=config, return_mask=return_mask, processors=d.processors)
   result, masks = verified if return_mask else (verified, None)
   j = result.num_accepted
   slots = jnp.arange(k + 1)
-  emitting_valid = jnp.take_along_axis(_valid_rows(logits), j[:, None],
+  processed, _ = apply_to_slots(d.processors, logits, drafts)
+  emitting_valid = jnp.take_along_axis(_valid_rows(processed), j[:, None],
                                        axis=1)[:, 0]
   count = j + emitting_valid.astype(jnp.int32)
   stop_at = jnp.any(result.tokens[:, :, None] == d.stop_tokens[:, None, :],
@@ -129,10 +137,13 @@ def spec_step(lm: LanguageModel, weights, drafter, draft_weights,
   last = jnp.take_along_axis(result.tokens, jnp.maximum(count - 1, 0)[:, None],
                              axis=1)[:, 0]
   finished = (d.finished | stopped | ~emitting_valid | (remaining <= 0))
+  processors = d.processors
+  for i in range(k + 1 if processors is not None else 0):
+    processors = processors.append_output(result.tokens[:, i], i < count)
   decode = dataclasses.replace(
       d, tokens=jnp.where(count > 0, last, d.tokens),
       positions=d.positions + count, finished=finished, remaining=remaining,
-      cache=cache)
+      cache=cache, processors=processors)
   history = write_history(state.history, result.tokens, d.positions + 1, count)
   emitted = slots[None] < count[:, None]
   out = SpecOutput(tokens=jnp.where(emitted, result.tokens, -1),

@@ -12,6 +12,12 @@ token, and neither the slot index nor the other slots matter.
 Finished slots (``finished[b]``) still run through the model (fixed shapes)
 but emit nothing and keep their state; they are free for a new request,
 installed by writing the slot's entries (``DecodeState.replace_slots``).
+
+With ``processors`` (``jaxsample.processors``) every step samples from the
+processed logits (``sample(..., processors=...)``) and appends each emitted
+token to the slot's output history (``LogitsProcessors.append_output``), so
+penalties and min tokens see what the slot generated.  ``emit``'s
+``num_top`` and ``logprob_mode`` add top-n logprobs (``jaxsample.logprobs``).
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ import jax.numpy as jnp
 
 from jaxsample import rng
 from jaxsample.generation.lm import LanguageModel
+from jaxsample.logprobs import TokenLogprobs, mode_values, top_logprobs
 from jaxsample.mask import SamplingMask
 from jaxsample.params import SamplerConfig, SamplingParams
+from jaxsample.processors import LogitsProcessors
 from jaxsample.sampling import sample
 
 __all__ = ["DecodeState", "StepOutput", "decode_step", "emit", "prefill"]
@@ -47,6 +55,9 @@ class DecodeState:
     remaining: ``[B]`` int32, tokens the slot may still emit (the slot
       finishes when it reaches 0).
     cache: the model's cache pytree (``[B, ...]`` leaves).
+    processors: per-slot ``LogitsProcessors`` (``[B, ...]`` leaves; build
+      them with ``LogitsProcessors.make(..., history_width=W)`` so the
+      output history has room and ``num_output`` is tracked), or None.
   """
 
   tokens: jax.Array
@@ -57,6 +68,7 @@ class DecodeState:
   stop_tokens: jax.Array
   remaining: jax.Array
   cache: Any
+  processors: LogitsProcessors | None = None
 
   def replace_slots(self, where: jax.Array, other: "DecodeState"
                     ) -> "DecodeState":
@@ -81,28 +93,40 @@ class StepOutput:
     valid: ``[B]`` bool, the slot was active and emitted ``tokens[b]``.
     mask: the ``SamplingMask`` of the kept sets (with ``return_mask``), else
       None.
+    top: ``TokenLogprobs`` of the tokens (with ``num_top``: the token's
+      value and rank and the top ``num_top`` in ``logprob_mode``), else None.
   """
 
   tokens: jax.Array
   logprobs: jax.Array
   valid: jax.Array
   mask: SamplingMask | None = None
+  top: TokenLogprobs | None = None
 
 
 def emit(state: DecodeState, logits: jax.Array, *,
-         config: SamplerConfig | None = None, return_mask: bool = False
+         config: SamplerConfig | None = None, return_mask: bool = False,
+         num_top: int = 0, logprob_mode: str | None = None
          ) -> tuple[DecodeState, StepOutput]:
   """Samples each slot's next token from ``logits`` ``[B, V]`` and advances.
 
-  The token is drawn at noise position ``positions + 1`` with the slot's key.
+  The token is drawn at noise position ``positions + 1`` with the slot's key
+  from the logits processed by ``state.processors``.
   An active slot emits it (``valid``), moves ``tokens``/``positions`` to it,
-  spends one unit of ``remaining`` and finishes on a stop token, an empty
-  budget, or invalid logits (NaN / +inf / no finite entry: nothing emitted).
+  spends one unit of ``remaining``, appends it to the processors' output
+  history, and finishes on a stop token, an empty budget, or invalid
+  (processed) logits (NaN / +inf / no finite entry: nothing emitted).
+  ``logprob_mode`` (static, a ``jaxsample.logprobs.MODES`` entry) with
+  ``num_top`` (static, 0 to 20) fills ``StepOutput.top``.
   """
   new_position = state.positions + 1
   drawn = sample(logits, state.params, state.keys, positions=new_position,
-                 config=config, return_mask=return_mask)
+                 config=config, return_mask=return_mask,
+                 processors=state.processors)
   result, mask = drawn if return_mask else (drawn, None)
+  top = None if logprob_mode is None else top_logprobs(
+      mode_values(logits, state.params, logprob_mode,
+                  processors=state.processors), result.tokens, num_top)
   emitted = ~state.finished & result.valid
   remaining = state.remaining - emitted.astype(jnp.int32)
   stopped = jnp.any(state.stop_tokens == result.tokens[:, None], axis=1)
@@ -112,17 +136,22 @@ def emit(state: DecodeState, logits: jax.Array, *,
       tokens=jnp.where(emitted, result.tokens, state.tokens),
       positions=jnp.where(emitted, new_position, state.positions),
       finished=finished,
-      remaining=remaining)
-  return next_state, StepOutput(result.tokens, result.logprobs, emitted, mask)
+      remaining=remaining,
+      processors=None if state.processors is None else
+      state.processors.append_output(result.tokens, emitted))
+  return next_state, StepOutput(result.tokens, result.logprobs, emitted, mask,
+                                top)
 
 
 def decode_step(lm: LanguageModel, weights, state: DecodeState, *,
                 config: SamplerConfig | None = None,
-                return_mask: bool = False
+                return_mask: bool = False, num_top: int = 0,
+                logprob_mode: str | None = None
                 ) -> tuple[DecodeState, StepOutput]:
   """One decode step for every slot: model forward, then ``emit``.
 
-  Pure and jit-able (``lm``, ``config`` and ``return_mask`` static); no host
+  Pure and jit-able (``lm``, ``config``, ``return_mask``, ``num_top`` and
+  ``logprob_mode`` static); no host
   synchronization.  The caller keeps every active slot's ``positions`` below
   the cache length (``generate`` caps ``remaining`` accordingly).
 
@@ -132,11 +161,13 @@ def decode_step(lm: LanguageModel, weights, state: DecodeState, *,
   logits, cache = lm.apply(weights, state.tokens[:, None],
                            state.positions[:, None], state.cache)
   state = dataclasses.replace(state, cache=cache)
-  return emit(state, logits[:, 0], config=config, return_mask=return_mask)
+  return emit(state, logits[:, 0], config=config, return_mask=return_mask,
+              num_top=num_top, logprob_mode=logprob_mode)
 
 
 def prefill(lm: LanguageModel, weights, prompts: DecodeState, *,
-            config: SamplerConfig | None = None, return_mask: bool = False
+            config: SamplerConfig | None = None, return_mask: bool = False,
+            num_top: int = 0, logprob_mode: str | None = None
             ) -> tuple[DecodeState, StepOutput]:
   """Runs whole prompts through the model, then ``emit``s each first token.
 
@@ -154,7 +185,8 @@ def prefill(lm: LanguageModel, weights, prompts: DecodeState, *,
       prompts, tokens=jnp.take_along_axis(prompts.tokens, last[:, None],
                                           axis=1)[:, 0], cache=cache)
   step_logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
-  return emit(state, step_logits, config=config, return_mask=return_mask)
+  return emit(state, step_logits, config=config, return_mask=return_mask,
+              num_top=num_top, logprob_mode=logprob_mode)
 
 
 def raw_keys(keys, batch_size: int) -> jax.Array:
