@@ -75,21 +75,31 @@ def test_vocab_parallel_search_truncation_equals_one_gpu():
 
 
 def test_batch_parallel_kernels_check_vma_equal_one_gpu():
+  """sample (with masks) and rejection_sample on a batch split over 2 GPUs,
+  under jit (Explicit axes) and shard_map (check_vma on): bit-identical."""
   _two_gpus()
-  batch, vocab = 64, 32768
+  batch, vocab, k = 64, 32768, 2
   x = jax.random.normal(jax.random.key(2), (batch, vocab)) * 3
+  target = jax.random.normal(jax.random.key(6), (batch, k + 1, vocab)) * 3
+  draft = jax.random.randint(jax.random.key(7), (batch, k), 0, vocab)
+  num = jnp.arange(batch) % (k + 1)
   params = jaxsample.SamplingParams.make(
       batch, temperature=[1.0, 0.7, 0.0, 1.3] * (batch // 4),
       top_k=[0, 50, 0, 0] * (batch // 4), top_p=[1.0, 0.9, 1.0, 0.8] * (batch // 4))
   key = jax.random.key(3)
   config = jaxsample.SamplerConfig(implementation="pallas")
-  run = lambda x, p: jaxsample.sample(x, p, key, config=config,
-                                      return_mask=True)
-  want = jax.jit(run)(x, params)
+  calls = {
+      "sample": (lambda x, p: jaxsample.sample(
+          x, p, key, config=config, return_mask=True), (x, params), P("b")),
+      "spec": (lambda t, d, n, p: jaxsample.rejection_sample(
+          t, d, n, p, key, config=config, return_mask=True),
+               (target, draft, num, params), (P("b"), P(None, "b")))}
   mesh = jax.make_mesh((2,), ("b",))
-  with jax.set_mesh(mesh):
-    args = jax.device_put((x, params), P("b"))
-    for fn in (run, jax.shard_map(run, in_specs=P("b"), out_specs=P("b"))):
-      got = jax.jit(fn)(*args)
-      for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for run, args, out_specs in calls.values():
+    want = jax.jit(run)(*args)
+    with jax.set_mesh(mesh):
+      split = jax.device_put(args, P("b"))
+      for fn in (run, jax.shard_map(run, in_specs=P("b"), out_specs=out_specs)):
+        got = jax.jit(fn)(*split)
+        for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+          np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
