@@ -75,8 +75,9 @@ def test_vocab_parallel_search_truncation_equals_one_gpu():
 
 
 def test_batch_parallel_kernels_check_vma_equal_one_gpu():
-  """sample (with masks) and rejection_sample on a batch split over 2 GPUs,
-  under jit (Explicit axes) and shard_map (check_vma on): bit-identical."""
+  """sample (with masks), extract_sampling_mask and rejection_sample on a
+  batch split over 2 GPUs, under jit (Explicit axes) and shard_map
+  (check_vma on): bit-identical."""
   _two_gpus()
   batch, vocab, k = 64, 32768, 2
   x = jax.random.normal(jax.random.key(2), (batch, vocab)) * 3
@@ -91,6 +92,8 @@ def test_batch_parallel_kernels_check_vma_equal_one_gpu():
   calls = {
       "sample": (lambda x, p: jaxsample.sample(
           x, p, key, config=config, return_mask=True), (x, params), P("b")),
+      "extract": (lambda x, p: jaxsample.extract_sampling_mask(
+          x, p, config=config), (x, params), P("b")),
       "spec": (lambda t, d, n, p: jaxsample.rejection_sample(
           t, d, n, p, key, config=config, return_mask=True),
                (target, draft, num, params), (P("b"), P(None, "b")))}

@@ -62,13 +62,12 @@ def _assert_same(want, got):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-CASES = [("xla", "sample", "auto"), ("xla", "sample", "explicit"),
-         ("xla", "extract", "shard_map"), ("xla", "spec", "explicit"),
+CASES = [("xla", "sample", "auto"), ("xla", "extract", "shard_map"),
          ("xla_search", "sample", "shard_map"),
          ("xla_search", "extract", "explicit"),
-         ("xla_search", "spec", "shard_map"),
-         ("pallas", "sample", "explicit"), ("pallas", "extract", "shard_map")]
-# The kernels' rejection_sample per batch shard: tests/test_gpu_sharding.py.
+         ("xla_search", "spec", "shard_map"), ("pallas", "extract", "shard_map")]
+# The kernels' sample and rejection_sample per batch shard (interpret mode
+# costs minutes of compile): tests/test_gpu_sharding.py.
 
 
 @pytest.mark.parametrize("impl,fn,mode", CASES)
@@ -133,11 +132,11 @@ def test_exact_sum_is_order_independent():
 
 VOCAB_CASES = [  # impl, generator, fp64, (batch, vocab) mesh, per-request keys
     ("xla", "philox", False, (2, 2), False),
-    ("xla", "threefry", True, (1, 4), False),
-    ("xla_search", "philox", False, (4, 1), True),
-    ("pallas", "philox", False, (1, 4), True),
-    ("pallas", "threefry", False, (2, 2), True),
+    ("xla", "threefry", False, (4, 1), True),
+    ("pallas", "threefry", False, (1, 4), True),
 ]
+# FP64 noise: test_vocab_parallel_truncation_equals_one_device; the kernels
+# at V = 155648 (fp32, bf16): tests/test_gpu_sharding.py.
 
 
 def _vocab_inputs(batch=8, vocab=8192):
