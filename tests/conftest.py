@@ -35,7 +35,9 @@ _GPU_PLUGIN = any(dist.metadata["Name"].lower().startswith(("jax-cuda",
                                                             "jax_cuda"))
                   for dist in importlib.metadata.distributions())
 if ((os.environ.get("JAX_PLATFORMS") == "cpu" or not _GPU_PLUGIN) and
-    os.environ.get("JAXSAMPLE_TEST_XLA_OPT") != "default"):
+    os.environ.get("JAXSAMPLE_TEST_XLA_OPT") != "default" and
+    LLVM_FAST_COMPILE not in os.environ.get("XLA_FLAGS", "").split()):
+  # (pytest-xdist workers inherit the controller's flags: add it once.)
   os.environ["XLA_FLAGS"] = " ".join(
       filter(None, (os.environ.get("XLA_FLAGS"), LLVM_FAST_COMPILE)))
 

@@ -316,10 +316,12 @@ def test_llvm_level_keeps_results(tmp_path):
   script = _PROBE + textwrap.dedent(f"""
       np.savez({str(tmp_path / "default.npz")!r}, **probe())
   """)
-  flags = os.environ.get("XLA_FLAGS", "").replace(LLVM_FAST_COMPILE, "")
-  subprocess.run([sys.executable, "-c", script], check=True,
-                 env={**os.environ, "JAX_PLATFORMS": "cpu",
-                      "XLA_FLAGS": flags})
+  flags = " ".join(flag for flag in os.environ.get("XLA_FLAGS", "").split()
+                   if flag != LLVM_FAST_COMPILE)
+  child = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                         text=True, env={**os.environ, "JAX_PLATFORMS": "cpu",
+                                         "XLA_FLAGS": flags})
+  assert child.returncode == 0, child.stderr
   default = np.load(tmp_path / "default.npz")
   scope = {}
   exec(_PROBE, scope)  # noqa: S102 (the same source as the subprocess's)

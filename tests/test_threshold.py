@@ -18,7 +18,7 @@ import pytest
 from conftest import on_gpu, oracle_keep, run_sample, sort_operands
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, reference, rng
-from jaxsample.pallas import common, gumbel, threshold
+from jaxsample.pallas import common, gumbel, threshold, tuning
 from jaxsample.pallas.tuning import PivotLaunch, Tuning
 
 from cases import kept_set_batch
@@ -433,15 +433,16 @@ def test_masks_of_large_sets_list_in_the_first_search_pass():
     sets, listed = threshold.large_thresholds(x, params, tr, config, rows,
                                               list_width=width)
     lower = listed.listing.lower
+    launch = tuning.resolve(config.tuning).window
     _, _, _, held = threshold.route._window_threshold(
         listed.window, threshold.route._top_width(params, width),
         listed.listing.rows, tr.t1, lower, jnp.full_like(lower, jnp.inf),
-        tr.row_max, listed.listing.capacity, by_count=True)
+        tr.row_max, listed.listing.capacity, launch, by_count=True)
     # The window kernel of each row's search placed the listing as a
     # by-count window of its own would (with no upper end).
     _, alone, upper = threshold.route._place_window(
         threshold.route._top_width(params, width), tr, rows, tr.t1,
-        listed.listing.capacity, by_count=True)
+        listed.listing.capacity, launch, by_count=True)
     return rows, tr.large != 0, sets, listed, held, (alone, upper), (
         threshold.large_kept_ids(x, params, tr, config, rows, sets.threshold,
                                  width, listed))
