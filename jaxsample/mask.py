@@ -10,9 +10,9 @@ import jax.numpy as jnp
 
 from jaxsample import (dispatch, partition, reference, sampling_mask,
                        xla_search)
-from jaxsample.pallas import sampler
+from jaxsample.pallas import bitmask, sampler
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
-from jaxsample.processors import LogitsProcessors, maybe_apply
+from jaxsample.processors import LogitsProcessors
 from jaxsample.sampling_mask import MaskOverflowError, SamplingMask
 
 __all__ = ["MaskOverflowError", "SamplingMask", "extract_sampling_mask"]
@@ -41,7 +41,7 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   logits = jnp.asarray(logits)
   params = dispatch.check_logits(logits, params)
   partition.check_unsharded_vocab(logits)
-  logits = maybe_apply(logits, processors)
+  logits = bitmask.kernel_logits(logits, processors, config)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(logits.shape[1])
   backend = dispatch.backend(config)

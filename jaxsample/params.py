@@ -319,6 +319,10 @@ class SamplerConfig:
     max_candidates: candidate buffer per row of the truncated-sampling
       kernels (a power of 2 >= 16); rows whose kept set is larger take the
       window and pivot searches (``jaxsample.pallas.threshold``).
+    kernel_bitmask: on the kernel route, read a grammar bitmask that is the
+      only processor changing the logits inside the kernels' passes
+      (``jaxsample.pallas.bitmask``) instead of the XLA pre-pass; off by
+      default until its lowering is checked on a GPU.
   """
 
   rng: str = "philox"
@@ -327,6 +331,7 @@ class SamplerConfig:
   tuning: Tuning | None = None
   max_mask_ids: int = 1024
   max_candidates: int = 1024
+  kernel_bitmask: bool = False
 
   def __new__(cls, *args, **kwargs):
     moved = sorted(set(kwargs) & set(_MOVED_KNOBS))
@@ -351,6 +356,9 @@ class SamplerConfig:
     if self.tuning is not None and not isinstance(self.tuning, Tuning):
       raise ValueError(f"tuning must be a jaxsample.pallas.tuning.Tuning or "
                        f"None; got {self.tuning!r}")
+    if not isinstance(self.kernel_bitmask, bool):
+      raise ValueError(f"kernel_bitmask must be a bool; got "
+                       f"{self.kernel_bitmask!r}")
     if isinstance(self.max_mask_ids, bool) or not isinstance(
         self.max_mask_ids, (int, np.integer)) or self.max_mask_ids < 1:
       raise ValueError(f"max_mask_ids must be an int >= 1; got "

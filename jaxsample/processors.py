@@ -50,8 +50,8 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["MAX_BIAS", "LogitsProcessors", "apply_processors",
-           "apply_to_slots", "bitmask_width", "maybe_apply", "pack_bitmask",
-           "slot_rows"]
+           "apply_to_slots", "bitmask_allows", "bitmask_width", "maybe_apply",
+           "pack_bitmask", "slot_rows"]
 
 MAX_BIAS = 100.0
 """Biases are clipped to ``[-MAX_BIAS, MAX_BIAS]`` (OpenAI's range)."""
@@ -80,7 +80,7 @@ def pack_bitmask(allowed) -> jax.Array:
   return jax.lax.bitcast_convert_type(words, jnp.int32)
 
 
-def _bitmask_allows(bitmask: jax.Array, vocab: int) -> jax.Array:
+def bitmask_allows(bitmask: jax.Array, vocab: int) -> jax.Array:
   """bool ``[B, V]``: bit ``v % 32`` of word ``v // 32`` (fuses into the
   elementwise pass: a broadcast, a shift and a reshape)."""
   words = jax.lax.bitcast_convert_type(bitmask, jnp.uint32)
@@ -360,7 +360,7 @@ def apply_processors(logits: jax.Array,
     has_list = jnp.any((p.allowed_ids >= 0) & (p.allowed_ids < vocab), axis=1)
     keep = _marks(p.allowed_ids, batch, vocab) | ~has_list[:, None]
   if p.bitmask is not None:
-    bits = _bitmask_allows(p.bitmask, vocab)
+    bits = bitmask_allows(p.bitmask, vocab)
     keep = bits if keep is None else keep & bits
   if keep is not None:
     z = jnp.where(keep, z, -jnp.inf)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from jaxsample import (dispatch, mask, partition, processors as processing,
                        reference, rng, sampling_mask, xla_search)
-from jaxsample.pallas import sampler
+from jaxsample.pallas import bitmask, sampler
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.reference import SampleResult
 from jaxsample.sampling_mask import SamplingMask
@@ -98,10 +98,10 @@ def sample(logits: jax.Array,
   logits = jnp.asarray(logits)
   params = dispatch.check_logits(logits, params)
   partition.check_unsharded_vocab(logits)
-  logits = processing.maybe_apply(logits, processors)
   batch, vocab = logits.shape
   # Inside shard_map a batch shard counts one key's rows globally.
   _, first_row = partition.manual_rows(logits, batch)
+  logits = bitmask.kernel_logits(logits, processors, config)
   streams, _ = rng.row_streams(key, positions, batch, vocab,
                                first_row=first_row)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
@@ -113,7 +113,8 @@ def sample(logits: jax.Array,
       return result
     return result, mask.extract_sampling_mask(logits, params, config=config)
   rows = lambda batched, _: sample_rows(*batched, config, return_mask)
-  with dispatch.x64_scope(config.use_fp64_gumbel, logits, key, positions,
+  with dispatch.x64_scope(config.use_fp64_gumbel, *jax.tree.leaves(logits),
+                          key, positions,
                           *jax.tree.leaves(params)):
     result, result_mask = partition.by_batch_shard(
         rows, (logits, params, streams))

@@ -40,7 +40,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jaxsample import reference, rng, rowwise
-from jaxsample.pallas import common, tuning
+from jaxsample.pallas import bitmask, common, tuning
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.reference import SampleResult
 
@@ -278,11 +278,13 @@ and the excluded id, when given)."""
 
 def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
             fp64: bool, skip: bool, floored: bool, count_finite: bool,
-            excluding: bool = False):
-  """One (row, split) program."""
+            excluding: bool = False, masked: bool = False):
+  """One (row, split) program (``masked``: a ``bitmask.MaskedLogits``
+  words ref follows the row ref)."""
   refs = list(refs)
   table_ref, offset_ref, x_ref = refs[:3]  # table: gumbel_partials
-  del refs[:3]
+  words_refs = refs[3:3 + masked]
+  del refs[:3 + masked]
   race_ref, index_ref, max_ref, sumexp_ref = refs[:4]
   del refs[:4]
   raced_ref = refs.pop(0) if skip else None
@@ -302,7 +304,7 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
   lanes = jnp.arange(plan.chunk, dtype=jnp.int32)
   first_index = split_start + lanes  # all -inf rows report the first id
 
-  load = common.row_chunk_loader(x_ref, row, plan.chunk)
+  load = bitmask.row_loader(x_ref, words_refs, row, plan.chunk)
   # Sampled rows race (and sum) without the excluded id.
   race_load = (common.excluding_loader(load, exclude, plan.chunk)
                if excluding else load)
@@ -413,7 +415,8 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
   kernel = functools.partial(_kernel, plan=plan, vocab=vocab,
                              generator=config.rng, fp64=fp64, skip=skip,
                              floored=floored, count_finite=count_finite,
-                             excluding=exclude is not None)
+                             excluding=exclude is not None,
+                             masked=isinstance(logits, bitmask.MaskedLogits))
   call = common.pallas_call(kernel, out_shape=out_shape,
                             grid=(batch, plan.num_splits),
                             compiler_params=plan.compiler_params(),
@@ -426,7 +429,7 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
       streams.base_hi, streams.base_lo,
       *([common.logit_floor(floor, temperature)] if floored else []),
       *([exclude.astype(jnp.int32)] if exclude is not None else [])], batch)
-  race, index, row_max, sumexp, *rest = call(table, offset, logits)
+  race, index, row_max, sumexp, *rest = call(table, offset, *bitmask.operands(logits))
   kept = rest.pop(0) if counted else None
   if skip:  # raced loop steps
     raced = rest[0].astype(jnp.float32) / plan.lane_groups
@@ -470,7 +473,7 @@ def finish_sampling(logits, params: SamplingParams, partials: GumbelPartials,
   ``logits`` does not hold whole (vocab shards); by default read there."""
   token, row_max, (shift, log_sum) = combine_partials(partials)
   if logit_at is None:
-    logit_at = lambda t: jnp.take_along_axis(logits, t[:, None], axis=-1)[:, 0]
+    logit_at = lambda t: bitmask.logits_at(logits, t[:, None])[:, 0]
   x_token = reference.sanitize(logit_at(token))
   # The sum-exp approximates y against the race bound: at least the token's
   # term, so lse (the masks') and the logprob agree and logprob <= 0.

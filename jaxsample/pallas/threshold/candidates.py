@@ -12,7 +12,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxsample import rng, rowwise
-from jaxsample.pallas import common, tuning
+from jaxsample.pallas import bitmask, common, tuning
 from jaxsample.pallas.threshold.base import (FILTER_SLACK, LOG2E,
                                              pack_param_table, pass_plan,
                                              pow2_ceil, row_params, sanitize,
@@ -35,7 +35,7 @@ _LISTED = 1 << 16
 def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
                     *refs, plan: common.KernelPlan, vocab: int, capacity: int,
                     list_capacity: int, segment: int, windowed: bool,
-                    gathering: bool):
+                    gathering: bool, masked: bool):
   """Writes the split's elements with ``x * (1 / T) >= L - slack`` (a superset
   of ``{y >= L}``: ``collect_candidates`` drops the rest) in vocab order and
   sums the mass of the other min-p survivors.  ``windowed`` (input ``U``,
@@ -51,6 +51,8 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
   ``gathering`` (inputs ``gather``, ``listed`` and ``count`` of
   ``Segments``): ``gather`` rows read only their listed segments, the
   split's share of them in order, and report no outside mass.
+
+  ``masked``: a ``bitmask.MaskedLogits`` words ref follows ``x_ref``.
   """
   row, split = pl.program_id(0), pl.program_id(1)
   flags = active_ref[row]
@@ -58,8 +60,9 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
   listing = list_capacity > 0
   upper_refs, refs = refs[:windowed], refs[windowed:]
   list_refs, refs = refs[:listing], refs[listing:]
-  gather_refs, (x_ref, x_out, id_out, count_out, outside_out, *outs) = (
-      refs[:3 * gathering], refs[3 * gathering:])
+  gather_refs, (x_ref, *refs) = refs[:3 * gathering], refs[3 * gathering:]
+  words_refs, (x_out, id_out, count_out, outside_out, *outs) = (
+      refs[:masked], refs[masked:])
   above_out, list_count_out = outs[:2 * windowed], outs[2 * windowed:]
   gather = gather_refs[0][row] != 0 if gathering else None
   kmath = common.KernelMath(plan.interpret)
@@ -146,7 +149,7 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
   def _():
     count, list_count, outside, *above = common.chunk_loop(
         plan, kmath, split * plan.split_len, vocab,
-        common.row_chunk_loader(x_ref, row, plan.chunk),
+        bitmask.row_loader(x_ref, words_refs, row, plan.chunk),
         lambda carry, chunk, x: compact(carry, chunk.index, x), init)
     finish(count, list_count, outside, above)
 
@@ -174,6 +177,9 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
       load = (first + slot < listed) & (index < vocab)
       index = jnp.where(load, index, 0)
       x = plgpu.load(x_ref.at[row, index], mask=load, other=-jnp.inf)
+      if masked:
+        x = jnp.where(bitmask.allowed_at(*words_refs, row, index, load), x,
+                      -jnp.inf)
       return compact(carry, index, x)
 
     count, list_count, _, *above = lax.fori_loop(
@@ -266,7 +272,8 @@ def collect_candidates(logits, params: SamplingParams | jax.Array, active,
   kernel = functools.partial(_compact_kernel, plan=plan, vocab=vocab,
                              capacity=capacity, list_capacity=list_capacity,
                              segment=segment_size(vocab, plan.chunk),
-                             windowed=windowed, gathering=segments is not None)
+                             windowed=windowed, gathering=segments is not None,
+                             masked=isinstance(logits, bitmask.MaskedLogits))
   flags = active.astype(jnp.int32)
   if listing is not None:
     flags = flags + 2 * listing.rows.astype(jnp.int32)
@@ -286,7 +293,7 @@ def collect_candidates(logits, params: SamplingParams | jax.Array, active,
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_collect_candidates")(
           param_table, flags, lower_bound, t1, row_max, *upper_inputs,
-          *list_inputs, *gather_inputs, logits)
+          *list_inputs, *gather_inputs, *bitmask.operands(logits))
   above, outs = outs[:2 * windowed], outs[2 * windowed:]
   pack = functools.partial(_pack, param_table=param_table, t1=t1,
                            row_max=row_max, splits=plan.num_splits,

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxsample.pallas import common, tuning
+from jaxsample.pallas import bitmask, common, tuning
 from jaxsample.pallas.threshold.base import (LOG2E, pack_param_table, pass_plan,
                                              row_params)
 from jaxsample.pallas.threshold.search import bit_length
@@ -29,8 +29,8 @@ _SMALLEST_FINITE_KEY = 0x00800000  # order_key(-FLT_MAX)
 
 
 def _pivot_kernel(param_ref, active_ref, floor_ref, lower_ref,
-                  row_max_ref, x_ref, threshold_out, *,
-                  plan: common.KernelPlan, vocab: int, by_count: bool):
+                  row_max_ref, x_ref, *refs, plan: common.KernelPlan,
+                  vocab: int, by_count: bool, masked: bool):
   """One row's ``pivot_threshold``: up to ``_PIVOT_PASSES`` passes over the
   row by one program, each summing the count (``by_count``) or the mass
   relative to ``row_max`` of the survivors ``y >= floor`` (finite) reaching
@@ -38,7 +38,9 @@ def _pivot_kernel(param_ref, active_ref, floor_ref, lower_ref,
   Inactive rows write ``lower``.
 
   Survivors above ``hi`` (every pivot's) reach every pivot: one sum; a tile
-  without survivors in ``[pivot 0, hi]`` skips the per-pivot sums."""
+  without survivors in ``[pivot 0, hi]`` skips the per-pivot sums.
+  ``masked``: a ``bitmask.MaskedLogits`` words ref follows ``x_ref``."""
+  words_refs, (threshold_out,) = refs[:masked], refs[masked:]
   row = pl.program_id(0)
   floor, row_max = floor_ref[row], row_max_ref[row]
   # A bound past row_max (a vacuous top-p bound at p = 0: NaN) is row_max,
@@ -104,8 +106,8 @@ def _pivot_kernel(param_ref, active_ref, floor_ref, lower_ref,
         lanes = jnp.zeros((plan.chunk,), jnp.float32)
         # A traced start: Pallas rejects static slices past the row's end.
         total, above, reach = common.tile_loop(
-            plan, kmath, row * 0, vocab, common.row_chunk_loader(
-                x_ref, row, plan.chunk), tile_step, (lanes, lanes,
+            plan, kmath, row * 0, vocab, bitmask.row_loader(
+                x_ref, words_refs, row, plan.chunk), tile_step, (lanes, lanes,
                                                      (lanes,) * _PIVOTS))
         above = jnp.sum(above)
         reach = [jnp.sum(r) + above for r in reach]
@@ -163,12 +165,13 @@ def pivot_threshold(logits, params: SamplingParams, active, floor, row_max,
   batch, vocab = logits.shape
   tuned = tuning.resolve(config.tuning)
   plan = pass_plan(batch, vocab, tuned.pivot, tuned.occupancy)
-  kernel = functools.partial(_pivot_kernel, plan=plan, vocab=vocab,
-                             by_count=by_count)
+  kernel = functools.partial(
+      _pivot_kernel, plan=plan, vocab=vocab, by_count=by_count,
+      masked=isinstance(logits, bitmask.MaskedLogits))
   lower = floor if lower is None else lower
   return common.pallas_call(
       kernel, out_shape=jax.ShapeDtypeStruct((batch,), jnp.float32),
       grid=(batch,), compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_pivot_threshold")(
           pack_param_table(params), active.astype(jnp.int32), floor, lower,
-          row_max, logits)
+          row_max, *bitmask.operands(logits))

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxsample import reference, rng, rowwise
-from jaxsample.pallas import gumbel, tuning
+from jaxsample.pallas import bitmask, gumbel, tuning
 from jaxsample.pallas.threshold.base import SAMPLE_STRIDE
 from jaxsample.pallas.threshold.stats import StatsPartials, row_bounds
 from jaxsample.pallas.threshold.select import select_threshold
@@ -566,7 +566,7 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
   def row_ids():
     last = pivot_threshold(logits, top_width, missed, trunc.t1,
                            _safe(trunc.row_max), config, by_count=True)
-    y = reference.temper(reference.sanitize(logits), t)
+    y = reference.temper(reference.sanitize(bitmask.unmasked(logits)), t)
     return reference.top_ids(y, jnp.maximum(last, threshold), width)
 
   return jnp.where(listed_rows[:, None], ids,

@@ -12,7 +12,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxsample.pallas import common, tuning
+from jaxsample.pallas import bitmask, common, tuning
 from jaxsample.pallas.threshold.base import (FILTER_SLACK, ONE_BITS,
                                              SAMPLE_STRIDE, TOP_K_FIELD,
                                              TOP_P_FIELD, pack_param_table,
@@ -46,9 +46,12 @@ def _row_flags(row, param_ref, capacity: int):
       (params.top_k == 0) | (params.top_k > capacity // 2))
 
 
-def _stats_kernel(param_ref, x_ref, max_ref, sumexp_ref, finite_ref,
-                  segment_ref, sample_ref, *, plan: common.KernelPlan,
-                  vocab: int, segment: int, capacity: int):
+def _stats_kernel(param_ref, x_ref, *refs, plan: common.KernelPlan,
+                  vocab: int, segment: int, capacity: int, masked: bool):
+  """One (row, split) program (``masked``: a ``bitmask.MaskedLogits`` words
+  ref follows ``x_ref``)."""
+  words_refs, refs = refs[:masked], refs[masked:]
+  max_ref, sumexp_ref, finite_ref, segment_ref, sample_ref = refs
   row, split = pl.program_id(0), pl.program_id(1)
   active, sampled = _row_flags(row, param_ref, capacity)
 
@@ -80,7 +83,7 @@ def _stats_kernel(param_ref, x_ref, max_ref, sumexp_ref, finite_ref,
 
     top, sumexp, finite = common.split_sumexp(
         plan, kmath, split * plan.split_len, vocab,
-        common.row_chunk_loader(x_ref, row, plan.chunk),
+        bitmask.row_loader(x_ref, words_refs, row, plan.chunk),
         row_params(param_ref, row)[0].temperature,
         fold=(jnp.zeros((plan.chunk,), jnp.int32), fold))
     max_ref[row, split] = top
@@ -110,7 +113,8 @@ def _stats_pass(logits, params: SamplingParams, plan, segment,
   shape = (batch, plan.num_splits)
   padded = plan.num_splits * plan.split_len
   kernel = functools.partial(_stats_kernel, plan=plan, vocab=vocab,
-                             segment=segment, capacity=capacity)
+                             segment=segment, capacity=capacity,
+                             masked=isinstance(logits, bitmask.MaskedLogits))
   return StatsPartials(*common.pallas_call(
       kernel,
       out_shape=[jax.ShapeDtypeStruct(shape, jnp.float32),
@@ -121,7 +125,7 @@ def _stats_pass(logits, params: SamplingParams, plan, segment,
                                       jnp.float32)],
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_row_stats")(
-          pack_param_table(params), logits))
+          pack_param_table(params), *bitmask.operands(logits)))
 
 
 class _BoundOutputs(typing.NamedTuple):
