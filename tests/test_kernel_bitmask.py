@@ -5,6 +5,7 @@ pre-pass (bit-identical) and against the XLA path."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -14,7 +15,7 @@ import pytest
 
 import jaxsample as js
 from jaxsample import processors as procs
-from jaxsample.pallas import bitmask
+from jaxsample.pallas import bitmask, threshold
 from processing_oracle import process_oracle
 
 # V below a word edge (7 words and 7 ids of an 8th); C = 16 and K_cap = 32
@@ -134,6 +135,64 @@ def test_in_kernel_bitmask_equals_the_pre_pass_and_xla():
                              atol=1e-5)
   np.testing.assert_array_equal(mask.count, xla_mask.count)
   np.testing.assert_array_equal(mask.ids, xla_mask.ids)
+
+
+@pytest.mark.kernels
+def test_pivot_search_reads_the_bitmask():
+  """The pivot search (which ``sample`` runs only where a window misses)
+  finds on ``MaskedLogits`` the top-p threshold it finds on the pre-pass's
+  rows."""
+  logits, words, params = bitmask_case()
+  params = dataclasses.replace(params.canonical(V),
+                               top_p=jnp.full((B,), 0.7, jnp.float32))
+  z = bitmask_oracle(logits, words)
+  t = np.where(np.asarray(params.temperature) > 0, params.temperature, 1.0)
+  row_max = jnp.asarray(np.max(z / t[:, None], axis=-1))
+  active = jnp.isfinite(row_max) & (params.temperature > 0)
+  floor = jnp.full((B,), -jnp.inf)
+  search = jax.jit(functools.partial(threshold.pivot_threshold,
+                                     config=IN_KERNELS, by_count=False))
+  got = search(bitmask.MaskedLogits(jnp.asarray(logits), words), params,
+               active, floor, row_max)
+  want = search(jnp.asarray(z), params, active, floor, row_max)
+  np.testing.assert_array_equal(got, want)
+
+
+def test_in_kernel_bitmask_lowers_to_triton(monkeypatch):
+  """``sample`` with a mask and the in-kernel bitmask lowers to Triton IR
+  for an abstract H100 (bf16, V not a multiple of 32): the same kernels as
+  without a bitmask, each that reads the row also reading its words, and
+  none reading an fp32 pre-processed row (the PTX compile and the run are
+  the gpu test's)."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3",
+                                       num_cores=132, platform="cuda")
+  mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+  batch, vocab = 8, 151941
+  width = procs.bitmask_width(vocab)
+
+  def fn(x, words, temperature, top_k, top_p, min_p, key):
+    return js.sample(x, js.SamplingParams(temperature, top_k, top_p, min_p),
+                     key, return_mask=True,
+                     config=js.SamplerConfig(implementation="pallas",
+                                             kernel_bitmask=True),
+                     processors=js.LogitsProcessors(bitmask=words))
+
+  S = jax.ShapeDtypeStruct
+  args = (S((batch, vocab), jnp.bfloat16), S((batch, width), jnp.int32),
+          S((batch,), jnp.float32), S((batch,), jnp.int32),
+          S((batch,), jnp.float32), S((batch,), jnp.float32),
+          S((2,), jnp.uint32))
+  with jax.sharding.use_abstract_mesh(mesh):
+    text = jax.jit(fn).trace(*args).lower(
+        lowering_platforms=("cuda",)).as_text()
+  calls = [line for line in text.splitlines()
+           if "__gpu$xla.gpu.triton" in line]
+  assert len(calls) == 21  # test_threshold.test_kernels_lower_to_triton's
+  reads_row = [f"tensor<{batch}x{vocab}xbf16>" in line for line in calls]
+  reads_words = [f"tensor<{batch}x{width}xi32>" in line for line in calls]
+  assert sum(reads_row) >= 5 and reads_words == reads_row
+  assert not any(f"tensor<{batch}x{vocab}xf32>" in line for line in calls)
 
 
 @pytest.mark.gpu

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsample as js
-from jaxsample import spec
+from jaxsample import dispatch, spec
 from jaxsample.bench import cases as cases_lib
 from jaxsample.bench.runner import Group, Suite
 from jaxsample.pallas import tuning
@@ -444,12 +444,14 @@ def _processors(args, case) -> dict:
 
 def _build_processing(args, case) -> Group:
   """The sampler alone, with each processor, with top-n raw logprobs and with
-  everything; rows carry ``x_sampler``, their time over the sampler's."""
+  everything; rows carry ``x_sampler``, their time over the sampler's.  On
+  the kernels, also the bitmask read inside their passes
+  (``SamplerConfig.kernel_bitmask``)."""
   params = case.params()
   config = js.SamplerConfig(implementation=args.implementation)
   fields = _processors(args, case)
 
-  def op(processors, num_top=0):
+  def op(processors, num_top=0, config=config):
     @jax.jit
     def run(x, params, processors):  # params and processors are data, as in a decode loop
       out = js.sample(x, params, _KEY, config=config, processors=processors)
@@ -460,11 +462,14 @@ def _build_processing(args, case) -> Group:
     return lambda x: run(x, params, processors)
 
   every = {k: v for f in fields.values() for k, v in f.items()}
+  in_kernels = dataclasses.replace(config, kernel_bitmask=True)
   make = lambda kw: js.LogitsProcessors(**kw)
   ops = {"sampler": op(None),
          f"+penalties (history {args.history})": op(make(fields["penalties"])),
          f"+bias ({args.bias_ids} ids)": op(make(fields["bias"])),
          "+grammar bitmask": op(make(fields["bitmask"])),
+         **({"+grammar bitmask (in kernels)": op(make(fields["bitmask"]), config=in_kernels)}
+            if dispatch.use_pallas(config) else {}),
          f"+top-{args.num_top} raw logprobs": op(None, args.num_top),
          "all together": op(make(every), args.num_top),
          "jnp.max (one read)": jax.jit(lambda x: jnp.max(x, axis=-1))}
