@@ -429,7 +429,8 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
       streams.base_hi, streams.base_lo,
       *([common.logit_floor(floor, temperature)] if floored else []),
       *([exclude.astype(jnp.int32)] if exclude is not None else [])], batch)
-  race, index, row_max, sumexp, *rest = call(table, offset, *bitmask.operands(logits))
+  race, index, row_max, sumexp, *rest = call(table, offset,
+                                              *bitmask.operands(logits))
   kept = rest.pop(0) if counted else None
   if skip:  # raced loop steps
     raced = rest[0].astype(jnp.float32) / plan.lane_groups
