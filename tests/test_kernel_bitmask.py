@@ -96,6 +96,8 @@ def test_kernel_logits_routes_only_a_lone_bitmask():
   with pytest.raises(ValueError, match="ceil"):
     bitmask.kernel_logits(logits, js.LogitsProcessors(bitmask=words[:, 1:]),
                           IN_KERNELS)
+  with pytest.raises(ValueError, match="kernel_bitmask must be a bool"):
+    js.SamplerConfig(kernel_bitmask=1)
 
 
 def test_xla_reads_of_masked_logits_match_the_oracle():
