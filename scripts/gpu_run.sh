@@ -3,7 +3,7 @@
 #   bash scripts/gpu_run.sh [STEP ...]        (default: smoke tests bench)
 # Steps:
 #   smoke      scripts/gpu_smoke.py: every kernel variant lowers and matches the reference
-#   tests      the gpu-marked tests of tests/test_gpu.py;  alltests: every gpu or kernels test of tests/
+#   tests      the gpu-marked tests of tests/test_gpu.py;  alltests: every gpu, kernels or slow test of tests/
 #   main       the README's table (sample suite, B = 1, 32, 128, V = 151936; plain, top-k 50 +
 #              top-p 0.9, top-p 0.95, min-p 0.05): main-fp32 and main-bf16, one dtype each
 #   bench      the Gumbel kernel: sample suite, all B, fp32/bf16, randn and llm rows, FP64
@@ -39,7 +39,7 @@ for step in "${steps[@]}"; do
     smoke) python3 scripts/gpu_smoke.py 2>&1 | quiet | tee "$out/smoke.log" || exit 1 ;;
     tests|alltests)
       files=(tests/test_gpu.py); marks=gpu
-      [[ "$step" == alltests ]] && files=(tests/) && marks="gpu or kernels"
+      [[ "$step" == alltests ]] && files=(tests/) && marks="gpu or kernels or slow"
       python3 -m pytest -m "$marks" -q -rA -p no:cacheprovider "${xdist[@]}" "${files[@]}" \
         2>&1 | quiet > "$out/gpu-$step.log"
       status=$((status | ${PIPESTATUS[0]})); grep -E "^(FAILED|ERROR)" "$out/gpu-$step.log"

@@ -14,7 +14,9 @@ import importlib.metadata
 import math
 import os
 import re
+import shutil
 import statistics
+import tempfile
 
 import jax
 
@@ -40,6 +42,25 @@ if ((os.environ.get("JAX_PLATFORMS") == "cpu" or not _GPU_PLUGIN) and
   # (pytest-xdist workers inherit the controller's flags: add it once.)
   os.environ["XLA_FLAGS"] = " ".join(
       filter(None, (os.environ.get("XLA_FLAGS"), LLVM_FAST_COMPILE)))
+
+# One persistent compilation cache for the whole run, shared by the
+# pytest-xdist workers (the controller imports this file first and the
+# workers inherit its environment): tests that build the same program (the
+# same shapes and config through different jitted callables, or in another
+# worker) load the executable instead of compiling it again.  XLA's
+# compile is most of an interpret-mode kernel's first call; tracing and
+# lowering are still paid.  The directory is removed when the run ends
+# (``pytest_unconfigure``); JAXSAMPLE_TEST_JAX_CACHE names one to keep.
+if "JAXSAMPLE_TEST_JAX_CACHE" not in os.environ:
+  os.environ["JAXSAMPLE_TEST_JAX_CACHE"] = tempfile.mkdtemp(
+      prefix="jaxsample-test-compiles-")
+  _OWN_CACHE = os.environ["JAXSAMPLE_TEST_JAX_CACHE"]
+else:
+  _OWN_CACHE = None  # the caller's, or the controller's (a worker)
+jax.config.update("jax_compilation_cache_dir",
+                  os.environ["JAXSAMPLE_TEST_JAX_CACHE"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -68,6 +89,11 @@ _SLOWEST_MODULES = ("test_serve_loop.py", "test_spec_serving.py",
                     "test_truncated_sampling.py", "test_serving.py")
 
 
+def pytest_unconfigure(config):
+  if _OWN_CACHE is not None and not hasattr(config, "workerinput"):
+    shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(items):
   rank = {name: i for i, name in enumerate(_SLOWEST_MODULES)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
@@ -90,11 +116,18 @@ def pytest_runtest_setup(item):
     _skip_without_gpu()
 
 
+def slow_case(*values, id=None):
+  """A parametrization case outside the default CPU suite (marked ``slow``):
+  more interpret-mode kernel time than its coverage is worth on every CPU
+  run; ``scripts/dev test --all`` and the GPU run take it."""
+  return pytest.param(*values, marks=pytest.mark.slow, id=id)
+
+
 def on_gpu(*values, id=None):
   """A parametrization case that runs on a GPU only (marked ``gpu``): the
   shapes and models interpret mode is too slow for.  Tests with such cases
   are marked ``kernels``: their other cases run on every backend, and the
-  GPU run (``-m "gpu or kernels"``) takes them all."""
+  GPU run (``-m "gpu or kernels or slow"``) takes them all."""
   return pytest.param(*values, marks=pytest.mark.gpu, id=id)
 
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import outside_conds, sort_operands
+from conftest import outside_conds, slow_case, sort_operands
 from jaxsample import SamplerConfig, SamplingParams, spec
 from jaxsample.pallas import gumbel
 from jaxsample.pallas.tuning import RaceLaunch, SpecStatsLaunch, Tuning
@@ -40,8 +40,8 @@ def both(*args, **kw):
 
 
 @pytest.mark.parametrize("k,gen,with_draft", [
-    (K, "philox", True), (K, "philox", False), (K, "threefry", True),
-    (1, "philox", False)])
+    (K, "philox", True), slow_case(K, "philox", False),
+    slow_case(K, "threefry", True), (1, "philox", False)])
 def test_kernel_edge_cases_match_the_reference(k, gen, with_draft):
   args, kw = edge_case_batch(30 + k, B, k, V, with_draft=with_draft)
   target, drafts, n = args[:3]
@@ -58,7 +58,7 @@ def test_kernel_edge_cases_match_the_reference(k, gen, with_draft):
   assert 0 < out.num_accepted[rest].sum() < n[rest].sum()  # not vacuous
 
 
-@pytest.mark.parametrize("with_draft", [True, False])
+@pytest.mark.parametrize("with_draft", [True, slow_case(False)])
 def test_kernel_synthetic_mode_matches_the_reference(with_draft):
   """Synthetic acceptance, including rejections of a one-hot draft that is
   its row's only finite logit (zero residual: the draft itself)."""
@@ -75,8 +75,8 @@ def test_kernel_synthetic_mode_matches_the_reference(with_draft):
   assert np.all(out.logprobs[rejected, 0] == 0)
 
 
-@pytest.mark.parametrize("gen,vocab,splits", [("threefry", 1007, 4),
-                                              ("philox", 4100, 3)])
+@pytest.mark.parametrize("gen,vocab,splits", [
+    ("threefry", 1007, 4), slow_case("philox", 4100, 3)])
 def test_kernel_vocab_splits_match_the_reference(gen, vocab, splits):
   """Several splits and loop steps per row in both passes (64-element loads;
   philox tiles are 2048 wide, so V = 4100 gives its race three splits)."""
@@ -86,6 +86,7 @@ def test_kernel_vocab_splits_match_the_reference(gen, vocab, splits):
       spec_emit=RaceLaunch(block_size=64, num_splits=splits)), **kw)
 
 
+@pytest.mark.slow
 def test_kernel_tile_skip_matches_the_reference():
   """Pass 2 with ``gumbel``'s opt-in tile skip, on peaked rows whose bulk
   tiles are skipped (V = 4100: three philox tiles per row)."""
@@ -109,6 +110,7 @@ def test_kernel_tile_skip_matches_the_reference():
   assert 0 < out.num_accepted.sum()
 
 
+@pytest.mark.slow
 def test_kernel_bf16_matches_the_reference():
   args, kw = edge_case_batch(60, B, K, V, with_draft=True)
   args = (jnp.asarray(args[0], jnp.bfloat16),) + args[1:]
@@ -116,6 +118,7 @@ def test_kernel_bf16_matches_the_reference():
   both(*args, **kw)
 
 
+@pytest.mark.slow
 def test_kernel_fp64_noise_matches_the_reference():
   """Both branches, one program: an untruncated batch, then a truncating one."""
   with jax.enable_x64(True):
@@ -144,7 +147,8 @@ def truncating_batch(seed, *, with_draft):
 
 
 @pytest.mark.parametrize("gen,with_draft,max_candidates", [
-    ("philox", True, 1024), ("threefry", False, 1024), ("philox", True, 16)])
+    ("philox", True, 1024), slow_case("threefry", False, 1024),
+    slow_case("philox", True, 16)])
 def test_kernel_truncating_batches_match_the_reference(gen, with_draft,
                                                        max_candidates):
   """Kept sets from the threshold kernels (``kept_floors``); with 16
@@ -158,46 +162,56 @@ def test_kernel_truncating_batches_match_the_reference(gen, with_draft,
   assert 0 < out.num_accepted[rest].sum() < args[2][rest].sum()
 
 
-def test_kernels_lower_to_triton(monkeypatch):
+# name: (logits dtype, draft logits?, config keywords, gumbel.options), for
+# every kernel variant; the ``slow`` ones add nothing new to lower on CPU.
+LOWERING_VARIANTS = {
+    "philox-f32-draft": (jnp.float32, True, dict(rng="philox"), {}),
+    "threefry-bf16": (jnp.bfloat16, False, dict(rng="threefry"), {}),
+    "philox-f32": (jnp.float32, False, dict(rng="philox"), {}),
+    "threefry-bf16-draft": (jnp.bfloat16, True, dict(rng="threefry"), {}),
+    "fp64-noise-draft": (jnp.float64, True, dict(use_fp64_gumbel=True), {}),
+    "tile-skip-bf16": (jnp.bfloat16, False, {}, dict(tile_skip=True)),
+}
+
+
+@pytest.mark.parametrize("name", [
+    name if i < 2 else slow_case(name, id=name)
+    for i, name in enumerate(LOWERING_VARIANTS)])
+def test_kernels_lower_to_triton(monkeypatch, name):
   """Every kernel variant lowers to Triton IR for an abstract H100 (no GPU
   needed; the PTX compile and the run are the GPU suite's): traced params
   lower both branches, without floors (one-hot drafts: the Gumbel kernel;
   draft logits: passes 1 and 2) and after the threshold kernels of the
   target rows and the draft rows (``TRUNCATION_KERNELS`` each:
-  ``threshold.kept_sets``) with floors (as many more); no sort."""
+  ``threshold.kept_sets``) with floors (as many more); no sort.  (The FP64
+  variant: fp32 logits with FP64 noise under ``jax.enable_x64``.)"""
+  dtype, with_draft, config, options = LOWERING_VARIANTS[name]
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3",
                                        num_cores=132, platform="cuda")
   mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
   S = jax.ShapeDtypeStruct
   batch, k, vocab = 4, 3, 151936
+  fp64 = dtype == jnp.float64
+  dtype = jnp.float32 if fp64 else dtype
 
-  def lowered(dtype, with_draft, **config):
-    def fn(target, drafts, n, temperature, key, draft):
-      params = SamplingParams(temperature, n, temperature, temperature)
-      return spec.rejection_sample(
-          target, drafts, n, params, key, draft_logits=draft,
-          positions=jnp.zeros((batch,), jnp.int32),
-          config=SamplerConfig(implementation="pallas", **config))
+  def fn(target, drafts, n, temperature, key, draft):
+    params = SamplingParams(temperature, n, temperature, temperature)
+    return spec.rejection_sample(
+        target, drafts, n, params, key, draft_logits=draft,
+        positions=jnp.zeros((batch,), jnp.int32),
+        config=SamplerConfig(implementation="pallas", **config))
 
-    args = (S((batch, k + 1, vocab), dtype), S((batch, k), jnp.int32),
-            S((batch,), jnp.int32), S((batch,), jnp.float32),
-            S((batch, 2), jnp.uint32),
-            S((batch, k, vocab), dtype) if with_draft else None)
-    with jax.sharding.use_abstract_mesh(mesh):
-      text = jax.jit(fn).trace(*args).lower(
-          lowering_platforms=("cuda",)).as_text()
-    assert sort_operands(text) == []
-    return text.count("__gpu$xla.gpu.triton")
-
-  kernels = lambda with_draft: (1 + with_draft) * (2 + TRUNCATION_KERNELS)
-  for gen, dtype in (("philox", jnp.float32), ("threefry", jnp.bfloat16)):
-    for with_draft in (False, True):
-      assert lowered(dtype, with_draft, rng=gen) == kernels(with_draft)
-  with jax.enable_x64(True):
-    assert lowered(jnp.float32, True, use_fp64_gumbel=True) == kernels(True)
-  with gumbel.options(tile_skip=True):
-    assert lowered(jnp.bfloat16, False) == kernels(False)
+  args = (S((batch, k + 1, vocab), dtype), S((batch, k), jnp.int32),
+          S((batch,), jnp.int32), S((batch,), jnp.float32),
+          S((batch, 2), jnp.uint32),
+          S((batch, k, vocab), dtype) if with_draft else None)
+  with (jax.sharding.use_abstract_mesh(mesh), jax.enable_x64(fp64),
+        gumbel.options(**options)):
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert sort_operands(text) == []
+  assert text.count("__gpu$xla.gpu.triton") == (
+      (1 + with_draft) * (2 + TRUNCATION_KERNELS))
 
 
 @pytest.mark.parametrize("return_mask", [False, True])
