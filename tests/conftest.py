@@ -123,6 +123,11 @@ def slow_case(*values, id=None):
   return pytest.param(*values, marks=pytest.mark.slow, id=id)
 
 
+# ``IMPLEMENTATIONS`` with the kernel case ``slow``: for tests whose kernel
+# path other tests of the default suite already pin to the reference.
+IMPLEMENTATIONS_SLOW_KERNELS = ("xla", slow_case("pallas", id="pallas"))
+
+
 def on_gpu(*values, id=None):
   """A parametrization case that runs on a GPU only (marked ``gpu``): the
   shapes and models interpret mode is too slow for.  Tests with such cases
