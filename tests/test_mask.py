@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 
 import jaxsample
-from conftest import (IMPLEMENTATIONS, STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB,
+from conftest import (IMPLEMENTATIONS, IMPLEMENTATIONS_SLOW_KERNELS,
+                      STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB,
                       assert_binned_chi2_fits, assert_chi2_fits,
                       chi2_critical, chi2_statistic, closing_over,
-                      on_gpu, oracle_keep, without_truncation)
+                      on_gpu, oracle_keep, slow_case, without_truncation)
 from jaxsample import SamplerConfig, SamplingMask, SamplingParams, sampling_mask
 from jaxsample.mask import MaskOverflowError
 from jaxsample.pallas import sampler, threshold
@@ -361,8 +362,8 @@ def test_overflow_random_rows_match_oracle():
     np.testing.assert_allclose(m.logz[b], logz, rtol=1e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("cap", [12, 8])
-@pytest.mark.parametrize("fp64", [False, True])
+@pytest.mark.parametrize("fp64,cap", [
+    (False, 8), slow_case(False, 12), slow_case(True, 12), slow_case(True, 8)])
 def test_kernel_lists_large_kept_sets_like_the_reference(fp64, cap):
   """Kept sets too large for the candidate buffer (16: ``sample_large``, or
   ``kept_sets`` on the FP64 path) and for K_cap: at 8 (<= 16 / 2) the
@@ -407,7 +408,7 @@ def test_kernel_lists_large_kept_sets_like_the_reference(fp64, cap):
                              atol=1e-5)
 
 
-@pytest.mark.parametrize("cap", [40, 8])
+@pytest.mark.parametrize("cap", [slow_case(40), 8])
 def test_masks_from_kept_sets_equal_the_samplers(cap):
   """``sampler.kept_set_masks`` of ``kept_sets(..., measure_all=True)``
   (``extract_sampling_mask``'s kernel path; the spec sampler's masks)
@@ -456,8 +457,8 @@ def test_masks_from_kept_sets_equal_the_samplers(cap):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-@pytest.mark.parametrize("truncating", [True, False])
+@pytest.mark.parametrize("truncating,impl", [
+    (True, "xla"), (False, "xla"), (True, "pallas"), slow_case(False, "pallas")])
 def test_sampled_token_in_mask_with_consistent_logprob(impl, truncating):
   batch, vocab = 64, 256
   x, temps, params = mixed_batch(8, batch, vocab, truncating=truncating)
@@ -483,8 +484,10 @@ def test_sampled_token_in_mask_with_consistent_logprob(impl, truncating):
 # STAT_CONFIGS (conftest): the untruncated ones run the Pallas kernel.
 
 
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-@pytest.mark.parametrize("name", list(STAT_CONFIGS))
+@pytest.mark.parametrize("name,impl", [
+    *((name, "xla") for name in STAT_CONFIGS),
+    *((name, "pallas") if name == "combined" else slow_case(name, "pallas")
+      for name in STAT_CONFIGS)])
 def test_tokens_follow_the_rebuilt_distribution(impl, name):
   """Chi-square at alpha = 1e-3 over STAT_DRAWS draws of one row against
   ``exp(y_i - lse - logz)`` on the mask; at this sample count the same test
@@ -523,6 +526,7 @@ LARGE_STAT_ROWS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(LARGE_STAT_ROWS))
 def test_large_kept_sets_follow_the_rebuilt_distribution(name):
   """The kernel path's large-set routes (``sample_large``: a window search,
@@ -575,8 +579,8 @@ def test_large_kept_sets_follow_the_rebuilt_distribution(name):
   assert stat > chi2_critical(df, 1e-3)
 
 
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-@pytest.mark.parametrize("truncating", [True, False])
+@pytest.mark.parametrize("truncating,impl", [
+    (True, "xla"), (False, "xla"), (True, "pallas"), slow_case(False, "pallas")])
 def test_rows_never_exchange_masks(impl, truncating):
   """Shuffling the batch (per-request keys) permutes tokens and masks alike."""
   batch, vocab = 16, 256
@@ -699,7 +703,7 @@ def test_jit_fixed_shapes_one_compilation():
     assert_mask_types(to_np(jitted(jnp.asarray(x), params)), 8, cap)
 
 
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS_SLOW_KERNELS)
 def test_bf16_logits_equal_their_fp32_upcast(impl):
   batch, vocab = 8, 1007
   x = jnp.asarray(np.random.default_rng(12).standard_normal((batch, vocab)) * 3,
