@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import on_gpu, oracle_keep, run_sample, sort_operands
+from conftest import on_gpu, oracle_keep, run_sample, slow_case, sort_operands
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, reference, rng
 from jaxsample.pallas import common, gumbel, threshold, tuning
@@ -140,7 +140,7 @@ def test_bound_mode_rounds_the_exact_threshold_down(k, p):
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("vocab", [16, 1007, on_gpu(151936)])
+@pytest.mark.parametrize("vocab", [slow_case(16), 1007, on_gpu(151936)])
 def test_kept_sets_match_oracle(vocab):
   """Every kind of row x p x k x min-p: every valid truncating row is
   complete and keeps the oracle's set (an admissible one on a rounding
@@ -291,9 +291,14 @@ def test_rows_read_only_their_listed_segments_when_they_can():
 
 
 @pytest.mark.parametrize("setting", [
-    dict(top_p=0.9), dict(top_p=0.5), dict(top_p=0.95, min_p=0.01),
-    dict(min_p=0.05), dict(top_k=19999), dict(top_k=5000, min_p=0.001),
-    dict(top_k=[3000, 200, 12000, 600], top_p=[0.9, 1, 0.5, 0.95])], ids=str)
+    pytest.param(dict(top_p=0.9), id="top_p=0.9"),
+    slow_case(dict(top_p=0.5), id="top_p=0.5"),
+    slow_case(dict(top_p=0.95, min_p=0.01), id="top_p=0.95,min_p=0.01"),
+    slow_case(dict(min_p=0.05), id="min_p=0.05"),
+    slow_case(dict(top_k=19999), id="top_k=19999"),
+    slow_case(dict(top_k=5000, min_p=0.001), id="top_k=5000,min_p=0.001"),
+    pytest.param(dict(top_k=[3000, 200, 12000, 600], top_p=[0.9, 1, 0.5, 0.95]),
+                 id="per-request")])
 def test_large_kept_sets_are_decided_by_the_window_search(setting):
   """Rows with top-k off or above ``C / 2`` whose kept sets overflow the
   candidate buffer take the window searches: complete (so not by the

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jaxsample
-from conftest import on_gpu, oracle_keep, run_sample
+from conftest import on_gpu, oracle_keep, run_sample, slow_case
 from jaxsample import SamplerConfig, SamplingParams, reference
 
 from cases import (LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL, LSE_ATOL,
@@ -25,7 +25,8 @@ from cases import (LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL, LSE_ATOL,
 
 
 @pytest.mark.parametrize("gen,max_candidates,fp64", [
-    ("philox", 16, False), ("threefry", 4096, False), ("philox", 16, True)])
+    ("philox", 16, False), slow_case("threefry", 4096, False),
+    slow_case("philox", 16, True)])
 def test_sample_matches_reference_with_fallback_rows(gen, max_candidates,
                                                      fp64):
   """Kernel rows, fallback rows (overflow), plain, greedy and invalid rows in
@@ -57,6 +58,7 @@ def test_sample_matches_reference_with_fallback_rows(gen, max_candidates,
     assert o.kept[a.tokens[row]], row
 
 
+@pytest.mark.slow
 def test_per_request_keys_are_batch_invariant():
   batch, vocab = 6, 3000
   x = np.random.default_rng(6).standard_normal((batch, vocab)).astype(np.float32)
@@ -100,8 +102,9 @@ def low_precision_batch(vocab, dtype, seed=7):
 
 @pytest.mark.kernels
 @pytest.mark.parametrize("vocab", [1007, on_gpu(151936)])
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16],
-                         ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("dtype", [
+    pytest.param(jnp.bfloat16, id="bfloat16"),
+    slow_case(jnp.float16, id="float16")])
 def test_low_precision_logits(dtype, vocab):
   """The kernels read bf16/fp16 logits in their own dtype (truncated batches,
   ``low_precision_batch``: mixed per-request k / p / min-p / T, greedy,
