@@ -18,7 +18,8 @@ import pytest
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, spec
 
-from conftest import FP32_EPS, LLVM_FAST_COMPILE
+from conftest import (FP32_EPS, IMPLEMENTATIONS_SLOW_KERNELS, LLVM_FAST_COMPILE,
+                      slow_case)
 
 # From the smallest positive fp32 (make accepts it) to 1e3; below
 # MIN_TEMPERATURE = 1e-5 rows are greedy.
@@ -123,7 +124,9 @@ def test_temperature_sweep_xla(dtype, fp64):
   np.testing.assert_array_equal(np.asarray(alone.count), np.asarray(m.count))
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [
+    pytest.param(jnp.float32, id="float32"),
+    slow_case(jnp.bfloat16, id="bfloat16")])
 def test_temperature_sweep_kernels(dtype):
   """The kernels in interpret mode, params traced (every route)."""
   x, params = sweep_batch(dtype, seed=1)
@@ -135,7 +138,7 @@ def test_temperature_sweep_kernels(dtype):
                                 np.asarray(want.tokens))
 
 
-@pytest.mark.parametrize("impl", ["xla", "pallas"])
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS_SLOW_KERNELS)
 def test_temperature_sweep_spec(impl):
   """``spec.rejection_sample``, k = 1: slot 0 accepts (a one-hot draft of
   the argmax) or rejects, and slot 1 (the bonus token) or the residual
@@ -232,7 +235,9 @@ def test_random_bad_input_xla():
     check_invariants(x, params, result)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("dtype", [
+    pytest.param(jnp.float32, id="float32"),
+    slow_case(jnp.bfloat16, id="bfloat16")])
 def test_random_bad_input_kernels(dtype):
   """One shape per dtype (one interpret-mode compile), params traced."""
   r = np.random.default_rng(37)
