@@ -27,7 +27,8 @@ from flax import nnx
 
 from jaxsample.generation.drafters import ModelDrafter, NgramDrafter, layer_prefix
 from jaxsample.generation.lm import NnxLM
-from jaxsample.generation.serving import Request, ServeLoop, Speculation
+from jaxsample.generation.requests import Request, Speculation
+from jaxsample.generation.serving import ServeLoop
 from jaxsample.models import (EMBEDDED_DIR, Transformer, TransformerConfig,
                               load_draft, load_embedded)
 from jaxsample.params import SamplerConfig

@@ -10,7 +10,8 @@
 * ``ServeLoop``: continuous batching of ``Request``s over fixed slots, with
   streamed ``StreamEvent``s, ``Completion``s in an OpenAI-like shape and
   optional ``Speculation`` (``NgramDrafter``, ``ModelDrafter``)
-  (``jaxsample.generation.serving``, ``drafters``, ``spec_step``; user
+  (``jaxsample.generation.serving``, ``requests``, ``admission``,
+  ``slot_programs``, ``drafters``, ``spec_step``; user
   guide: ``docs/serving.md``).
 * The model contract (``LanguageModel``, ``NnxLM``, ``FunctionLM``):
   ``jaxsample.generation.lm``; user guide: ``docs/generation.md``.
@@ -22,8 +23,9 @@ from jaxsample.generation.generate import (FINISH_REASONS, Generation, bucket,
                                            generate)
 from jaxsample.generation.lm import (FunctionLM, LanguageModel, NnxLM,
                                      as_language_model)
-from jaxsample.generation.serving import (Completion, Request, ServeLoop,
-                                          Speculation, StreamEvent)
+from jaxsample.generation.requests import (Completion, Request, Speculation,
+                                           StreamEvent)
+from jaxsample.generation.serving import ServeLoop
 from jaxsample.generation.spec_step import SpecOutput, SpecState, spec_step
 from jaxsample.generation.step import (DecodeState, StepOutput, decode_step,
                                        emit, prefill)

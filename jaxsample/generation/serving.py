@@ -24,219 +24,26 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsample.generation import slot_programs
+from jaxsample.generation.admission import RequestRules, admission_inputs
 from jaxsample.generation.generate import FINISH_REASONS, bucket
-from jaxsample.generation.lm import LanguageModel, as_language_model
-from jaxsample.generation.spec_step import SpecState, spec_step, write_history
-from jaxsample.generation.step import DecodeState, decode_step, prefill
-from jaxsample.logprobs import MODES, TokenLogprobs, check_num_top
-from jaxsample.mask import SamplingMask
-from jaxsample.params import SamplerConfig, SamplingParams, check_setting
+from jaxsample.generation.lm import as_language_model
+from jaxsample.generation.requests import (Completion, Request, Speculation,
+                                           StreamEvent)
+from jaxsample.logprobs import MODES, check_num_top
+from jaxsample.params import SamplerConfig
 
-__all__ = ["Completion", "Request", "ServeLoop", "Speculation", "StreamEvent"]
+__all__ = ["ServeLoop"]
 
 MIN_PROMPT = 16
-SEED_LIMIT = 2**32
-
-
-@dataclasses.dataclass(frozen=True)
-class Request:
-  """One generation request (validated by ``ServeLoop.submit``).
-
-  ``seed`` in ``[0, 2^32)`` is the key ``jax.random.PRNGKey(seed)``; the
-  request's tokens depend only on it, ``prompt`` and the settings.  Generation
-  stops after a token of ``stop`` or after ``max_tokens`` tokens (capped so
-  the sequence fits the cache).  ``logprobs`` / ``top_logprobs`` /
-  ``return_masks`` choose what the outputs carry (``top_logprobs`` up to the
-  loop's ``top_logprobs``; masks need a loop built with
-  ``return_masks=True``).
-  """
-
-  prompt: Sequence[int]
-  max_tokens: int = 16
-  temperature: float = 1.0
-  top_k: int = 0
-  top_p: float = 1.0
-  min_p: float = 0.0
-  seed: int = 0
-  stop: Sequence[int] = ()
-  logprobs: bool = True
-  top_logprobs: int = 0
-  return_masks: bool = False
-  request_id: Any = None
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamEvent:
-  """New tokens of one request (and, on the last event, how it finished).
-
-  ``logprobs`` is None unless the request asked; ``top_logprobs`` (one
-  entry per new token: ``{"logprob", "rank", "top"}``, the token's value and
-  rank and ``(id, value)`` pairs, in the loop's ``logprobs_mode``) unless it
-  asked for ``top_logprobs``; ``sampling_mask`` and
-  ``logz`` (one entry per new token: the kept ids, or None where nothing was
-  truncated; ``SamplingMask.to_lists``) are None unless it asked for masks.
-  ``completion`` is set on the final event.
-  """
-
-  request_id: Any
-  token_ids: list[int]
-  logprobs: list[float] | None = None
-  top_logprobs: list[dict] | None = None
-  sampling_mask: list | None = None
-  logz: list[float] | None = None
-  finish_reason: str | None = None
-  completion: "Completion | None" = None
-
-
-@dataclasses.dataclass
-class Completion:
-  """A finished request: OpenAI-like fields plus speculation statistics.
-
-  ``drafted`` / ``accepted`` count the draft tokens proposed for and accepted
-  by the request's verification steps (0 without speculation);
-  ``acceptance_rate`` is their ratio (None when nothing was drafted).
-  """
-
-  request_id: Any
-  prompt_tokens: int
-  token_ids: list[int]
-  logprobs: list[float] | None
-  sampling_mask: list | None
-  logz: list[float] | None
-  top_logprobs: list[dict] | None = None
-  finish_reason: str | None = None
-  drafted: int = 0
-  accepted: int = 0
-
-  @property
-  def acceptance_rate(self) -> float | None:
-    return self.accepted / self.drafted if self.drafted else None
-
-  def to_openai(self, tokenizer=None) -> dict:
-    """An OpenAI-like choice: ``token_ids``, ``text`` (with a tokenizer that
-    has ``decode``), ``logprobs``, ``sampling_mask``, ``logz`` (when asked),
-    ``finish_reason`` and ``usage`` (with speculation statistics)."""
-    choice = {"id": self.request_id, "token_ids": list(self.token_ids),
-              "finish_reason": self.finish_reason}
-    if tokenizer is not None:
-      choice["text"] = tokenizer.decode(self.token_ids)
-    for name in ("logprobs", "top_logprobs", "sampling_mask", "logz"):
-      if getattr(self, name) is not None:
-        choice[name] = getattr(self, name)
-    choice["usage"] = {"prompt_tokens": self.prompt_tokens,
-                       "completion_tokens": len(self.token_ids),
-                       "draft_tokens": self.drafted,
-                       "accepted_draft_tokens": self.accepted}
-    return choice
-
-
-@dataclasses.dataclass(frozen=True)
-class Speculation:
-  """Speculative decoding in the loop.
-
-  Attributes:
-    drafter: an ``NgramDrafter`` or ``ModelDrafter`` (``drafters``).
-    draft_weights: the draft model's weights (``ModelDrafter``), else None.
-    synthetic_rates: ``k`` per-position acceptance probabilities for
-      benchmarks (``jaxsample.spec``, synthetic mode), else None.
-  """
-
-  drafter: Any
-  draft_weights: Any = None
-  synthetic_rates: Sequence[float] | None = None
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class _Output:
-  """What one program emitted: ``tokens``/``logprobs`` ``[n, R, E]``,
-  ``count``/``drafted``/``accepted`` ``[n, R]`` for ``n`` steps of ``R`` rows
-  of up to ``E`` tokens, ``finished`` ``[R]`` after them, ``mask``
-  ``[n, E, R, ...]`` or None, ``top`` ``[n, R, ...]`` or None (``E = 1``)."""
-
-  tokens: jax.Array
-  logprobs: jax.Array
-  count: jax.Array
-  drafted: jax.Array
-  accepted: jax.Array
-  finished: jax.Array
-  mask: SamplingMask | None
-  top: TokenLogprobs | None
-
-
-def _scatter_rows(full, rows, slot_ids):
-  """``full`` with ``rows`` (leading axis ``A``) written at ``slot_ids``
-  (entries ``>= B`` dropped)."""
-  return jax.tree.map(lambda f, r: f.at[slot_ids].set(r, mode="drop"),
-                      full, rows)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(7,))
-def _admit(lm, drafter, config, outputs, cache_len, weights, draft_weights,
-           state, slot_ids, tokens, lengths, params, keys, stop_ids, budgets):
-  return_mask, num_top, mode = outputs
-  prompts = DecodeState(
-      tokens=tokens, positions=lengths - 1, keys=keys, params=params,
-      finished=budgets <= 0, stop_tokens=stop_ids, remaining=budgets,
-      cache=lm.init_cache(weights, tokens.shape[0], cache_len))
-  fresh, out = prefill(lm, weights, prompts, config=config,
-                       return_mask=return_mask, num_top=num_top,
-                       logprob_mode=mode)
-  if drafter is not None:
-    history = jnp.zeros((tokens.shape[0], cache_len), jnp.int32)
-    history = write_history(history, tokens, jnp.zeros_like(lengths), lengths)
-    history = write_history(history, out.tokens[:, None], lengths,
-                            out.valid.astype(jnp.int32))
-    own = drafter.prefill(draft_weights,
-                          drafter.init(draft_weights, tokens.shape[0],
-                                       cache_len), tokens, lengths)
-    fresh = SpecState(fresh, history, own)
-  state = _scatter_rows(state, fresh, slot_ids)
-  zeros = jnp.zeros(out.tokens.shape, jnp.int32)[None]
-  mask = None if out.mask is None else jax.tree.map(
-      lambda a: a[None, None], out.mask)
-  return state, _Output(out.tokens[None, :, None], out.logprobs[None, :, None],
-                        out.valid.astype(jnp.int32)[None], zeros, zeros,
-                        (fresh.decode if drafter else fresh).finished, mask,
-                        jax.tree.map(lambda a: a[None], out.top))
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(7,))
-def _step(lm, drafter, config, outputs, steps, weights, draft_weights,
-          state, synthetic_rates):
-  return_mask, num_top, mode = outputs
-
-  def one(state, _):
-    if drafter is None:
-      state, out = decode_step(lm, weights, state, config=config,
-                               return_mask=return_mask, num_top=num_top,
-                               logprob_mode=mode)
-      zeros = jnp.zeros(out.tokens.shape, jnp.int32)
-      mask = None if out.mask is None else jax.tree.map(lambda a: a[None],
-                                                        out.mask)
-      return state, (out.tokens[:, None], out.logprobs[:, None],
-                     out.valid.astype(jnp.int32), zeros, zeros, mask, out.top)
-    state, out = spec_step(lm, weights, drafter, draft_weights, state,
-                           config=config, return_mask=return_mask,
-                           synthetic_rates=synthetic_rates)
-    return state, (out.tokens, out.logprobs, out.count, out.drafted,
-                   out.accepted, out.mask, None)
-
-  state, (tokens, logprobs, count, drafted, accepted, mask, top) = (
-      jax.lax.scan(one, state, None, length=steps))
-  finished = (state if drafter is None else state.decode).finished
-  return state, _Output(tokens, logprobs, count, drafted, accepted, finished,
-                        mask, top)
 
 
 @dataclasses.dataclass
@@ -308,10 +115,15 @@ class ServeLoop:
       raise ValueError("top_logprobs needs plain decoding (speculation=None)")
     self._outputs = (self.return_masks, self.top_logprobs,
                      logprobs_mode if top_logprobs else None)
+    self._rules = RequestRules(self.vocab_size, self.cache_len,
+                               max_stop_tokens, self.top_logprobs,
+                               self.return_masks)
     self._queue: collections.deque = collections.deque()
     self._active: list[_Active | None] = [None] * slots
     self._ids = itertools.count()
-    self._state = self._empty_state()
+    self._state = slot_programs.empty_state(
+        self.lm, self.weights, slots, max_stop_tokens, self._state_len,
+        self.drafter, self._draft_weights)
     self.stats = collections.Counter()
     """Counts (``admit_calls``, ``step_calls``, ``tokens``, ``completed``,
     ``drafted``, ``accepted``) and seconds: ``device_s`` from each jitted
@@ -332,47 +144,11 @@ class ServeLoop:
         too many stop ids, a bad budget or seed, invalid sampling settings,
         or masks from a loop built without them.  Nothing in flight changes.
     """
-    prompt = np.asarray(request.prompt)
-    if prompt.ndim != 1 or prompt.size == 0 or not (
-        np.issubdtype(prompt.dtype, np.integer)):
-      raise ValueError(f"prompt must be a non-empty sequence of token ids; got "
-                       f"{request.prompt!r}")
-    if prompt.size >= self.cache_len:
-      raise ValueError(f"prompt has {prompt.size} tokens; at most "
-                       f"{self.cache_len - 1} fit the cache (cache_len "
-                       f"{self.cache_len})")
-    self._check_ids("prompt", prompt)
-    stop = np.asarray(request.stop, np.int64).reshape(-1)
-    if stop.size > self.max_stop_tokens:
-      raise ValueError(f"stop has {stop.size} ids; this loop takes at most "
-                       f"{self.max_stop_tokens} (max_stop_tokens)")
-    self._check_ids("stop", stop)
-    budget = request.max_tokens
-    if isinstance(budget, bool) or not isinstance(
-        budget, (int, np.integer)) or budget < 0:
-      raise ValueError(f"max_tokens must be an int >= 0; got {budget!r}")
-    seed = request.seed
-    if isinstance(seed, bool) or not isinstance(
-        seed, (int, np.integer)) or not 0 <= seed < SEED_LIMIT:
-      raise ValueError(f"seed must be an int in [0, 2^32); got {seed!r}")
-    rid = request.request_id
-    for name in ("temperature", "top_k", "top_p", "min_p"):
-      check_setting(name, "new" if rid is None else rid, getattr(request, name))
-    if request.return_masks and not self.return_masks:
-      raise ValueError("return_masks needs a ServeLoop built with "
-                       "return_masks=True")
-    top = request.top_logprobs
-    if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or (
-        not 0 <= top <= self.top_logprobs):
-      raise ValueError(f"top_logprobs must be an int in [0, "
-                       f"{self.top_logprobs}] (the loop's top_logprobs); got "
-                       f"{top!r}")
-    if rid is None:
-      rid = next(self._ids)
-      request = dataclasses.replace(request, request_id=rid)
-    self._queue.append((request, min(int(budget),
-                                     self.cache_len - prompt.size), callback))
-    return rid
+    budget = self._rules.check(request)
+    if request.request_id is None:
+      request = dataclasses.replace(request, request_id=next(self._ids))
+    self._queue.append((request, budget, callback))
+    return request.request_id
 
   @property
   def pending(self) -> int:
@@ -387,7 +163,7 @@ class ServeLoop:
     while self._queue and None in self._active:
       events += self._admit_some()
     if any(a is not None for a in self._active):
-      out = self._timed(_step, self.lm, self.drafter, self.config,
+      out = self._timed(slot_programs.step, self.lm, self.drafter, self.config,
                         self._outputs, self.steps_per_call, self.weights,
                         self._draft_weights, self._state, self._rates)
       events += self._collect(out, list(range(self.slots)))
@@ -422,7 +198,7 @@ class ServeLoop:
       if width >= last:
         break
       width *= 2
-    self._timed(_step, self.lm, self.drafter, self.config,
+    self._timed(slot_programs.step, self.lm, self.drafter, self.config,
                 self._outputs, self.steps_per_call, self.weights,
                 self._draft_weights, self._state, self._rates)
     self.stats.clear()
@@ -437,51 +213,7 @@ class ServeLoop:
         self.weights)
     return shape[0].shape[-1]
 
-  def _check_ids(self, name: str, ids: np.ndarray) -> None:
-    bad = ids[(ids < 0) | (ids >= self.vocab_size)]
-    if bad.size:
-      raise ValueError(f"{name} has token id {int(bad[0])} outside the "
-                       f"vocabulary [0, {self.vocab_size})")
-
-  def _empty_state(self):
-    n = self.slots
-    state = DecodeState(
-        tokens=jnp.zeros((n,), jnp.int32), positions=jnp.zeros((n,), jnp.int32),
-        keys=jnp.zeros((n, 2), jnp.uint32),
-        params=SamplingParams.make(n, temperature=0.0),
-        finished=jnp.ones((n,), bool),
-        stop_tokens=jnp.full((n, self.max_stop_tokens), -1, jnp.int32),
-        remaining=jnp.zeros((n,), jnp.int32),
-        cache=self.lm.init_cache(self.weights, n, self._state_len))
-    if self.drafter is None:
-      return state
-    return SpecState(state, jnp.zeros((n, self._state_len), jnp.int32),
-                     self.drafter.init(self._draft_weights, n,
-                                       self._state_len))
-
-  def _admission_inputs(self, batch, width: int):
-    a, st = self.admit_batch, self.max_stop_tokens
-    tokens = np.zeros((a, width), np.int32)
-    lengths = np.ones(a, np.int32)
-    fields = {"temperature": np.zeros(a, np.float32),
-              "top_k": np.zeros(a, np.int32), "top_p": np.ones(a, np.float32),
-              "min_p": np.zeros(a, np.float32)}
-    keys = np.zeros((a, 2), np.uint32)
-    stop_ids = np.full((a, st), -1, np.int32)
-    budgets = np.zeros(a, np.int32)
-    for row, (request, budget, _) in enumerate(batch):
-      tokens[row, :len(request.prompt)] = request.prompt
-      lengths[row] = len(request.prompt)
-      for name, values in fields.items():
-        # top_k beyond int32 means off, as does the clipped value.
-        values[row] = np.clip(getattr(request, name), -2**31 + 1, 2**31 - 1)
-      keys[row, 1] = request.seed
-      stop_ids[row, :len(request.stop)] = request.stop
-      budgets[row] = budget
-    return (tokens, lengths, SamplingParams(**fields), keys, stop_ids,
-            budgets)
-
-  def _timed(self, program, *args) -> _Output:
+  def _timed(self, program, *args) -> slot_programs.Output:
     """Runs ``program`` (new state and output), waits for it, counts its
     time in ``stats["device_s"]`` and returns the output."""
     start = time.perf_counter()
@@ -489,8 +221,12 @@ class ServeLoop:
     self.stats["device_s"] += time.perf_counter() - start
     return out
 
-  def _call_admit(self, slot_ids, inputs) -> _Output:
-    return self._timed(_admit, self.lm, self.drafter, self.config,
+  def _admission_inputs(self, batch, width: int):
+    return admission_inputs([(request, budget) for request, budget, _ in batch],
+                            self.admit_batch, width, self.max_stop_tokens)
+
+  def _call_admit(self, slot_ids, inputs) -> slot_programs.Output:
+    return self._timed(slot_programs.admit, self.lm, self.drafter, self.config,
                        self._outputs, self._state_len, self.weights,
                        self._draft_weights, self._state, slot_ids, *inputs)
 
@@ -513,7 +249,7 @@ class ServeLoop:
     self.stats["admit_calls"] += 1
     return self._collect(out, free[:len(batch)])
 
-  def _collect(self, out: _Output, slots: list[int]) -> list[StreamEvent]:
+  def _collect(self, out: slot_programs.Output, slots: list[int]) -> list[StreamEvent]:
     """Events of the rows of ``out`` (row ``r`` is slot ``slots[r]``)."""
     want_masks = out.mask is not None and any(
         self._active[s] is not None and self._active[s].request.return_masks
@@ -546,7 +282,7 @@ class ServeLoop:
           active.callback(event)
     return events
 
-  def _advance(self, active: _Active, host: _Output, row: int,
+  def _advance(self, active: _Active, host: slot_programs.Output, row: int,
                emitted: np.ndarray) -> StreamEvent:
     """Appends row ``row``'s tokens (``emitted`` ``[n, E]`` of them) to the
     request's completion and returns the event."""
