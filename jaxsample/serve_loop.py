@@ -9,7 +9,8 @@
   (``jaxsample.generation.generate``; bucket policy there).
 * ``ServeLoop``: continuous batching of ``Request``s over fixed slots, with
   streamed ``StreamEvent``s, ``Completion``s in an OpenAI-like shape and
-  optional ``Speculation`` (``NgramDrafter``, ``ModelDrafter``)
+  optional ``Speculation`` (``NgramDrafter``, ``ModelDrafter``) and
+  per-request logits processors (``ProcessorLimits``)
   (``jaxsample.generation.serving``, ``requests``, ``admission``,
   ``slot_programs``, ``drafters``, ``spec_step``; user
   guide: ``docs/serving.md``).
@@ -23,8 +24,8 @@ from jaxsample.generation.generate import (FINISH_REASONS, Generation, bucket,
                                            generate)
 from jaxsample.generation.lm import (FunctionLM, LanguageModel, NnxLM,
                                      as_language_model)
-from jaxsample.generation.requests import (Completion, Request, Speculation,
-                                           StreamEvent)
+from jaxsample.generation.requests import (Completion, ProcessorLimits,
+                                           Request, Speculation, StreamEvent)
 from jaxsample.generation.serving import ServeLoop
 from jaxsample.generation.spec_step import SpecOutput, SpecState, spec_step
 from jaxsample.generation.step import (DecodeState, StepOutput, decode_step,
@@ -32,7 +33,7 @@ from jaxsample.generation.step import (DecodeState, StepOutput, decode_step,
 
 __all__ = ["Completion", "DecodeState", "FINISH_REASONS", "FunctionLM",
            "Generation", "LanguageModel", "ModelDrafter", "NgramDrafter",
-           "NnxLM", "Request", "ServeLoop", "SpecOutput", "SpecState",
-           "Speculation", "StepOutput", "StreamEvent", "as_language_model",
-           "bucket", "decode_step", "emit", "generate", "layer_prefix",
-           "prefill", "spec_step"]
+           "NnxLM", "ProcessorLimits", "Request", "ServeLoop", "SpecOutput",
+           "SpecState", "Speculation", "StepOutput", "StreamEvent",
+           "as_language_model", "bucket", "decode_step", "emit", "generate",
+           "layer_prefix", "prefill", "spec_step"]

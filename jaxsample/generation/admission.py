@@ -1,25 +1,47 @@
 """Host side of admission: a request checked against the loop's limits
-(``RequestRules``), and a batch of requests as the admission program's
-fixed-shape arrays (``admission_inputs``)."""
+(``RequestRules``), a batch of requests as the admission program's
+fixed-shape arrays (``admission_inputs``, ``slot_processors``) and a
+``bitmask_fn`` result as packed words (``pack_host_bitmask``)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from jaxsample.generation.requests import Request
+from jaxsample.generation.requests import ProcessorLimits, Request
 from jaxsample.params import SamplingParams, check_setting
+from jaxsample.processors import MAX_BIAS, LogitsProcessors, bitmask_width
 
-__all__ = ["SEED_LIMIT", "RequestRules", "admission_inputs"]
+__all__ = ["SEED_LIMIT", "RequestRules", "admission_inputs",
+           "pack_host_bitmask", "request_from_fields", "slot_processors"]
 
 SEED_LIMIT = 2**32
+_FIELDS = tuple(f.name for f in dataclasses.fields(Request))
 
 
 def _is_int(value) -> bool:
   return isinstance(value, (int, np.integer)) and not isinstance(
       value, (bool, np.bool_))
+
+
+def _is_real(value) -> bool:
+  return isinstance(value, (int, float, np.integer, np.floating)) and (
+      not isinstance(value, (bool, np.bool_))) and math.isfinite(value)
+
+
+def request_from_fields(fields: Mapping) -> Request:
+  """A ``Request`` from a mapping of its fields (a JSON body), or
+  ``ValueError`` naming the fields ``Request`` does not have."""
+  unknown = sorted(set(map(str, fields)) - set(_FIELDS))
+  if unknown:
+    raise ValueError(f"unknown request field(s) {unknown}; a Request has "
+                     f"{list(_FIELDS)}")
+  if "prompt" not in fields:
+    raise ValueError("prompt is required (a non-empty sequence of token ids)")
+  return Request(**fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +53,7 @@ class RequestRules:
   max_stop_tokens: int
   top_logprobs: int
   return_masks: bool
+  processors: ProcessorLimits | None = None
 
   def check_ids(self, name: str, ids: np.ndarray) -> None:
     """Raises ``ValueError`` naming ``name`` for an id outside ``[0, V)``."""
@@ -39,9 +62,11 @@ class RequestRules:
       raise ValueError(f"{name} has token id {int(bad[0])} outside the "
                        f"vocabulary [0, {self.vocab_size})")
 
-  def check(self, request: Request) -> int:
-    """Validates ``request`` (``ServeLoop.submit``'s rules) and returns its
-    budget: ``max_tokens`` capped so the sequence fits the cache."""
+  def check(self, request: Request) -> tuple[Request, int]:
+    """Validates ``request`` (``ServeLoop.submit``'s rules); returns it
+    canonical (id lists as sorted tuples, ``logit_bias`` as ``{int:
+    float}``) and its budget: ``max_tokens`` capped so the sequence fits
+    the cache."""
     prompt = np.asarray(request.prompt)
     if prompt.ndim != 1 or prompt.size == 0 or not (
         np.issubdtype(prompt.dtype, np.integer)):
@@ -74,7 +99,85 @@ class RequestRules:
       raise ValueError(f"top_logprobs must be an int in [0, "
                        f"{self.top_logprobs}] (the loop's top_logprobs); got "
                        f"{top!r}")
-    return min(int(budget), self.cache_len - prompt.size)
+    request = self._check_processors(request)
+    return request, min(int(budget), self.cache_len - prompt.size)
+
+  def _check_processors(self, request: Request) -> Request:
+    used = request.processors_used()
+    if not used:
+      return request
+    limits = self.processors
+    if limits is None:
+      raise ValueError(f"{used[0]} needs a ServeLoop built with "
+                       "processors=ProcessorLimits(...)")
+    changes = {}
+    for name in used:
+      value = getattr(request, name)
+      if name.endswith("_penalty"):
+        self._need(limits.penalties, name, "penalties=True")
+        if not _is_real(value) or (name == "repetition_penalty" and
+                                   value <= 0):
+          raise ValueError(f"{name} must be a finite number" + (
+              " > 0 (1 is off)" if name == "repetition_penalty" else
+              " (0 is off)") + f"; got {value!r}")
+      elif name == "logit_bias":
+        changes[name] = self._check_bias(value, limits.logit_bias)
+      elif name.endswith("_token_ids"):
+        changes[name] = self._check_id_list(name, value, getattr(limits, name))
+      elif name == "min_tokens":
+        self._need(limits.min_tokens, name, "min_tokens=True")
+        if not _is_int(value) or not 0 <= value <= request.max_tokens:
+          raise ValueError(f"min_tokens must be an int in [0, max_tokens = "
+                           f"{request.max_tokens}]; got {value!r}")
+      else:
+        self._need(limits.bitmask, name, "bitmask=True")
+        if not callable(value):
+          raise ValueError(f"bitmask_fn must be callable (generated ids -> "
+                           f"allowed ids); got {type(value).__name__}")
+    return dataclasses.replace(request, **changes)
+
+  @staticmethod
+  def _need(enabled, name: str, setting: str) -> None:
+    if not enabled:
+      raise ValueError(f"{name} needs a ServeLoop built with "
+                       f"processors=ProcessorLimits({setting})")
+
+  def _check_id_list(self, name: str, ids, limit: int) -> tuple[int, ...]:
+    self._need(limit, name, f"{name}=N")
+    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(
+        ids, (Sequence, np.ndarray)) or not all(map(_is_int, ids)):
+      raise ValueError(f"{name} must be a sequence of token ids; got {ids!r}")
+    if name == "allowed_token_ids" and len(ids) == 0:
+      raise ValueError("allowed_token_ids must list at least one id (None "
+                       "allows every id)")
+    unique = np.unique(np.asarray(ids, np.int64))
+    self.check_ids(name, unique)
+    if unique.size > limit:
+      raise ValueError(f"{name} has {unique.size} ids; this loop takes at "
+                       f"most {limit} (ProcessorLimits.{name})")
+    return tuple(unique.tolist())
+
+  def _check_bias(self, bias, limit: int) -> dict[int, float]:
+    self._need(limit, "logit_bias", "logit_bias=N")
+    if not isinstance(bias, Mapping):
+      raise ValueError(f"logit_bias must be a mapping {{token id: bias}}; got "
+                       f"{type(bias).__name__}")
+    pairs = {}
+    for key, value in bias.items():
+      token = int(key) if isinstance(key, str) and key.isdigit() else key
+      if not _is_int(token):
+        raise ValueError(f"logit_bias keys must be token ids; got {key!r}")
+      self.check_ids("logit_bias", np.asarray([token]))
+      if int(token) in pairs:
+        raise ValueError(f"logit_bias lists token id {int(token)} twice")
+      if not _is_real(value) or not abs(value) <= MAX_BIAS:
+        raise ValueError(f"logit_bias[{key!r}] = {value!r}; biases must be "
+                         f"numbers in [-{MAX_BIAS:g}, {MAX_BIAS:g}]")
+      pairs[int(token)] = float(value)
+    if len(pairs) > limit:
+      raise ValueError(f"logit_bias has {len(pairs)} entries; this loop takes "
+                       f"at most {limit} (ProcessorLimits.logit_bias)")
+    return pairs
 
 
 def admission_inputs(batch: Sequence[tuple[Request, int]], rows: int,
@@ -101,3 +204,82 @@ def admission_inputs(batch: Sequence[tuple[Request, int]], rows: int,
     stop_ids[row, :len(request.stop)] = request.stop
     budgets[row] = budget
   return (tokens, lengths, SamplingParams(**fields), keys, stop_ids, budgets)
+
+
+def slot_processors(limits: ProcessorLimits | None,
+                    requests: Sequence[Request], rows: int, *, history: int,
+                    stop_width: int, vocab_size: int,
+                    bitmasks: Sequence[np.ndarray | None] = ()
+                    ) -> LogitsProcessors | None:
+  """The ``LogitsProcessors`` (numpy ``[rows, ...]`` fields) of ``requests``
+  (checked) in the first rows and neutral padding after: the fields
+  ``limits`` enables, id tables of their fixed widths padded with -1, the
+  prompt and output histories ``history`` wide, ``bitmasks[row]`` packed
+  words (all ids allowed where None or missing).  None without ``limits``."""
+  if limits is None:
+    return None
+  table = lambda width: np.full((rows, width), -1, np.int32)
+  zeros = lambda dtype: np.zeros(rows, dtype)
+  fields = {}
+  if limits.penalties:
+    fields.update(repetition_penalty=np.ones(rows, np.float32),
+                  presence_penalty=zeros(np.float32),
+                  frequency_penalty=zeros(np.float32),
+                  prompt_ids=table(history), output_ids=table(history))
+  if limits.logit_bias:
+    fields.update(bias_ids=table(limits.logit_bias),
+                  bias_values=np.zeros((rows, limits.logit_bias), np.float32))
+  for name, field in (("allowed_token_ids", "allowed_ids"),
+                      ("banned_token_ids", "banned_ids")):
+    if getattr(limits, name):
+      fields[field] = table(getattr(limits, name))
+  if limits.min_tokens:
+    fields.update(min_tokens=zeros(np.int32), stop_ids=table(stop_width))
+  if limits.penalties or limits.min_tokens:
+    fields["num_output"] = zeros(np.int32)
+  if limits.bitmask:
+    fields["bitmask"] = np.full((rows, bitmask_width(vocab_size)), -1,
+                                np.int32)
+  for row, request in enumerate(requests):
+    if limits.penalties:
+      for name in ("repetition_penalty", "presence_penalty",
+                   "frequency_penalty"):
+        fields[name][row] = getattr(request, name)
+      fields["prompt_ids"][row, :len(request.prompt)] = request.prompt
+    if limits.logit_bias and request.logit_bias:
+      items = sorted(request.logit_bias.items())
+      fields["bias_ids"][row, :len(items)] = [i for i, _ in items]
+      fields["bias_values"][row, :len(items)] = [b for _, b in items]
+    for name, field in (("allowed_token_ids", "allowed_ids"),
+                        ("banned_token_ids", "banned_ids")):
+      ids = getattr(request, name)
+      if getattr(limits, name) and ids:
+        fields[field][row, :len(ids)] = ids
+    if limits.min_tokens:
+      fields["min_tokens"][row] = request.min_tokens
+      fields["stop_ids"][row, :len(request.stop)] = request.stop
+    if row < len(bitmasks) and bitmasks[row] is not None:
+      fields["bitmask"][row] = bitmasks[row]
+  return LogitsProcessors(**fields)
+
+
+def pack_host_bitmask(allowed, vocab_size: int) -> np.ndarray:
+  """``int32 [ceil(V / 32)]`` words of a ``bitmask_fn`` result: bool
+  ``[V]`` allowed ids, or packed words (``int32``/``uint32``, also as one
+  ``[1, W]`` row, xgrammar's buffer); bit ``j`` of word ``w`` allows id
+  ``32 w + j``.  Raises ``ValueError`` for anything else."""
+  value = np.asarray(allowed)
+  width = bitmask_width(vocab_size)
+  if value.ndim == 2 and value.shape[0] == 1:
+    value = value[0]
+  if value.dtype == bool and value.shape == (vocab_size,):
+    bits = np.zeros(32 * width, bool)
+    bits[:vocab_size] = value
+    return np.packbits(bits, bitorder="little").view("<u4").view(np.int32)
+  if value.dtype.kind in "iu" and value.shape == (width,):
+    words = value.astype(np.int64)
+    if np.all((words >= -2**31) & (words < 2**32)):
+      return (words & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+  raise ValueError(f"bitmask_fn must return bool [{vocab_size}] (allowed ids) "
+                   f"or int32 [{width}] packed words; got {value.dtype} "
+                   f"{list(value.shape)}")

@@ -1,13 +1,24 @@
 """What a ``ServeLoop`` takes and gives: ``Request``, ``StreamEvent``,
-``Completion`` and the ``Speculation`` setting (``docs/serving.md``)."""
+``Completion``, and the loop's ``Speculation`` and ``ProcessorLimits``
+settings (``docs/serving.md``)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["Completion", "Request", "Speculation", "StreamEvent"]
+__all__ = ["ERROR", "PROCESSOR_DEFAULTS", "Completion", "ProcessorLimits",
+           "Request", "Speculation", "StreamEvent"]
+
+ERROR = "error"
+"""The finish reason of a request whose ``bitmask_fn`` failed."""
+
+PROCESSOR_DEFAULTS = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
+                      "frequency_penalty": 0.0, "logit_bias": None,
+                      "allowed_token_ids": None, "banned_token_ids": (),
+                      "min_tokens": 0, "bitmask_fn": None}
+"""``Request``'s logits-processor fields and their values that mean off."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +32,18 @@ class Request:
   ``return_masks`` choose what the outputs carry (``top_logprobs`` up to the
   loop's ``top_logprobs``; masks need a loop built with
   ``return_masks=True``).
+
+  Logits processors (``jaxsample.processors``, vLLM/OpenAI semantics; a loop
+  built with ``processors=ProcessorLimits(...)``): ``repetition_penalty``
+  (> 0, 1 off; prompt and output tokens), ``presence_penalty`` and
+  ``frequency_penalty`` (0 off; output tokens), ``logit_bias`` (``{id:
+  bias}``, biases in ``[-100, 100]``; JSON's string ids are accepted),
+  ``allowed_token_ids`` (None: all), ``banned_token_ids`` (bad words as
+  ids), ``min_tokens`` (the ``stop`` ids are held back until the request has
+  that many tokens) and ``bitmask_fn``: called on the host before each of
+  the request's tokens with the ids generated so far, it returns the
+  allowed ids as bool ``[V]`` or packed ``int32 [ceil(V / 32)]`` words
+  (xgrammar's layout); a loop built with ``ProcessorLimits(bitmask=True)``.
   """
 
   prompt: Sequence[int]
@@ -35,6 +58,31 @@ class Request:
   top_logprobs: int = 0
   return_masks: bool = False
   request_id: Any = None
+  repetition_penalty: float = 1.0
+  presence_penalty: float = 0.0
+  frequency_penalty: float = 0.0
+  logit_bias: Mapping[int, float] | None = None
+  allowed_token_ids: Sequence[int] | None = None
+  banned_token_ids: Sequence[int] = ()
+  min_tokens: int = 0
+  bitmask_fn: Callable[[list[int]], Any] | None = None
+
+  def processors_used(self) -> list[str]:
+    """The processor fields set to something other than off."""
+    return [name for name, off in PROCESSOR_DEFAULTS.items()
+            if not _is_off(getattr(self, name), off)]
+
+
+def _is_off(value, off) -> bool:
+  """Whether a processor field's ``value`` means off: its default, an empty
+  ``logit_bias`` or an empty ``banned_token_ids``."""
+  if value is None:
+    return True
+  if off is None:
+    return isinstance(value, Mapping) and not value
+  if isinstance(off, tuple):
+    return len(value) == 0
+  return value == off
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +115,8 @@ class Completion:
   ``drafted`` / ``accepted`` count the draft tokens proposed for and accepted
   by the request's verification steps (0 without speculation);
   ``acceptance_rate`` is their ratio (None when nothing was drafted).
+  ``error`` says why a request finished with ``finish_reason`` ``"error"``
+  (its ``bitmask_fn`` raised or returned a wrong shape), else None.
   """
 
   request_id: Any
@@ -79,6 +129,7 @@ class Completion:
   finish_reason: str | None = None
   drafted: int = 0
   accepted: int = 0
+  error: str | None = None
 
   @property
   def acceptance_rate(self) -> float | None:
@@ -87,12 +138,14 @@ class Completion:
   def to_openai(self, tokenizer=None) -> dict:
     """An OpenAI-like choice: ``token_ids``, ``text`` (with a tokenizer that
     has ``decode``), ``logprobs``, ``sampling_mask``, ``logz`` (when asked),
-    ``finish_reason`` and ``usage`` (with speculation statistics)."""
+    ``error`` (when set), ``finish_reason`` and ``usage`` (with speculation
+    statistics)."""
     choice = {"id": self.request_id, "token_ids": list(self.token_ids),
               "finish_reason": self.finish_reason}
     if tokenizer is not None:
       choice["text"] = tokenizer.decode(self.token_ids)
-    for name in ("logprobs", "top_logprobs", "sampling_mask", "logz"):
+    for name in ("logprobs", "top_logprobs", "sampling_mask", "logz",
+                 "error"):
       if getattr(self, name) is not None:
         choice[name] = getattr(self, name)
     choice["usage"] = {"prompt_tokens": self.prompt_tokens,
@@ -116,3 +169,36 @@ class Speculation:
   drafter: Any
   draft_weights: Any = None
   synthetic_rates: Sequence[float] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessorLimits:
+  """Which logits processors a loop's requests may use, and the fixed widths
+  of their per-slot tables (every slot carries them, used or not, so the
+  programs compile once; a processor that is off costs nothing).
+
+  Attributes:
+    penalties: repetition, presence and frequency penalties (per slot: the
+      prompt and output ids, ``cache_len`` each).
+    logit_bias: most ``logit_bias`` entries per request (0: off).
+    allowed_token_ids: most allowed ids per request (0: off).
+    banned_token_ids: most banned ids per request (0: off).
+    min_tokens: ``min_tokens`` (holds back the request's ``stop`` ids).
+    bitmask: ``bitmask_fn`` grammar masks (plain decoding, one step per
+      call: the host computes each step's mask).
+  """
+
+  penalties: bool = True
+  logit_bias: int = 16
+  allowed_token_ids: int = 64
+  banned_token_ids: int = 16
+  min_tokens: bool = True
+  bitmask: bool = False
+
+  def __post_init__(self):
+    for name in ("logit_bias", "allowed_token_ids", "banned_token_ids"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"ProcessorLimits.{name} must be an int >= 0 (the "
+                         f"most ids per request; 0 turns it off); got "
+                         f"{value!r}")

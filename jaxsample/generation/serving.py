@@ -18,6 +18,14 @@ seed, parameters, budget and stop ids: plain decoding gives exactly
 ``generate``'s tokens for the same key (``seed`` ``s`` is the key
 ``jax.random.PRNGKey(s)``); speculative decoding gives the same tokens for
 greedy requests and the same distribution for sampled ones.
+
+Logits processors (``processors=ProcessorLimits(...)``): each slot carries
+its request's ``LogitsProcessors`` row (penalties, bias, allowed and banned
+ids, min tokens; fixed widths, neutral where unused) and its output history,
+which every emitted token extends, so a request gets exactly what the decode
+step gives it alone with those processors.  A request's ``bitmask_fn`` runs
+on the host before each of its tokens (before admission for the first);
+its words are the step's ``bitmask`` argument.
 """
 
 from __future__ import annotations
@@ -26,18 +34,21 @@ import collections
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxsample.generation import slot_programs
-from jaxsample.generation.admission import RequestRules, admission_inputs
+from jaxsample.generation.admission import (RequestRules, admission_inputs,
+                                            pack_host_bitmask,
+                                            request_from_fields,
+                                            slot_processors)
 from jaxsample.generation.generate import FINISH_REASONS, bucket
 from jaxsample.generation.lm import as_language_model
-from jaxsample.generation.requests import (Completion, Request, Speculation,
-                                           StreamEvent)
+from jaxsample.generation.requests import (ERROR, Completion, ProcessorLimits,
+                                           Request, Speculation, StreamEvent)
 from jaxsample.logprobs import MODES, check_num_top
 from jaxsample.params import SamplerConfig
 
@@ -48,7 +59,7 @@ MIN_PROMPT = 16
 
 @dataclasses.dataclass
 class _Active:
-  """Host bookkeeping of a request in a slot."""
+  """Host bookkeeping of a request, queued or in a slot."""
 
   request: Request
   budget: int
@@ -76,13 +87,16 @@ class ServeLoop:
       plain decoding only).
     logprobs_mode: the values ``top_logprobs`` report, one of
       ``jaxsample.logprobs.MODES`` (vLLM's ``logprobs_mode``).
+    processors: a ``ProcessorLimits`` (which logits processors requests may
+      use, the widths of their per-slot tables), or None (none).
   """
 
   def __init__(self, model, *, slots: int = 8, cache_len: int | None = None,
                config: SamplerConfig | None = None, return_masks: bool = False,
                max_stop_tokens: int = 4, admit_batch: int | None = None,
                steps_per_call: int = 1, speculation: Speculation | None = None,
-               top_logprobs: int = 0, logprobs_mode: str = "raw_logprobs"):
+               top_logprobs: int = 0, logprobs_mode: str = "raw_logprobs",
+               processors: ProcessorLimits | None = None):
     self.lm, self.weights = as_language_model(model)
     self.cache_len = cache_len or self.lm.max_len
     if not self.cache_len or self.cache_len < 2:
@@ -115,15 +129,18 @@ class ServeLoop:
       raise ValueError("top_logprobs needs plain decoding (speculation=None)")
     self._outputs = (self.return_masks, self.top_logprobs,
                      logprobs_mode if top_logprobs else None)
+    self.processors = self._check_limits(processors)
     self._rules = RequestRules(self.vocab_size, self.cache_len,
                                max_stop_tokens, self.top_logprobs,
-                               self.return_masks)
+                               self.return_masks, processors)
+    neutral = self._slot_processors([], slots)
+    self._open_bitmask = None if neutral is None else neutral.bitmask
     self._queue: collections.deque = collections.deque()
     self._active: list[_Active | None] = [None] * slots
     self._ids = itertools.count()
     self._state = slot_programs.empty_state(
         self.lm, self.weights, slots, max_stop_tokens, self._state_len,
-        self.drafter, self._draft_weights)
+        self.drafter, self._draft_weights, neutral)
     self.stats = collections.Counter()
     """Counts (``admit_calls``, ``step_calls``, ``tokens``, ``completed``,
     ``drafted``, ``accepted``) and seconds: ``device_s`` from each jitted
@@ -133,21 +150,31 @@ class ServeLoop:
 
   # -- requests ------------------------------------------------------------
 
-  def submit(self, request: Request,
+  def submit(self, request: Request | Mapping,
              callback: Callable[[StreamEvent], None] | None = None):
-    """Validates ``request`` and queues it; returns its id (``request_id``
-    or a fresh int).  ``callback`` gets each of its ``StreamEvent``s.
+    """Validates ``request`` (a ``Request`` or a mapping of its fields, as
+    a JSON body) and queues it; returns its id (``request_id`` or a fresh
+    int).  ``callback`` gets each of its ``StreamEvent``s.
 
     Raises:
-      ValueError: naming the field, for an empty prompt, a prompt of
-        ``cache_len`` tokens or more, ids outside the vocabulary, unknown or
-        too many stop ids, a bad budget or seed, invalid sampling settings,
-        or masks from a loop built without them.  Nothing in flight changes.
+      ValueError: naming the field, for an unknown field, an empty prompt,
+        a prompt of ``cache_len`` tokens or more, ids outside the
+        vocabulary, unknown or too many stop ids, a bad budget or seed,
+        invalid sampling settings, masks or processors the loop was not
+        built for, or a processor setting out of range or over the loop's
+        ``ProcessorLimits``.  Nothing in flight changes.
     """
-    budget = self._rules.check(request)
+    if isinstance(request, Mapping):
+      request = request_from_fields(request)
+    request, budget = self._rules.check(request)
     if request.request_id is None:
       request = dataclasses.replace(request, request_id=next(self._ids))
-    self._queue.append((request, budget, callback))
+    self._queue.append(_Active(request, budget, Completion(
+        request.request_id, len(request.prompt), [],
+        [] if request.logprobs else None,
+        [] if request.return_masks else None,
+        [] if request.return_masks else None,
+        [] if request.top_logprobs else None), callback))
     return request.request_id
 
   @property
@@ -162,10 +189,18 @@ class ServeLoop:
     events = []
     while self._queue and None in self._active:
       events += self._admit_some()
+    bitmask = self._open_bitmask
+    if bitmask is not None and any(a is not None for a in self._active):
+      masks, failed = self._grammar_masks(self._active)
+      events += failed
+      self._active = [None if a is not None and a.completion.error else a
+                      for a in self._active]
+      bitmask = np.stack([bitmask[0] if m is None else m for m in masks])
     if any(a is not None for a in self._active):
       out = self._timed(slot_programs.step, self.lm, self.drafter, self.config,
                         self._outputs, self.steps_per_call, self.weights,
-                        self._draft_weights, self._state, self._rates)
+                        self._draft_weights, self._state, self._rates,
+                        bitmask)
       events += self._collect(out, list(range(self.slots)))
       self.stats["step_calls"] += 1
     self.stats["busy_s"] += time.perf_counter() - start
@@ -200,7 +235,8 @@ class ServeLoop:
       width *= 2
     self._timed(slot_programs.step, self.lm, self.drafter, self.config,
                 self._outputs, self.steps_per_call, self.weights,
-                self._draft_weights, self._state, self._rates)
+                self._draft_weights, self._state, self._rates,
+                self._open_bitmask)
     self.stats.clear()
 
   # -- internals -----------------------------------------------------------
@@ -221,9 +257,56 @@ class ServeLoop:
     self.stats["device_s"] += time.perf_counter() - start
     return out
 
-  def _admission_inputs(self, batch, width: int):
-    return admission_inputs([(request, budget) for request, budget, _ in batch],
-                            self.admit_batch, width, self.max_stop_tokens)
+  def _check_limits(self, limits) -> ProcessorLimits | None:
+    if limits is None:
+      return None
+    if not isinstance(limits, ProcessorLimits):
+      raise ValueError(f"processors must be a ProcessorLimits or None; got "
+                       f"{type(limits).__name__}")
+    if limits.bitmask and self.speculation is not None:
+      raise ValueError("ProcessorLimits(bitmask=True) needs plain decoding "
+                       "(speculation=None): each drafted position would need "
+                       "its own grammar mask")
+    if limits.bitmask and self.steps_per_call != 1:
+      raise ValueError("ProcessorLimits(bitmask=True) needs steps_per_call=1 "
+                       "(the host computes every step's masks)")
+    return limits
+
+  def _slot_processors(self, requests, rows: int, bitmasks=()):
+    return slot_processors(self.processors, requests, rows,
+                           history=self.cache_len,
+                           stop_width=self.max_stop_tokens,
+                           vocab_size=self.vocab_size, bitmasks=bitmasks)
+
+  def _admission_inputs(self, batch: list[_Active], width: int,
+                        bitmasks=()):
+    requests = [a.request for a in batch]
+    return admission_inputs(
+        [(a.request, a.budget) for a in batch], self.admit_batch, width,
+        self.max_stop_tokens) + (
+            self._slot_processors(requests, self.admit_batch, bitmasks),)
+
+  def _grammar_masks(self, actives) -> tuple[list, list[StreamEvent]]:
+    """Each request's bitmask words for its next token (``bitmask_fn`` of
+    its tokens so far; None for None entries and requests without one).
+    A request whose ``bitmask_fn`` raises or returns a wrong shape ends
+    with finish reason ``ERROR`` (``Completion.error`` says why; the caller
+    frees it): the returned events are theirs."""
+    masks, events = [], []
+    for active in actives:
+      words = None
+      fn = None if active is None else active.request.bitmask_fn
+      if fn is not None:
+        try:
+          words = pack_host_bitmask(fn(list(active.completion.token_ids)),
+                                    self.vocab_size)
+        except Exception as error:  # pylint: disable=broad-exception-caught
+          # The request's own callback failed: it ends that request alone.
+          active.completion.error = (f"bitmask_fn failed: "
+                                     f"{type(error).__name__}: {error}")
+          events.append(self._end(active, ERROR))
+      masks.append(words)
+    return masks, events
 
   def _call_admit(self, slot_ids, inputs) -> slot_programs.Output:
     return self._timed(slot_programs.admit, self.lm, self.drafter, self.config,
@@ -234,22 +317,26 @@ class ServeLoop:
     free = [s for s, a in enumerate(self._active) if a is None]
     batch = [self._queue.popleft()
              for _ in range(min(len(free), self.admit_batch, len(self._queue)))]
-    width = min(bucket(max(len(r.prompt) for r, _, _ in batch), MIN_PROMPT),
+    masks, events = [], []
+    if self._open_bitmask is not None:
+      masks, events = self._grammar_masks(batch)
+      masks = [m for m, a in zip(masks, batch) if not a.completion.error]
+      batch = [a for a in batch if not a.completion.error]
+      if not batch:
+        return events
+    width = min(bucket(max(len(a.request.prompt) for a in batch), MIN_PROMPT),
                 self.cache_len)
     slot_ids = np.full(self.admit_batch, self.slots, np.int32)
     slot_ids[:len(batch)] = free[:len(batch)]
-    for (request, budget, callback), slot in zip(batch, free):
-      self._active[slot] = _Active(request, budget, Completion(
-          request.request_id, len(request.prompt), [],
-          [] if request.logprobs else None,
-          [] if request.return_masks else None,
-          [] if request.return_masks else None,
-          [] if request.top_logprobs else None), callback)
-    out = self._call_admit(slot_ids, self._admission_inputs(batch, width))
+    for active, slot in zip(batch, free):
+      self._active[slot] = active
+    out = self._call_admit(slot_ids,
+                           self._admission_inputs(batch, width, masks))
     self.stats["admit_calls"] += 1
-    return self._collect(out, free[:len(batch)])
+    return events + self._collect(out, free[:len(batch)])
 
-  def _collect(self, out: slot_programs.Output, slots: list[int]) -> list[StreamEvent]:
+  def _collect(self, out: slot_programs.Output,
+               slots: list[int]) -> list[StreamEvent]:
     """Events of the rows of ``out`` (row ``r`` is slot ``slots[r]``)."""
     want_masks = out.mask is not None and any(
         self._active[s] is not None and self._active[s].request.return_masks
@@ -318,14 +405,27 @@ class ServeLoop:
       event = dataclasses.replace(event, sampling_mask=masks, logz=logz)
     return event
 
-  def _finish(self, active: _Active) -> None:
+  def _finish(self, active: _Active, reason: str | None = None) -> None:
+    """Sets the request's finish reason: ``reason``, else ``generate``'s
+    rule for its last token."""
     done, request = active.completion, active.request
     ids = done.token_ids
-    if ids and ids[-1] in set(request.stop):
-      reason = 0
-    elif len(ids) >= active.budget:
-      reason = 1
-    else:
-      reason = 2
-    done.finish_reason = FINISH_REASONS[reason]
+    if reason is None:
+      if ids and ids[-1] in set(request.stop):
+        reason = FINISH_REASONS[0]
+      elif len(ids) >= active.budget:
+        reason = FINISH_REASONS[1]
+      else:
+        reason = FINISH_REASONS[2]
+    done.finish_reason = reason
     self.stats["completed"] += 1
+
+  def _end(self, active: _Active, reason: str) -> StreamEvent:
+    """Finishes a request outside a program's output (no new tokens): its
+    final event, also given to its callback."""
+    self._finish(active, reason)
+    event = StreamEvent(active.request.request_id, [], finish_reason=reason,
+                        completion=active.completion)
+    if active.callback is not None:
+      active.callback(event)
+    return event

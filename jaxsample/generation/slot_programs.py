@@ -9,6 +9,10 @@ builds it with every slot finished (free).
 * ``step``: ``steps`` decode (or speculative) steps of every slot in a
   ``lax.scan``.
 
+With logits processors every slot carries a ``LogitsProcessors`` row
+(``admission.slot_processors``: fixed widths, neutral where unused); the
+grammar ``bitmask`` rows of a step are the host's argument to ``step``.
+
 Both return the new state (the old one is donated) and an ``Output``.
 """
 
@@ -56,12 +60,14 @@ def scatter_rows(full, rows, slot_ids):
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(7,))
 def admit(lm, drafter, config, outputs, cache_len, weights, draft_weights,
-           state, slot_ids, tokens, lengths, params, keys, stop_ids, budgets):
+          state, slot_ids, tokens, lengths, params, keys, stop_ids, budgets,
+          processors):
   return_mask, num_top, mode = outputs
   prompts = DecodeState(
       tokens=tokens, positions=lengths - 1, keys=keys, params=params,
       finished=budgets <= 0, stop_tokens=stop_ids, remaining=budgets,
-      cache=lm.init_cache(weights, tokens.shape[0], cache_len))
+      cache=lm.init_cache(weights, tokens.shape[0], cache_len),
+      processors=processors)
   fresh, out = prefill(lm, weights, prompts, config=config,
                        return_mask=return_mask, num_top=num_top,
                        logprob_mode=mode)
@@ -79,15 +85,18 @@ def admit(lm, drafter, config, outputs, cache_len, weights, draft_weights,
   mask = None if out.mask is None else jax.tree.map(
       lambda a: a[None, None], out.mask)
   return state, Output(out.tokens[None, :, None], out.logprobs[None, :, None],
-                        out.valid.astype(jnp.int32)[None], zeros, zeros,
-                        (fresh.decode if drafter else fresh).finished, mask,
-                        jax.tree.map(lambda a: a[None], out.top))
+                       out.valid.astype(jnp.int32)[None], zeros, zeros,
+                       (fresh.decode if drafter else fresh).finished, mask,
+                       jax.tree.map(lambda a: a[None], out.top))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(7,))
 def step(lm, drafter, config, outputs, steps, weights, draft_weights,
-          state, synthetic_rates):
+         state, synthetic_rates, bitmask):
   return_mask, num_top, mode = outputs
+  if bitmask is not None:  # plain decoding, one step: this step's masks
+    state = dataclasses.replace(state, processors=dataclasses.replace(
+        state.processors, bitmask=bitmask))
 
   def one(state, _):
     if drafter is None:
@@ -109,13 +118,14 @@ def step(lm, drafter, config, outputs, steps, weights, draft_weights,
       jax.lax.scan(one, state, None, length=steps))
   finished = (state if drafter is None else state.decode).finished
   return state, Output(tokens, logprobs, count, drafted, accepted, finished,
-                        mask, top)
+                       mask, top)
 
 
 def empty_state(lm, weights, slots: int, max_stop_tokens: int, length: int,
-                drafter=None, draft_weights=None):
+                drafter=None, draft_weights=None, processors=None):
   """The state of ``slots`` free (finished) slots with caches of ``length``
-  positions; a ``SpecState`` with a ``drafter``."""
+  positions and the given neutral ``processors`` rows (or None); a
+  ``SpecState`` with a ``drafter``."""
   state = DecodeState(
       tokens=jnp.zeros((slots,), jnp.int32),
       positions=jnp.zeros((slots,), jnp.int32),
@@ -124,7 +134,8 @@ def empty_state(lm, weights, slots: int, max_stop_tokens: int, length: int,
       finished=jnp.ones((slots,), bool),
       stop_tokens=jnp.full((slots, max_stop_tokens), -1, jnp.int32),
       remaining=jnp.zeros((slots,), jnp.int32),
-      cache=lm.init_cache(weights, slots, length))
+      cache=lm.init_cache(weights, slots, length),
+      processors=jax.tree.map(jnp.asarray, processors))
   if drafter is None:
     return state
   return SpecState(state, jnp.zeros((slots, length), jnp.int32),
