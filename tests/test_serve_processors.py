@@ -1,11 +1,12 @@
 """Per-request logits processors in ``ServeLoop``: a request with penalties,
-a logit bias, allowed/banned ids, min tokens or a ``bitmask_fn`` gets exactly
-the tokens and logprobs of the decode step serving it alone (processors from
+a logit bias, allowed/banned ids, min tokens or a ``bitmask_fn`` gets the
+tokens and logprobs of the decode step serving it alone (processors from
 ``LogitsProcessors.make``, the grammar packed by ``pack_bitmask``); a
-neighbour without processors is bit-identical to a loop without them; the
-speculative loop emits the plain greedy tokens; bad input is refused at
-``submit`` without disturbing requests in flight.  One tiny model, V = 32,
-two slots (five requests queue and reuse slots)."""
+neighbour without processors is bit-identical to itself served beside
+requests without processors; the speculative loop emits the plain greedy
+tokens; bad input is refused at ``submit`` without disturbing requests in
+flight.  One tiny model, V = 32, two slots (requests queue and reuse
+slots)."""
 
 from __future__ import annotations
 
@@ -36,11 +37,6 @@ LIMITS = ProcessorLimits(logit_bias=4, allowed_token_ids=8, banned_token_ids=4,
 @pytest.fixture(scope="module")
 def model():
   return tiny_transformer(seed=0, vocab=VOCAB, max_len=CACHE, layers=1)
-
-
-@pytest.fixture(scope="module")
-def plain_loop(model):
-  return ServeLoop(model, slots=SLOTS, cache_len=CACHE, config=CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -165,12 +161,17 @@ BASE = [Request(prompt=[3, 1, 4, 1, 5], max_tokens=10, seed=11, request_id="a"),
 
 
 @pytest.fixture(scope="module")
-def served(model, plain_loop, loop):
-  """The requests without processors on the plain loop, then with them
-  (built from what the plain run emitted, so each processor binds) and two
-  failing grammars on the processors' loop: ``(base, requests, done,
-  calls)``, completions by id, the ids each ``Recorder`` got by id."""
-  base = {c.request_id: c for c in plain_loop.run(BASE)}
+def served(loop):
+  """The requests without processors, then with them (built from what the
+  first run emitted, so each processor binds; one neighbour without) and
+  two failing grammars: ``(base, requests, done, calls)``, completions by
+  id, the ids each ``Recorder`` got by id."""
+  with jax.default_matmul_precision("highest"):  # as the tests (GPU)
+    return _served(loop)
+
+
+def _served(loop):
+  base = {c.request_id: c for c in loop.run(BASE)}
   a, b = base["a"].token_ids, base["b"].token_ids
   requests = [
       dataclasses.replace(  # bans the first two tokens it sampled
@@ -195,9 +196,13 @@ def served(model, plain_loop, loop):
   return base, requests, done, calls
 
 
-def test_processed_requests_match_the_decode_step_alone(model, served):
+@pytest.fixture(scope="module")
+def solo(model):
+  return SoloDecoder(model)
+
+
+def test_processed_requests_match_the_decode_step_alone(solo, served):
   _, requests, done, _ = served
-  solo = SoloDecoder(model)
   for r in requests[:5]:
     tokens, logprobs, reason = solo(r)
     assert done[r.request_id].token_ids == tokens, r.request_id
@@ -236,26 +241,22 @@ def test_a_failing_bitmask_fn_ends_its_request_alone(served):
   assert later.to_openai()["error"] == later.error
 
 
-def test_speculative_loop_emits_the_plain_greedy_tokens(model, served):
+def test_speculative_loop_emits_the_plain_greedy_tokens(model, solo, served):
   """Greedy processed requests (every processor but the grammar) through
-  the n-gram speculative loop: the tokens of the plain loop, with drafts
-  accepted."""
+  the n-gram speculative loop: each request's plain greedy tokens alone,
+  with drafts accepted."""
   _, requests, _, _ = served
   greedy = [dataclasses.replace(r, temperature=0.0, bitmask_fn=None)
             for r in requests[:5]]
-  plain = ServeLoop(model, slots=SLOTS, cache_len=CACHE, config=CONFIG,
-                    processors=dataclasses.replace(LIMITS, bitmask=False))
   spec = ServeLoop(model, slots=SLOTS, cache_len=CACHE, config=CONFIG,
                    processors=dataclasses.replace(LIMITS, bitmask=False),
                    speculation=Speculation(NgramDrafter(2)))
-  want = plain.run(greedy)
   got = spec.run(greedy)
-  assert [c.token_ids for c in got] == [c.token_ids for c in want]
+  assert [c.token_ids for c in got] == [solo(r)[0] for r in greedy]
   assert sum(c.accepted for c in got) > 0
 
 
-def test_bad_processor_input_is_refused_at_submit(model, plain_loop, loop,
-                                                  served):
+def test_bad_processor_input_is_refused_at_submit(model, loop, served):
   _, requests, done, _ = served
   good = requests[0]
   loop.submit(good)
@@ -283,7 +284,8 @@ def test_bad_processor_input_is_refused_at_submit(model, plain_loop, loop,
     loop.submit({"prompt": [1], "temprature": 0.5})
   with pytest.raises(ValueError, match="presence_penalty needs a ServeLoop "
                      "built with processors="):
-    plain_loop.submit(Request(prompt=[1], presence_penalty=0.5))
+    ServeLoop(model, slots=SLOTS, cache_len=CACHE).submit(
+        Request(prompt=[1], presence_penalty=0.5))
   with pytest.raises(ValueError, match="bitmask_fn needs .*bitmask=True"):
     ServeLoop(model, slots=SLOTS, cache_len=CACHE, config=CONFIG,
               processors=ProcessorLimits()).submit(
