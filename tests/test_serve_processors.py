@@ -11,6 +11,7 @@ slots)."""
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,7 @@ from jaxsample.processors import pack_bitmask
 from jaxsample.serve_loop import (DecodeState, NgramDrafter, ProcessorLimits,
                                   Request, ServeLoop, Speculation,
                                   decode_step, prefill)
+from test_serving import CompileCounter
 from toy_lm import tiny_transformer
 
 # Batch-shape independent logits on a GPU (``conftest.full_precision``).
@@ -46,8 +48,9 @@ def loop(model):
 
 
 class Recorder:
-  """A ``bitmask_fn`` that records the ids it is called with; ``rule(ids)``
-  gives the allowed ids as bool ``[V]`` or, with ``packed``, as words."""
+  """A ``bitmask_fn`` that records the ids it is called with; ``rule(n)``
+  gives the allowed ids after ``n`` tokens as bool ``[V]`` or, with
+  ``packed``, as the one word of V = 32 (bit ``i`` allows id ``i``)."""
 
   def __init__(self, rule, packed=False):
     self.rule, self.packed, self.calls = rule, packed, []
@@ -57,7 +60,8 @@ class Recorder:
     allowed = self.rule(len(ids))
     if not self.packed:
       return allowed
-    return np.asarray(pack_bitmask(allowed[None]))
+    word = sum(1 << int(i) for i in np.flatnonzero(allowed))
+    return np.array([word], np.uint32).view(np.int32)
 
 
 def every_third_banned(n):  # depends on the position: checks the ids given
@@ -83,11 +87,11 @@ class SoloDecoder:
   from ``LogitsProcessors.make`` (id tables padded to fixed widths), its
   grammar mask from ``pack_bitmask`` before each token."""
 
-  def __init__(self, model):
+  def __init__(self, model, config=CONFIG):
     lm, weights = model
     self.lm, self.weights = lm, weights
-    self.prefill = jax.jit(lambda s: prefill(lm, weights, s, config=CONFIG))
-    self.step = jax.jit(lambda s: decode_step(lm, weights, s, config=CONFIG))
+    self.prefill = jax.jit(lambda s: prefill(lm, weights, s, config=config))
+    self.step = jax.jit(lambda s: decode_step(lm, weights, s, config=config))
 
   def __call__(self, r: Request):
     prompt, stop = list(r.prompt), list(r.stop)
@@ -164,8 +168,9 @@ BASE = [Request(prompt=[3, 1, 4, 1, 5], max_tokens=10, seed=11, request_id="a"),
 def served(loop):
   """The requests without processors, then with them (built from what the
   first run emitted, so each processor binds; one neighbour without) and
-  two failing grammars: ``(base, requests, done, calls)``, completions by
-  id, the ids each ``Recorder`` got by id."""
+  two failing grammars: ``base`` and ``done`` completions by id,
+  ``requests``, ``calls`` (the ids each ``Recorder`` got, by id) and
+  ``compiles`` (XLA compilations in the second run)."""
   with jax.default_matmul_precision("highest"):  # as the tests (GPU)
     return _served(loop)
 
@@ -190,10 +195,12 @@ def _served(loop):
               bitmask_fn=failing_at(2)),
       Request(prompt=[4], seed=2, request_id="fails first",
               bitmask_fn=lambda ids: np.ones(VOCAB + 1, bool))]
-  done = {c.request_id: c for c in loop.run(requests)}
+  with CompileCounter() as compiles:
+    done = {c.request_id: c for c in loop.run(requests)}
   calls = {r.request_id: list(r.bitmask_fn.calls) for r in requests
            if isinstance(r.bitmask_fn, Recorder)}
-  return base, requests, done, calls
+  return types.SimpleNamespace(base=base, requests=requests, done=done,
+                               calls=calls, compiles=compiles.count)
 
 
 @pytest.fixture(scope="module")
@@ -201,8 +208,8 @@ def solo(model):
   return SoloDecoder(model)
 
 
-def test_processed_requests_match_the_decode_step_alone(solo, served):
-  _, requests, done, _ = served
+def assert_solo(solo, served):
+  requests, done = served.requests, served.done
   for r in requests[:5]:
     tokens, logprobs, reason = solo(r)
     assert done[r.request_id].token_ids == tokens, r.request_id
@@ -212,8 +219,28 @@ def test_processed_requests_match_the_decode_step_alone(solo, served):
                                rtol=1e-6, atol=1e-7, err_msg=r.request_id)
 
 
+def test_processed_requests_match_the_decode_step_alone(solo, served):
+  assert_solo(solo, served)
+
+
+@pytest.mark.gpu
+def test_kernels_serve_processed_requests_as_the_decode_step_alone(model):
+  """The same on the Pallas kernels (the processed rows reach them)."""
+  config = js.SamplerConfig(implementation="pallas")
+  loop = ServeLoop(model, slots=SLOTS, cache_len=CACHE, config=config,
+                   processors=LIMITS)
+  served = _served(loop)
+  assert_solo(SoloDecoder(model, config), served)
+  assert served.done["fails later"].finish_reason == "error"
+
+
 def test_processors_bind_and_a_neighbour_without_them_is_unaffected(served):
-  base, requests, done, calls = served
+  """Each processor changes its request's tokens and holds (banned ids,
+  min tokens, the grammar, allowed ids); the neighbour's tokens and
+  logprobs are those it had beside requests without processors; nothing
+  compiled for the processors."""
+  assert served.compiles == 0
+  base, requests, done = served.base, served.requests, served.done
   neighbour = done["d"]
   assert neighbour.token_ids == base["d"].token_ids
   assert neighbour.logprobs == base["d"].logprobs  # bit for bit
@@ -227,13 +254,14 @@ def test_processors_bind_and_a_neighbour_without_them_is_unaffected(served):
   assert not set(b.token_ids[:3]) & set(requests[1].stop)
   for r in (requests[2], requests[4]):
     tokens = done[r.request_id].token_ids
-    assert calls[r.request_id] == [tokens[:i] for i in range(len(tokens))]
+    assert served.calls[r.request_id] == [tokens[:i]
+                                          for i in range(len(tokens))]
     assert all(r.bitmask_fn.rule(i)[t] for i, t in enumerate(tokens))
   assert set(done["c"].token_ids) <= set(requests[2].allowed_token_ids)
 
 
 def test_a_failing_bitmask_fn_ends_its_request_alone(served):
-  _, _, done, _ = served
+  done = served.done
   later, first = done["fails later"], done["fails first"]
   assert later.finish_reason == first.finish_reason == "error"
   assert len(later.token_ids) == 2 and "grammar broke" in later.error
@@ -245,7 +273,7 @@ def test_speculative_loop_emits_the_plain_greedy_tokens(model, solo, served):
   """Greedy processed requests (every processor but the grammar) through
   the n-gram speculative loop: each request's plain greedy tokens alone,
   with drafts accepted."""
-  _, requests, _, _ = served
+  requests = served.requests
   greedy = [dataclasses.replace(r, temperature=0.0, bitmask_fn=None)
             for r in requests[:5]]
   spec = ServeLoop(model, slots=SLOTS, cache_len=CACHE, config=CONFIG,
@@ -257,7 +285,7 @@ def test_speculative_loop_emits_the_plain_greedy_tokens(model, solo, served):
 
 
 def test_bad_processor_input_is_refused_at_submit(model, loop, served):
-  _, requests, done, _ = served
+  requests, done = served.requests, served.done
   good = requests[0]
   loop.submit(good)
   loop.step()
