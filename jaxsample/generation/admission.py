@@ -276,6 +276,8 @@ def pack_host_bitmask(allowed, vocab_size: int) -> np.ndarray:
     bits = np.zeros(32 * width, bool)
     bits[:vocab_size] = value
     return np.packbits(bits, bitorder="little").view("<u4").view(np.int32)
+  if value.dtype in (np.int32, np.uint32) and value.shape == (width,):
+    return value.view(np.int32)
   if value.dtype.kind in "iu" and value.shape == (width,):
     words = value.astype(np.int64)
     if np.all((words >= -2**31) & (words < 2**32)):
