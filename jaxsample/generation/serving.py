@@ -134,6 +134,8 @@ class ServeLoop:
                                max_stop_tokens, self.top_logprobs,
                                self.return_masks, processors)
     neutral = self._slot_processors([], slots)
+    # All ids allowed, [slots, W] (None without grammar masks): the rows of
+    # slots without a bitmask_fn.
     self._open_bitmask = None if neutral is None else neutral.bitmask
     self._queue: collections.deque = collections.deque()
     self._active: list[_Active | None] = [None] * slots
@@ -166,6 +168,9 @@ class ServeLoop:
     """
     if isinstance(request, Mapping):
       request = request_from_fields(request)
+    if not isinstance(request, Request):
+      raise ValueError(f"request must be a Request or a mapping of its "
+                       f"fields; got {type(request).__name__}")
     request, budget = self._rules.check(request)
     if request.request_id is None:
       request = dataclasses.replace(request, request_id=next(self._ids))
