@@ -128,6 +128,18 @@ def slow_case(*values, id=None):
 IMPLEMENTATIONS_SLOW_KERNELS = ("xla", slow_case("pallas", id="pallas"))
 
 
+# ``GENERATORS`` for kernel-only tests with the threefry case ``slow``, and
+# ``(impl, gen)`` pairs with the kernels' threefry case ``slow``: the
+# kernels' threefry noise is pinned to the reference by the default parity
+# cases of test_sample and test_rng.
+GENERATORS_SLOW_THREEFRY = ("philox", slow_case("threefry", id="threefry"))
+IMPLEMENTATIONS_BY_GENERATOR = (
+    pytest.param("xla", "philox", id="xla-philox"),
+    pytest.param("xla", "threefry", id="xla-threefry"),
+    pytest.param("pallas", "philox", id="pallas-philox"),
+    slow_case("pallas", "threefry", id="pallas-threefry"))
+
+
 def on_gpu(*values, id=None):
   """A parametrization case that runs on a GPU only (marked ``gpu``): the
   shapes and models interpret mode is too slow for.  Tests with such cases
