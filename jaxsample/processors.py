@@ -51,7 +51,7 @@ import numpy as np
 
 __all__ = ["MAX_BIAS", "LogitsProcessors", "apply_processors",
            "apply_to_slots", "bitmask_allows", "bitmask_width", "maybe_apply",
-           "pack_bitmask", "slot_rows"]
+           "pack_bitmask", "require_processors", "slot_rows"]
 
 MAX_BIAS = 100.0
 """Biases are clipped to ``[-MAX_BIAS, MAX_BIAS]`` (OpenAI's range)."""
@@ -133,9 +133,10 @@ class LogitsProcessors:
     return any(getattr(self, name) is not None for name in
                ("repetition_penalty", "presence_penalty", "frequency_penalty"))
 
-  def check(self, batch_size: int, vocab_size: int) -> None:
+  def check(self, batch_size: int, vocab_size: int | None) -> None:
     """Raises ``ValueError`` naming the field for shapes that do not fit
-    ``[B, V]`` logits or missing partners (static checks; jit-safe)."""
+    ``[B, V]`` logits or missing partners (static checks; jit-safe;
+    ``vocab_size`` None: the bitmask's width is not checked)."""
     for name in _ROW_FIELDS + _ID_FIELDS + ("bias_values", "bitmask"):
       value = getattr(self, name)
       if value is None:
@@ -168,8 +169,8 @@ class LogitsProcessors:
       raise ValueError("LogitsProcessors.min_tokens needs num_output (or "
                        "output_ids) to count the tokens generated; "
                        "LogitsProcessors.make sets it")
-    if self.bitmask is not None and np.shape(self.bitmask)[1] != bitmask_width(
-        vocab_size):
+    if self.bitmask is not None and vocab_size is not None and np.shape(
+        self.bitmask)[1] != bitmask_width(vocab_size):
       raise ValueError(
           f"LogitsProcessors.bitmask has {np.shape(self.bitmask)[1]} words per "
           f"row; V = {vocab_size} needs ceil(V / 32) = "
@@ -397,16 +398,21 @@ def _penalize(z: jax.Array, p: LogitsProcessors, batch: int,
   return z
 
 
+def require_processors(processors) -> None:
+  """Raises ``ValueError`` unless ``processors`` is ``LogitsProcessors``."""
+  if not isinstance(processors, LogitsProcessors):
+    raise ValueError(f"processors must be LogitsProcessors or None; got "
+                     f"{type(processors).__name__} (e.g. "
+                     "LogitsProcessors.make(B, repetition_penalty=1.1))")
+
+
 def maybe_apply(logits: jax.Array, processors: LogitsProcessors | None
                 ) -> jax.Array:
   """``logits`` as is without processors, else ``apply_processors``: the
   hook of ``sample``, ``extract_sampling_mask`` and ``rejection_sample``."""
   if processors is None:
     return logits
-  if not isinstance(processors, LogitsProcessors):
-    raise ValueError(f"processors must be LogitsProcessors or None; got "
-                     f"{type(processors).__name__} (e.g. "
-                     "LogitsProcessors.make(B, repetition_penalty=1.1))")
+  require_processors(processors)
   logits = jnp.asarray(logits)
   if logits.ndim != 2:
     raise ValueError(f"logits must be [B, V]; got shape {logits.shape}")

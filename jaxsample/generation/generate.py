@@ -9,11 +9,14 @@ Bucket policy (shapes are static, so each bucket compiles once):
 * new tokens: the output buffers have ``max(16, next_pow2(N_max))`` columns
   for ``N_max = max(max_new_tokens)``;
 * stop tokens: ``max(4, next_pow2(most stop ids of a request))`` per slot;
+* processors' id lists (bias, allowed, banned and min-tokens stop ids):
+  ``max(4, next_pow2(longest list))`` columns each;
 * cache: ``cache_len`` positions (default: the model's ``max_len``) whatever
   the prompts, so decode steps have one shape.
 
-Sampling parameters, keys, prompt contents and lengths, budgets and stop ids
-are traced: changing them never recompiles.  A request's tokens depend only
+Sampling parameters, keys, prompt contents and lengths, budgets, stop ids and
+processor values are traced: changing them never recompiles (which processor
+fields are present is static: the program specializes on them).  A request's tokens depend only
 on its prompt, key, parameters, budget and stop ids, not on its slot, the
 other requests or the buckets (``tests/test_serve_loop.py`` checks this).
 """
@@ -33,10 +36,11 @@ from jaxsample.generation.step import (DecodeState, StepOutput, decode_step,
                                        prefill, raw_keys)
 from jaxsample.mask import SamplingMask
 from jaxsample.params import SamplerConfig, SamplingParams
+from jaxsample.processors import LogitsProcessors, require_processors
 
 __all__ = ["Generation", "bucket", "generate"]
 
-MIN_SLOTS, MIN_PROMPT, MIN_NEW, MIN_STOPS = 8, 16, 16, 4
+MIN_SLOTS, MIN_PROMPT, MIN_NEW, MIN_STOPS, MIN_IDS = 8, 16, 16, 4, 4
 FINISH_REASONS = ("stop", "length", "invalid")
 
 
@@ -97,8 +101,8 @@ class Generation:
 def generate(model, prompts: Sequence[Sequence[int]], *,
              params: SamplingParams, keys, max_new_tokens,
              stop_tokens=None, config: SamplerConfig | None = None,
-             return_masks: bool = False, cache_len: int | None = None
-             ) -> Generation:
+             return_masks: bool = False, cache_len: int | None = None,
+             processors: LogitsProcessors | None = None) -> Generation:
   """Generates up to ``max_new_tokens`` tokens for each prompt.
 
   Args:
@@ -114,10 +118,23 @@ def generate(model, prompts: Sequence[Sequence[int]], *,
     config: static ``SamplerConfig`` (backend, RNG, mask width).
     return_masks: also return per-token sampling masks.
     cache_len: KV cache positions (default: the model's ``max_len``).
+    processors: per-request ``LogitsProcessors`` of batch size ``B``
+      (``LogitsProcessors.make``; ``docs/processing.md``) applied before
+      sampling at every step, or None.  The loop feeds the history: the
+      prompts for the repetition penalty, the generated tokens for all
+      penalties and ``min_tokens`` (leave ``prompt_ids`` and
+      ``output_ids`` None).  ``min_tokens`` holds back the processors'
+      ``stop_ids`` (usually the same ids as ``stop_tokens``).  A
+      ``bitmask`` is static (the same every step); a grammar that changes
+      per token needs ``ServeLoop``'s ``bitmask_fn``.  Rows with neutral
+      values (``make``'s defaults) are sampled exactly as without
+      processors.
 
   Raises:
     ValueError: naming the argument, for an empty prompt, a prompt that does
-      not fit the cache, ids outside the vocabulary, or mismatched sizes.
+      not fit the cache, ids outside the vocabulary, or mismatched sizes;
+      naming the ``LogitsProcessors`` field for processors of the wrong
+      batch size, shape or dtype, or carrying a history.
   """
   lm, weights = as_language_model(model)
   batch = len(prompts)
@@ -162,9 +179,12 @@ def generate(model, prompts: Sequence[Sequence[int]], *,
   padded_params = SamplingParams(*(pad(f, 0) for f in (
       params.temperature, params.top_k, params.top_p, params.min_p)))
   key_data = pad(raw_keys(keys, batch), 0)
+  slot_lengths = pad(lengths, 1).astype(np.int32)
+  processors = _loop_processors(processors, batch, lm.vocab_size, tokens,
+                                slot_lengths, steps)
   result = _generate(lm, config, return_masks, cache_len, steps, weights,
-                     tokens, pad(lengths, 1).astype(np.int32), padded_params,
-                     key_data, stop_ids, pad(budgets, 0).astype(np.int32))
+                     tokens, slot_lengths, padded_params, key_data, stop_ids,
+                     pad(budgets, 0).astype(np.int32), processors)
   masks = (None if result.masks is None else
            jax.tree.map(lambda a: a[:, :batch], result.masks))
   return Generation(result.tokens[:batch], result.logprobs[:batch],
@@ -184,15 +204,70 @@ def _stop_lists(stop_tokens, batch: int) -> list[list[int]]:
   return [list(map(int, s)) for s in stop_tokens]
 
 
+# The neutral value of each field (padding rows and columns): it changes
+# nothing (``jaxsample.processors``: ids -1 are ignored, all bits allow).
+_NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
+            "frequency_penalty": 0.0, "bias_values": 0.0, "min_tokens": 0,
+            "bias_ids": -1, "allowed_ids": -1, "banned_ids": -1,
+            "stop_ids": -1, "bitmask": -1}
+_ID_LISTS = ("bias_ids", "bias_values", "allowed_ids", "banned_ids",
+             "stop_ids")
+
+
+def _loop_processors(processors: LogitsProcessors | None, batch: int,
+                     vocab_size: int | None, tokens: np.ndarray,
+                     lengths: np.ndarray, steps: int
+                     ) -> LogitsProcessors | None:
+  """``processors`` checked and padded to the loop's shapes: ``tokens.shape
+  [0]`` rows (the padding neutral), id lists ``bucket(width, MIN_IDS)``
+  wide, plus the histories the loop feeds: ``prompt_ids`` from ``tokens``
+  (repetition penalty), ``output_ids`` ``steps`` wide (penalties) and
+  ``num_output`` (penalties, min tokens)."""
+  if processors is None:
+    return None
+  require_processors(processors)
+  processors.check(batch, vocab_size)
+  if processors.prompt_ids is not None:
+    raise ValueError("LogitsProcessors.prompt_ids must be None: generate "
+                     "feeds the prompts to the repetition penalty")
+  for name, empty in (("output_ids", -1), ("num_output", 0)):
+    history = getattr(processors, name)
+    if history is not None and np.any(np.asarray(history) != empty):
+      raise ValueError(f"LogitsProcessors.{name} must be None (or empty): "
+                       "generate counts the tokens it generates")
+  slots = tokens.shape[0]
+  fields = {}
+  for name, fill in _NEUTRAL.items():
+    value = getattr(processors, name)
+    if value is None:
+      continue
+    value = np.asarray(value).astype(np.float32 if isinstance(fill, float)
+                                     else np.int32)
+    widths = [(0, slots - batch)]
+    if name in _ID_LISTS:
+      widths.append((0, bucket(value.shape[1], MIN_IDS) - value.shape[1]))
+    elif value.ndim == 2:  # the bitmask: ceil(V / 32) words
+      widths.append((0, 0))
+    fields[name] = np.pad(value, widths, constant_values=fill)
+  if processors.repetition_penalty is not None:
+    columns = np.arange(tokens.shape[1])
+    fields["prompt_ids"] = np.where(columns < lengths[:, None], tokens, -1)
+  if processors.penalizes:
+    fields["output_ids"] = np.full((slots, steps), -1, np.int32)
+  if processors.penalizes or processors.min_tokens is not None:
+    fields["num_output"] = np.zeros(slots, np.int32)
+  return LogitsProcessors(**fields)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
 def _generate(lm: LanguageModel, config, return_masks: bool, cache_len: int,
               steps: int, weights, tokens, lengths, params, keys, stop_ids,
-              budgets) -> Generation:
+              budgets, processors) -> Generation:
   cache = lm.init_cache(weights, tokens.shape[0], cache_len)
   state = DecodeState(
       tokens=tokens, positions=lengths - 1, keys=keys, params=params,
       finished=budgets <= 0, stop_tokens=stop_ids, remaining=budgets,
-      cache=cache)
+      cache=cache, processors=processors)
   state, first = prefill(lm, weights, state, config=config,
                          return_mask=return_masks)
 
