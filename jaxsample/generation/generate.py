@@ -16,9 +16,10 @@ Bucket policy (shapes are static, so each bucket compiles once):
 
 Sampling parameters, keys, prompt contents and lengths, budgets, stop ids and
 processor values are traced: changing them never recompiles (which processor
-fields are present is static: the program specializes on them).  A request's tokens depend only
-on its prompt, key, parameters, budget and stop ids, not on its slot, the
-other requests or the buckets (``tests/test_serve_loop.py`` checks this).
+fields are present is static: the program specializes on them).  A request's
+tokens depend only on its prompt, key, parameters, budget, stop ids and
+processors, not on its slot, the other requests or the buckets
+(``tests/test_serve_loop.py``, ``tests/test_generate_processors.py``).
 """
 
 from __future__ import annotations
