@@ -1,9 +1,9 @@
-"""``generate(..., processors=)``: the tokens (and logprobs to rounding) of a
-``prefill`` + ``decode_step`` loop with the same processors and keys; a request without
-processors is bit-identical to the batch without processors; banned ids and
-a static bitmask hold; ``min_tokens`` holds the stop ids back; one compile
-whichever requests use which processors; bad processors raise naming the
-field.  One tiny model, V = 32, four requests (eight slots)."""
+"""``generate(..., processors=)``: the tokens (and logprobs to rounding) of
+a ``prefill`` + ``decode_step`` loop with the same processors and keys; a
+request without processors is bit-identical to the batch without processors;
+banned ids and a static bitmask hold; ``min_tokens`` holds the stop ids back;
+one compile whichever requests use which processors; bad processors raise
+naming the field.  One tiny model, V = 32, four requests (eight slots)."""
 
 from __future__ import annotations
 
