@@ -14,6 +14,7 @@ import numpy as np
 
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, rng, spec
+from jaxsample.pallas.tuning import RaceLaunch, Tuning
 
 from conftest import FP32_EPS, closing_over, without_truncation
 
@@ -162,6 +163,43 @@ def kept_set_batch(vocab):
 
 
 # ---------------------------------------------------------------------------
+# The public sampler: logits, temperatures, launches and result checks.
+# ---------------------------------------------------------------------------
+
+
+SAMPLE_SHAPE = (5, 4096)  # the sampler tests' workhorse shape (shared compiles)
+
+
+def race(**launch) -> Tuning:
+  """A tuning override of the Gumbel race's launch (``tuning.RaceLaunch``)."""
+  return Tuning(gumbel=RaceLaunch(**launch))
+
+
+def random_logits(seed, batch, vocab, scale=2.0, dtype=jnp.float32):
+  r = np.random.default_rng(seed)
+  return jnp.asarray(r.standard_normal((batch, vocab)) * scale,
+                     jnp.float32).astype(dtype)
+
+
+def random_temps(seed, batch, lo=0.4, hi=1.8):
+  return np.random.default_rng(seed + 1000).uniform(lo, hi, batch).astype(np.float32)
+
+
+def assert_same_result(a, b):
+  """Tokens and validity bit-identical, logprobs within 1e-5."""
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_array_equal(a.valid, b.valid)
+  np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+
+
+def assert_result_types(out, batch, vocab):
+  assert out.tokens.shape == (batch,) and out.tokens.dtype == np.int32
+  assert out.logprobs.shape == (batch,) and out.logprobs.dtype == np.float32
+  assert out.valid.shape == (batch,) and out.valid.dtype == np.bool_
+  assert np.all((out.tokens >= 0) & (out.tokens < vocab))
+
+
+# ---------------------------------------------------------------------------
 # Sampling masks.
 # ---------------------------------------------------------------------------
 
@@ -182,6 +220,28 @@ def extract(logits, params, **config_kw):
   config_kw.setdefault("implementation", "xla")
   return to_np(_extract(jnp.asarray(logits), params,
                         config=SamplerConfig(**config_kw)))
+
+
+sample_masked = jax.jit(functools.partial(jaxsample.sample, return_mask=True),
+                        static_argnames=("config",))
+
+
+def sample_with_mask(logits, params, key, *, impl, positions=None, **config_kw):
+  """``sample(..., return_mask=True)``, jitted; kernel runs of batches without
+  filters close over the params (``conftest.closing_over``)."""
+  config = SamplerConfig(implementation=impl, **config_kw)
+  if impl == "pallas" and without_truncation(params, np.shape(logits)[1]):
+    fn = closing_over(params, lambda p: lambda x, k, pos: jaxsample.sample(
+        x, p, k, positions=pos, return_mask=True, config=config), config)
+    return to_np(fn(jnp.asarray(logits), key, positions))
+  return to_np(sample_masked(jnp.asarray(logits), params, key,
+                             positions=positions, config=config))
+
+
+def oracle_order(y, kept):
+  """Kept ids by descending ``y``, smallest id first among equal values."""
+  order = np.lexsort((np.arange(len(y)), -np.asarray(y, np.float64)))
+  return order[kept[order]]
 
 
 def assert_masks_equal(a, b, *, exact_floats=True):
