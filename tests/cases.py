@@ -14,9 +14,10 @@ import numpy as np
 
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, rng, spec
+from jaxsample.pallas import threshold
 from jaxsample.pallas.tuning import RaceLaunch, Tuning
 
-from conftest import FP32_EPS, closing_over, without_truncation
+from conftest import FP32_EPS, closing_over, oracle_keep, without_truncation
 
 
 # ---------------------------------------------------------------------------
@@ -200,6 +201,27 @@ def assert_result_types(out, batch, vocab):
 
 
 # ---------------------------------------------------------------------------
+# The truncation kernels, jitted.
+# ---------------------------------------------------------------------------
+
+
+@functools.cache
+def _truncated_sampler(config):
+  """One jitted ``sample_truncated`` per config: params and streams are
+  arguments, so calls of one shape compile once."""
+  return jax.jit(functools.partial(threshold.sample_truncated, config=config))
+
+
+def truncate(x, params, config=SamplerConfig(), key=jax.random.key(0)):
+  batch, vocab = x.shape
+  canon = params.canonical(vocab)
+  streams, _ = rng.row_streams(key, None, batch, vocab)
+  return jax.tree.map(np.asarray, _truncated_sampler(config)(
+      jnp.asarray(x), canon, streams))
+
+
+
+# ---------------------------------------------------------------------------
 # Sampling masks.
 # ---------------------------------------------------------------------------
 
@@ -356,6 +378,38 @@ def assert_same(a, b):
   np.testing.assert_array_equal(a.tokens, b.tokens)
   np.testing.assert_array_equal(a.num_accepted, b.num_accepted)
   np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+
+
+# For tests of the definition whose kernel-path cases test_spec_kernels.py's
+# parity tests pin bit for bit (greedy rows, synthetic rates 0 and 1, k = 1,
+# bf16, batch keys, clamping): on CPU they run the reference alone, as a
+# kernel-path compile in interpret mode (threshold kernels included) costs
+# ~30 s.
+REFERENCE_ONLY = ("xla",)
+
+
+def probs_np(x, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+  """Processed distribution of one row (float64 oracle; point mass if greedy)."""
+  x = np.asarray(x, np.float32)
+  if temperature == 0:
+    return np.eye(x.size)[np.argmax(x)]
+  y = (x / np.float32(temperature)).astype(np.float32)
+  o = oracle_keep(y, top_k, top_p, min_p)
+  assert not o.near_boundary
+  return o.probs(y)
+
+
+def assert_padding(out, num_accepted):
+  """``num_accepted`` as given; emitted slots hold tokens, the rest -1 / 0."""
+  pad = np.arange(out.tokens.shape[1])[None] > num_accepted[:, None]
+  np.testing.assert_array_equal(out.num_accepted, num_accepted)
+  assert np.all(out.tokens[pad] == -1) and np.all(out.tokens[~pad] >= 0)
+  assert np.all(out.logprobs[pad] == 0)
+
+
+def slot(m, i):
+  """Slot ``i`` of a mask with a token axis: a mask of ``[B, ...]`` fields."""
+  return jax.tree.map(lambda a: a[i], m)
 
 
 def keys(n, seed=0):
