@@ -14,8 +14,10 @@ import numpy as np
 
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, rng, spec
+from jaxsample.pallas import threshold
+from jaxsample.pallas.tuning import RaceLaunch, Tuning
 
-from conftest import FP32_EPS, closing_over, without_truncation
+from conftest import FP32_EPS, closing_over, oracle_keep, without_truncation
 
 
 # ---------------------------------------------------------------------------
@@ -162,6 +164,64 @@ def kept_set_batch(vocab):
 
 
 # ---------------------------------------------------------------------------
+# The public sampler: logits, temperatures, launches and result checks.
+# ---------------------------------------------------------------------------
+
+
+SAMPLE_SHAPE = (5, 4096)  # the sampler tests' workhorse shape (shared compiles)
+
+
+def race(**launch) -> Tuning:
+  """A tuning override of the Gumbel race's launch (``tuning.RaceLaunch``)."""
+  return Tuning(gumbel=RaceLaunch(**launch))
+
+
+def random_logits(seed, batch, vocab, scale=2.0, dtype=jnp.float32):
+  r = np.random.default_rng(seed)
+  return jnp.asarray(r.standard_normal((batch, vocab)) * scale,
+                     jnp.float32).astype(dtype)
+
+
+def random_temps(seed, batch, lo=0.4, hi=1.8):
+  return np.random.default_rng(seed + 1000).uniform(lo, hi, batch).astype(np.float32)
+
+
+def assert_same_result(a, b):
+  """Tokens and validity bit-identical, logprobs within 1e-5."""
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_array_equal(a.valid, b.valid)
+  np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+
+
+def assert_result_types(out, batch, vocab):
+  assert out.tokens.shape == (batch,) and out.tokens.dtype == np.int32
+  assert out.logprobs.shape == (batch,) and out.logprobs.dtype == np.float32
+  assert out.valid.shape == (batch,) and out.valid.dtype == np.bool_
+  assert np.all((out.tokens >= 0) & (out.tokens < vocab))
+
+
+# ---------------------------------------------------------------------------
+# The truncation kernels, jitted.
+# ---------------------------------------------------------------------------
+
+
+@functools.cache
+def _truncated_sampler(config):
+  """One jitted ``sample_truncated`` per config: params and streams are
+  arguments, so calls of one shape compile once."""
+  return jax.jit(functools.partial(threshold.sample_truncated, config=config))
+
+
+def truncate(x, params, config=SamplerConfig(), key=jax.random.key(0)):
+  batch, vocab = x.shape
+  canon = params.canonical(vocab)
+  streams, _ = rng.row_streams(key, None, batch, vocab)
+  return jax.tree.map(np.asarray, _truncated_sampler(config)(
+      jnp.asarray(x), canon, streams))
+
+
+
+# ---------------------------------------------------------------------------
 # Sampling masks.
 # ---------------------------------------------------------------------------
 
@@ -182,6 +242,28 @@ def extract(logits, params, **config_kw):
   config_kw.setdefault("implementation", "xla")
   return to_np(_extract(jnp.asarray(logits), params,
                         config=SamplerConfig(**config_kw)))
+
+
+sample_masked = jax.jit(functools.partial(jaxsample.sample, return_mask=True),
+                        static_argnames=("config",))
+
+
+def sample_with_mask(logits, params, key, *, impl, positions=None, **config_kw):
+  """``sample(..., return_mask=True)``, jitted; kernel runs of batches without
+  filters close over the params (``conftest.closing_over``)."""
+  config = SamplerConfig(implementation=impl, **config_kw)
+  if impl == "pallas" and without_truncation(params, np.shape(logits)[1]):
+    fn = closing_over(params, lambda p: lambda x, k, pos: jaxsample.sample(
+        x, p, k, positions=pos, return_mask=True, config=config), config)
+    return to_np(fn(jnp.asarray(logits), key, positions))
+  return to_np(sample_masked(jnp.asarray(logits), params, key,
+                             positions=positions, config=config))
+
+
+def oracle_order(y, kept):
+  """Kept ids by descending ``y``, smallest id first among equal values."""
+  order = np.lexsort((np.arange(len(y)), -np.asarray(y, np.float64)))
+  return order[kept[order]]
 
 
 def assert_masks_equal(a, b, *, exact_floats=True):
@@ -296,6 +378,38 @@ def assert_same(a, b):
   np.testing.assert_array_equal(a.tokens, b.tokens)
   np.testing.assert_array_equal(a.num_accepted, b.num_accepted)
   np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+
+
+# For tests of the definition whose kernel-path cases test_spec_kernels.py's
+# parity tests pin bit for bit (greedy rows, synthetic rates 0 and 1, k = 1,
+# bf16, batch keys, clamping): on CPU they run the reference alone, as a
+# kernel-path compile in interpret mode (threshold kernels included) costs
+# ~30 s.
+REFERENCE_ONLY = ("xla",)
+
+
+def probs_np(x, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+  """Processed distribution of one row (float64 oracle; point mass if greedy)."""
+  x = np.asarray(x, np.float32)
+  if temperature == 0:
+    return np.eye(x.size)[np.argmax(x)]
+  y = (x / np.float32(temperature)).astype(np.float32)
+  o = oracle_keep(y, top_k, top_p, min_p)
+  assert not o.near_boundary
+  return o.probs(y)
+
+
+def assert_padding(out, num_accepted):
+  """``num_accepted`` as given; emitted slots hold tokens, the rest -1 / 0."""
+  pad = np.arange(out.tokens.shape[1])[None] > num_accepted[:, None]
+  np.testing.assert_array_equal(out.num_accepted, num_accepted)
+  assert np.all(out.tokens[pad] == -1) and np.all(out.tokens[~pad] >= 0)
+  assert np.all(out.logprobs[pad] == 0)
+
+
+def slot(m, i):
+  """Slot ``i`` of a mask with a token axis: a mask of ``[B, ...]`` fields."""
+  return jax.tree.map(lambda a: a[i], m)
 
 
 def keys(n, seed=0):

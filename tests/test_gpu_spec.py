@@ -65,7 +65,7 @@ def random_case(seed, batch, k, *, with_draft, scale=2.0):
          "f32-draft-threefry"])
 def test_edge_cases_match_reference(dtype, with_draft, gen):
   """All accepted, first rejected, zero residual, invalid target / draft
-  rows, -inf entries, greedy rows (``test_spec.edge_case_batch``)."""
+  rows, -inf entries, greedy rows (``cases.edge_case_batch``)."""
   args, kw = cast(*edge_case_batch(90, 40, 3, VOCAB, with_draft=with_draft),
                   dtype)
   out = both(*args, gen=gen, **kw)

@@ -3,8 +3,8 @@
 select and candidate kernels on the device and compare tokens, kept sets and
 masks with the XLA reference.  The checks that also run in interpret mode
 (kept sets, masks, low-precision logits, masses, the logit floor) are one
-body each in ``test_threshold``, ``test_mask`` and ``test_truncated_sampling``,
-with GPU-marked cases at V = 151936."""
+body each in ``test_threshold``, ``test_mask_kernels`` and
+``test_truncated_sampling``, with GPU-marked cases at V = 151936."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ def workload(request, which: str, seed: int):
   ``requests`` on the tiny model, or the demo's prompts and settings on the
   embedded one (40 tokens; ``atol`` for logprobs: the GPU's sums differ
   more; ``masks``: whether to compare masks too, on the GPU, where they are
-  cheap; interpret mode checks the kernels' masks in ``test_mask``)."""
+  cheap; interpret mode checks the kernels' masks in ``test_mask_kernels``)."""
   if which == "tiny":
     return (request.getfixturevalue("model"), *requests(6, seed), 1e-5, False)
   model, tokenizer = request.getfixturevalue("embedded")

@@ -1,6 +1,7 @@
 """jaxsample.spec.rejection_sample: speculative sampling (spec.py docstring),
 on both backends (``implementation="xla"`` and ``"pallas"``; on CPU the fused
-kernels of ``jaxsample.pallas.spec`` run in interpret mode).
+kernels of ``jaxsample.pallas.spec`` run in interpret mode): the theorem,
+the synthetic mode's rates, the random layout and the masks.
 
 Statistics: the token emitted at slot ``i`` (given the request reached ``i``)
 is distributed as the processed target distribution (numpy float64 oracle of
@@ -9,6 +10,8 @@ Bit-level checks pin the random layout: the bonus / fallback draw is
 ``jaxsample.sample``'s with the noise keys, the acceptance uniform is the
 documented stream's, the residual draw is Gumbel-max on the residual.
 
+Edge cases (padding, zero-probability drafts, invalid rows, k = 0, empty
+batches, dtypes, keys, FP64) and API errors: test_spec_edges.py.
 Kernel coverage: test_spec_kernels.py compares the kernels with the reference
 on fresh random inputs (edge cases, truncation, splits, dtypes, generators,
 FP64) and lowers every kernel variant for an abstract H100 (Triton IR, no GPU
@@ -32,45 +35,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jaxsample
-from conftest import (IMPLEMENTATIONS, IMPLEMENTATIONS_SLOW_KERNELS,
-                      assert_chi2_fits, make_params, oracle_keep, run_sample,
-                      slow_case)
+from conftest import assert_chi2_fits, run_sample, slow_case
 from jaxsample import SamplerConfig, SamplingParams, rng, spec
 
-from cases import (PALLAS_SLICE, B, K, V, assert_mask_types,
-                   assert_masks_equal, assert_same, extract, keys, logits,
-                   mask_kept, rebuilt_logprob, run, tempered)
-
-# Tests of the definition whose kernel-path cases the parity tests below pin
-# bit for bit (greedy rows, synthetic rates 0 and 1, k = 1, bf16, batch keys,
-# clamping): on CPU they run the reference alone, as a kernel-path compile
-# in interpret mode (threshold kernels included) costs ~30 s.
-REFERENCE_ONLY = ("xla",)
-
-
-def probs_np(x, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
-  """Processed distribution of one row (float64 oracle; point mass if greedy)."""
-  x = np.asarray(x, np.float32)
-  if temperature == 0:
-    return np.eye(x.size)[np.argmax(x)]
-  y = (x / np.float32(temperature)).astype(np.float32)
-  o = oracle_keep(y, top_k, top_p, min_p)
-  assert not o.near_boundary
-  return o.probs(y)
+from cases import (PALLAS_SLICE, REFERENCE_ONLY, B, K, V, assert_mask_types,
+                   assert_masks_equal, assert_padding, assert_same, extract,
+                   keys, logits, mask_kept, probs_np, rebuilt_logprob, run,
+                   slot, tempered)
 
 
 def assert_rate(hits, n, p, sigmas=4.0):
   """Binomial check: ``hits`` of ``n`` trials at probability ``p``."""
   assert abs(hits / n - p) <= sigmas * math.sqrt(p * (1 - p) / n), (hits, n, p)
 
-
-def assert_padding(out, num_accepted):
-  """``num_accepted`` as given; emitted slots hold tokens, the rest -1 / 0."""
-  pad = np.arange(out.tokens.shape[1])[None] > num_accepted[:, None]
-  np.testing.assert_array_equal(out.num_accepted, num_accepted)
-  assert np.all(out.tokens[pad] == -1) and np.all(out.tokens[~pad] >= 0)
-  assert np.all(out.logprobs[pad] == 0)
 
 
 # ---------------------------------------------------------------------------
@@ -389,11 +366,6 @@ def masked(request):
   return mode, impl, target, params, out, m
 
 
-def slot(m, i):
-  """Slot ``i`` of a mask with a token axis: a mask of ``[B, ...]`` fields."""
-  return jax.tree.map(lambda a: a[i], m)
-
-
 def test_slot_masks_are_the_target_rows_masks(masked):
   """Slot i of request b: ``extract_sampling_mask(target[:, i])``'s row b
   while emitted (i <= num_accepted[b]), blank after."""
@@ -457,282 +429,3 @@ def test_to_json_keeps_the_emitted_tokens(masked):
       m.to_json(num_tokens=bad)
   with pytest.raises(ValueError, match="token axis"):
     slot(m, 0).to_json(num_tokens=num_tokens)
-
-
-# ---------------------------------------------------------------------------
-# Edge cases.
-# ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("impl", REFERENCE_ONLY)
-def test_k1_equals_longer_k_with_padding(impl):
-  """Slots >= num_draft are padding: their tokens and logits change nothing."""
-  r = np.random.default_rng(12)
-  target = logits(12, B, K + 1, V)
-  draft = logits(13, B, K, V)
-  drafts = r.integers(0, V, (B, K))
-  n = r.integers(0, 2, B)
-  params = SamplingParams.make(B, temperature=[0.0, 0.9, 1.0, 1.3] * (B // 4))
-  ks = keys(B, 8)
-  short = run(target[:, :2], drafts[:, :1], n, params, ks,
-              draft_logits=draft[:, :1], impl=impl)
-  target[:, 2:] = np.nan  # garbage padding
-  drafts[:, 1:] = -5
-  long = run(target, drafts, n, params, ks, draft_logits=draft, impl=impl)
-  assert short.tokens.shape == (B, 2)
-  assert 0 < short.num_accepted.sum() < n.sum()
-  assert_same(jax.tree.map(lambda a: a[:, :2] if a.ndim == 2 else a, long),
-              short)
-  assert np.all(long.tokens[:, 2:] == -1)
-
-
-@pytest.mark.parametrize("zero,impl", [
-    *((zero, "xla") for zero in ("target", "draft", "one_hot_target")),
-    ("target", "pallas"), slow_case("draft", "pallas"),
-    slow_case("one_hot_target", "pallas")])
-def test_drafts_with_zero_probability_are_rejected(zero, impl):
-  """q_t(d) = 0 (by -inf or by top-k) or q_d(d) = 0: always rejected.
-  Pallas: by -inf only (no filter, so the kernels run)."""
-  r = np.random.default_rng(13)
-  target = logits(13, B, K + 1, V)
-  draft = logits(14, B, K, V)
-  drafts = r.integers(0, V, (B, K))
-  rows = np.arange(B)
-  x = draft if zero == "draft" else target
-  top_k = 4 if impl == "xla" else 0
-  x[rows[::2], 0, drafts[::2, 0]] = -np.inf
-  x[rows[1::2], 0, drafts[1::2, 0]] = -50.0 if top_k else -np.inf
-  out = run(target, drafts, np.full(B, K), SamplingParams.make(B, top_k=top_k),
-            keys(B), draft_logits=None if zero == "one_hot_target" else draft,
-            impl=impl)
-  assert_padding(out, np.zeros(B, int))
-  if zero != "draft":
-    assert np.all(out.tokens[:, 0] != drafts[:, 0])
-  for b in range(B):
-    pt = probs_np(target[b, 0], top_k=top_k)
-    assert out.logprobs[b, 0] == pytest.approx(
-        math.log(pt[out.tokens[b, 0]]), abs=2e-5)
-
-
-def test_zero_residual_falls_back_to_the_target():
-  """q_t == q_d and d outside the kept set: rejected, zero residual, so the
-  emitted token is the plain sample of the target row (kernels:
-  test_kernel_edge_cases_match_the_reference)."""
-  target = logits(14, B, K + 1, V)
-  drafts = np.argsort(target[:, :K], axis=-1)[..., 0]  # the least likely
-  params = SamplingParams.make(B, temperature=0.8, top_k=3)
-  ks = keys(B, 9)
-  out = run(target, drafts, np.full(B, K), params, ks,
-            draft_logits=target[:, :K])
-  assert_padding(out, np.zeros(B, int))
-  noise_keys, _ = spec.stream_keys(ks, B)
-  want = run_sample(jnp.asarray(target[:, 0]), params, noise_keys,
-                    positions=jnp.zeros(B, jnp.int32))
-  np.testing.assert_array_equal(out.tokens[:, 0], want.tokens)
-  np.testing.assert_allclose(out.logprobs[:, 0], want.logprobs, rtol=1e-5,
-                             atol=1e-5)
-
-
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_invalid_rows(impl):
-  base = np.linspace(-1, 1, V, dtype=np.float32)
-  target = np.tile(base, (B, K + 1, 1))
-  drafts = np.full((B, K), 3)
-  draft = np.tile(base, (B, K, 1))
-  target[0, 1, 5] = np.nan  # slot 0 accepted (q_t == q_d), slot 1 invalid
-  target[1, 0] = -np.inf  # greedy row without a finite logit at slot 0
-  target[2, 0] = -np.inf  # invalid draft row: one-hot fallback, and ...
-  target[2, 0, 3] = 0.0  # ... q_t(d) = 1: always accepted
-  draft[2, 0] = np.nan
-  target[3, 0, 6] = np.inf  # invalid slot 0 of a sampled row
-  target[4, 2] = np.nan  # invalid beyond the stop: no effect
-  target[4, 0, 3] = -np.inf
-  target[5, 0, 3] = np.nan  # greedy: d is the invalid row's argmax, rejected
-  temps = np.ones(B)
-  temps[[1, 5]] = 0.0
-  params = SamplingParams.make(B, temperature=temps)
-  out = run(target, drafts, np.full(B, K), params, keys(B), draft_logits=draft,
-            impl=impl)
-  np.testing.assert_array_equal(out.tokens[0, :3], [3, 5, -1])
-  assert out.num_accepted[0] == 1 and out.logprobs[0, 1] == -np.inf
-  np.testing.assert_array_equal(out.tokens[1], [0, -1, -1, -1])
-  assert out.logprobs[1, 0] == -np.inf
-  assert out.num_accepted[2] == K and out.logprobs[2, 0] == 0
-  np.testing.assert_array_equal(out.tokens[3], [6, -1, -1, -1])
-  assert out.logprobs[3, 0] == -np.inf
-  assert out.num_accepted[4] == 0 and np.isfinite(out.logprobs[4, 0])
-  target[4, 2] = base
-  again = run(target, drafts, np.full(B, K), params, keys(B),
-              draft_logits=draft, impl=impl)
-  np.testing.assert_array_equal(again.tokens[4], out.tokens[4])
-  np.testing.assert_array_equal(out.tokens[5], [3, -1, -1, -1])
-  assert out.logprobs[5, 0] == -np.inf
-  np.testing.assert_array_equal(out.num_accepted[6:], K)  # untouched rows
-
-
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_k0_is_plain_sampling(impl):
-  target = logits(22, B, 1, V)
-  params = SamplingParams.make(B, temperature=[0.0, 0.8] * (B // 2),
-                               top_k=5)
-  ks = keys(B, 13)
-  out = run(target, np.zeros((B, 0)), np.zeros(B), params, ks, impl=impl)
-  assert out.tokens.shape == (B, 1)
-  noise_keys, _ = spec.stream_keys(ks, B)
-  want = run_sample(jnp.asarray(target[:, 0]), params, noise_keys,
-                    positions=jnp.zeros(B, jnp.int32))
-  np.testing.assert_array_equal(out.tokens[:, 0], want.tokens)
-  np.testing.assert_array_equal(out.num_accepted, 0)
-
-
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_empty_batch(impl):
-  for key in (jax.random.key(0), keys(0)):
-    out, m = spec.rejection_sample(
-        jnp.zeros((0, 3, 8)), jnp.zeros((0, 2), jnp.int32),
-        jnp.zeros((0,), jnp.int32), SamplingParams.make(0), key,
-        draft_logits=jnp.zeros((0, 2, 8)), return_mask=True,
-        config=SamplerConfig(implementation=impl, max_mask_ids=5))
-    assert out.tokens.shape == (0, 3) and out.tokens.dtype == jnp.int32
-    assert out.num_accepted.shape == (0,)
-    assert out.logprobs.shape == (0, 3) and out.logprobs.dtype == jnp.float32
-    for i in range(3):
-      assert_mask_types(slot(m, i), 0, 5)
-    assert m.to_json() == [] and m.to_json(num_tokens=np.zeros(0, int)) == []
-
-
-@pytest.mark.parametrize("impl", REFERENCE_ONLY)
-def test_bf16_logits_equal_their_fp32_upcast(impl):
-  r = np.random.default_rng(15)
-  target = jnp.asarray(logits(15, B, K + 1, V, scale=3.0), jnp.bfloat16)
-  draft = jnp.asarray(logits(16, B, K, V, scale=3.0), jnp.bfloat16)
-  drafts = r.integers(0, V, (B, K))
-  params = SamplingParams.make(B, temperature=[0.0, 0.7, 1.0, 1.5] * (B // 4),
-                               top_k=[0, 5] * (B // 2))
-  n = r.integers(0, K + 1, B)
-  low = run(target, drafts, n, params, keys(B), draft_logits=draft, impl=impl)
-  high = run(target.astype(jnp.float32), drafts, n, params, keys(B),
-             draft_logits=draft.astype(jnp.float32), impl=impl)
-  assert_same(low, high)
-  assert 0 < low.num_accepted.sum() < n.sum()
-
-
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS_SLOW_KERNELS)
-def test_batch_invariance_with_per_request_keys(impl):
-  r = np.random.default_rng(16)
-  target = logits(16, B, K + 1, V, scale=2.0)
-  draft = target[:, :K] + logits(17, B, K, V)
-  drafts = np.argmax(draft, -1)
-  n = r.integers(0, K + 1, B)
-  pos = r.integers(0, 10**6, B)
-  params = make_params(B, temperature=r.choice([0.0, 0.6, 1.0], B),
-                       top_k=r.choice([0, 4], B),
-                       top_p=r.choice([1.0, 0.7], B))
-  ks = keys(B, 10)
-
-  def sub(idx):
-    return run(target[idx], drafts[idx], n[idx],
-               jax.tree.map(lambda a: a[idx], params), ks[idx],
-               draft_logits=draft[idx], positions=pos[idx], impl=impl)
-
-  full = sub(np.arange(B))
-  assert 0 < full.num_accepted.sum() < n.sum()
-  perm = r.permutation(B)
-  assert_same(jax.tree.map(lambda a: a[perm], full), sub(perm))
-  for b in (0, 5, 11):
-    assert_same(jax.tree.map(lambda a: a[[b]], full), sub(np.array([b])))
-
-
-def test_stream_keys_are_fold_ins():
-  ks = keys(5, 21)
-  fold = lambda k, i: jax.random.key_data(jax.random.fold_in(k, i))
-  for got, i in zip(spec.stream_keys(ks, 5), (0, 1)):
-    np.testing.assert_array_equal(got, [fold(k, i) for k in ks])
-  key = jax.random.key(22)
-  noise, accept = spec.stream_keys(jax.random.key_data(key), 5)
-  for b in range(5):
-    request = jax.random.fold_in(key, b)
-    np.testing.assert_array_equal(noise[b], fold(request, 0))
-    np.testing.assert_array_equal(accept[b], fold(request, 1))
-
-
-@pytest.mark.parametrize("impl", REFERENCE_ONLY)
-def test_batch_key_is_fold_in_per_request_and_raw_equals_typed(impl):
-  r = np.random.default_rng(17)
-  target = logits(17, B, K + 1, V)
-  drafts = r.integers(0, V, (B, K))
-  args = (target, drafts, np.full(B, K), SamplingParams.make(B))
-  kw = dict(draft_logits=target[:, :K] + 0.5 * logits(18, B, K, V), impl=impl)
-  key = jax.random.key(18)
-  one = run(*args, key, **kw)
-  per = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(B))
-  assert_same(one, run(*args, per, **kw))
-  if impl == "xla":  # key handling precedes the dispatch to the kernels
-    assert_same(one, run(*args, jax.random.key_data(per), **kw))
-    assert_same(one, run(*args, jax.random.key_data(key), **kw))
-
-
-@pytest.mark.parametrize("impl", REFERENCE_ONLY)
-def test_jit_equals_eager_and_clamps_out_of_range(impl):
-  r = np.random.default_rng(19)
-  target = logits(19, B, K + 1, V)
-  drafts = r.integers(0, V, (B, K))
-  n = r.integers(0, K + 1, B)
-  params = SamplingParams.make(B, temperature=[0.0, 1.0] * (B // 2))
-  kw = dict(draft_logits=logits(20, B, K, V), impl=impl)
-  eager = run(target, drafts, n, params, keys(B), jit=False, **kw)  # zero positions
-  assert_same(eager, run(target, drafts, n, params, keys(B), **kw))
-  wild_n = np.where(n == K, 99, np.where(n == 0, -3, n))
-  wild_d = np.where(drafts == 0, -7, np.where(drafts == V - 1, 10**6, drafts))
-  assert (drafts == 0).any() and (drafts == V - 1).any()
-  assert_same(eager, run(target, wild_d, wild_n, params, keys(B), **kw))
-
-
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS_SLOW_KERNELS)
-def test_fp64_gumbel_bonus_is_the_fp64_plain_sample(impl):
-  target = logits(21, 8, 2, 64)
-  params = SamplingParams.make(8, temperature=0.9)
-  ks = keys(8, 12)
-  out = run(target, np.zeros((8, 1)), np.zeros(8), params, ks, jit=False,
-            use_fp64_gumbel=True, impl=impl)
-  noise_keys, _ = spec.stream_keys(ks, 8)
-  want = run_sample(jnp.asarray(target[:, 0]), params, noise_keys, fp64=True,
-                    jit=False, positions=jnp.zeros(8, jnp.int32))
-  np.testing.assert_array_equal(out.tokens[:, 0], want.tokens)
-
-
-def _bad(**over):
-  b, k, v = 2, 3, 8
-  args = dict(target_logits=jnp.zeros((b, k + 1, v)),
-              draft_tokens=jnp.zeros((b, k), jnp.int32),
-              num_draft=jnp.full((b,), k, jnp.int32),
-              params=SamplingParams.make(b), key=jax.random.key(0))
-  args.update(over)
-  return args
-
-
-@pytest.mark.parametrize("over,match", [
-    (dict(target_logits=jnp.zeros((2, 8))), "target_logits"),
-    (dict(target_logits=jnp.zeros((2, 4, 8), jnp.int32)), "floating"),
-    (dict(target_logits=jnp.zeros((2, 4, 0))), "vocabulary"),
-    (dict(draft_tokens=jnp.zeros((2, 2), jnp.int32)), "draft_tokens"),
-    (dict(draft_tokens=jnp.zeros((2, 3))), "draft_tokens"),
-    (dict(num_draft=jnp.zeros((3,), jnp.int32)), "num_draft"),
-    (dict(num_draft=jnp.int32([0, 4])), r"num_draft must be in \[0, k=3\]"),
-    (dict(num_draft=jnp.int32([-1, 0])), r"num_draft must be in"),
-    (dict(draft_logits=jnp.zeros((2, 3, 7))), "draft_logits"),
-    (dict(draft_logits=jnp.zeros((2, 4, 8))), "draft_logits"),
-    (dict(synthetic_rates=jnp.zeros((4,))), "synthetic_rates"),
-    (dict(positions=jnp.zeros((2,))), "positions"),
-    (dict(params=SamplingParams.make(3)), "batch size"),
-    (dict(key=keys(3)), "per-request keys"),
-])
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_bad_inputs_raise_value_error(over, match, impl):
-  with pytest.raises(ValueError, match=match):
-    spec.rejection_sample(**_bad(**over),
-                          config=SamplerConfig(implementation=impl))
-
-
-def test_module_is_exported():
-  assert jaxsample.spec is spec

@@ -3,7 +3,7 @@ the XLA reference (``jaxsample.spec``) on fresh random inputs: edge cases,
 truncation (kept sets from the threshold kernels), vocab splits, tile skip,
 bf16, FP64 noise, and the Triton lowering of every kernel variant.  On CPU
 the kernels run in interpret mode; tokens and counts must match exactly,
-logprobs within 1e-5 (``test_spec.assert_same``).  A separate file from
+logprobs within 1e-5 (``cases.assert_same``).  A separate file from
 test_spec.py so that pytest-xdist's per-file scheduling splits the two.
 """
 
