@@ -289,24 +289,28 @@ def process(logits: jax.Array, params: SamplingParams, *,
   return Processed(x, y, keep, jnp.max(y, axis=-1), shift, log_sum, order)
 
 
-def log_probs(proc: Processed, params: SamplingParams) -> jax.Array:
+def _first_argmax(values: jax.Array) -> jax.Array:
+  return jnp.argmax(values, axis=-1).astype(jnp.int32)
+
+
+def log_probs(proc: Processed, params: SamplingParams, *,
+              argmax=_first_argmax, first_id=0) -> jax.Array:
   """``log q`` ``[B, V]``: log-probabilities of the processed distribution.
 
   Sampled valid rows: ``(y_i - shift) - log_sum`` on ``K`` and -inf outside
   (step 6 for every ``i``); valid greedy rows: 0 at ``argmax(y)`` and -inf
-  elsewhere (a point mass); invalid rows: -inf everywhere.
+  elsewhere (a point mass); invalid rows: -inf everywhere.  Rows split over
+  devices (``proc`` holds this device's columns, from global id
+  ``first_id``): ``argmax`` gives the global id of the row's first largest
+  value (``xla_search.Split.argmax``).
   """
   valid = jnp.isfinite(proc.row_max)[:, None]
   greedy = (params.temperature == 0)[:, None]
   sampled = jnp.where(proc.keep, (proc.y - proc.shift[:, None]) -
                       proc.log_sum[:, None], -jnp.inf)
-  is_max = jnp.arange(proc.y.shape[-1]) == jnp.argmax(proc.y, axis=-1)[:, None]
+  is_max = (jnp.arange(proc.y.shape[-1]) + first_id) == argmax(proc.y)[:, None]
   point = jnp.where(is_max, jnp.float32(0), jnp.float32(-jnp.inf))
   return jnp.where(valid, jnp.where(greedy, point, sampled), -jnp.inf)
-
-
-def _first_argmax(values: jax.Array) -> jax.Array:
-  return jnp.argmax(values, axis=-1).astype(jnp.int32)
 
 
 def race_tokens(proc: Processed, params: SamplingParams, noise: jax.Array, *,

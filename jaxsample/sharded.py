@@ -49,6 +49,8 @@ vocab-sharded logits (gather the vocabulary, then call
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -56,17 +58,22 @@ import numpy as np
 from jax import lax
 
 from jaxsample import (dispatch, partition, reference, rng, rowwise, sampling,
-                       sampling_mask, xla_search)
-from jaxsample.pallas import common, gumbel, tuning
+                       sampling_mask, spec, spec_reference, xla_search)
+from jaxsample.pallas import common, gumbel, sampler, tuning
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.reference import SampleResult
+from jaxsample.sampling_mask import SamplingMask
+from jaxsample.spec_reference import SpecResult
 
-__all__ = ["extract_sampling_mask_sharded", "sample_sharded", "search_split"]
+__all__ = ["extract_sampling_mask_sharded", "rejection_sample_sharded",
+           "sample_sharded", "search_split"]
 
 
 def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
                    *, axis_name: str, positions: jax.Array | None = None,
-                   config: SamplerConfig | str | None = None) -> SampleResult:
+                   config: SamplerConfig | str | None = None,
+                   return_mask: bool = False
+                   ) -> SampleResult | tuple[SampleResult, SamplingMask]:
   """``jaxsample.sample`` of logits split along the vocabulary over the
   ``jax.shard_map`` axis ``axis_name`` (module doc: the collectives and what
   is exact).
@@ -77,9 +84,14 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
     params, key, positions, config: as for ``jaxsample.sample``, replicated
       over ``axis_name`` (the batch may be split over other axes: one batch
       key then counts rows globally, as ``sample`` does).
+    return_mask: static; also return the ``SamplingMask`` of the kept sets
+      (``sample``'s, ``config.max_mask_ids`` wide): from the race's
+      collectives (one more int32 per row: the count of finite entries), or
+      from the search's (only the kept candidates' ids move).
 
   Returns:
-    ``SampleResult`` ``[B]``, the same on every shard of ``axis_name``.
+    ``SampleResult`` ``[B]`` (with ``return_mask``, the pair ``(SampleResult,
+    SamplingMask)``), the same on every shard of ``axis_name``.
   """
   config = as_config(config)
   logits = jnp.asarray(logits)
@@ -95,24 +107,32 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
     params = params.canonical(vocab)
     truncating = jnp.any(params.truncates() & (params.temperature > 0))
 
+  width = config.max_mask_ids if return_mask else 0
+
   def parallel():
     race = _race_pallas if dispatch.use_pallas(config) else _race_xla
-    return race(logits, params, streams, config, offset, axis_name)
+    return race(logits, params, streams, config, offset, axis_name, width)
 
   def truncated():
-    if dispatch.backend(config) == "xla_search":
-      return xla_search.sample(
-          logits, params, streams, generator=config.rng,
-          fp64=config.use_fp64_gumbel,
-          split=search_split(axis_name, vocab, offset))[0]
-    whole = _join(logits.astype(jnp.float32), axis_name)
-    return sampling.sample_rows(whole, params, streams, config, False)[0]
+    if dispatch.backend(config) == "xla":
+      whole = _join(logits.astype(jnp.float32), axis_name)
+      return sampling.sample_rows(whole, params, streams, config, bool(width))
+    split = search_split(axis_name, vocab, offset)
+    result, proc = xla_search.sample(
+        logits, params, streams, generator=config.rng,
+        fp64=config.use_fp64_gumbel, order_width=width, split=split)
+    return result, sampling_mask.from_processed(
+        proc, params, width, split) if width else None
 
   with dispatch.x64_scope(config.use_fp64_gumbel, logits, key, positions,
                           *jax.tree.leaves(params)):
     with common.planned_as_shards(
         partition.manual_rows(logits, batch, exclude=axis_name)[0]):
-      return rowwise.cond(truncating, truncated, parallel)
+      result, kept = rowwise.cond(truncating, truncated, parallel)
+  if not return_mask:
+    return result
+  # Valid rows' tokens are in their kept sets: listed even on overflow.
+  return result, sampling_mask.with_token(kept, result.tokens, result.valid)
 
 
 def extract_sampling_mask_sharded(
@@ -152,16 +172,80 @@ def extract_sampling_mask_sharded(
                                       config.max_mask_ids, split)
 
 
+def rejection_sample_sharded(
+    target_logits: jax.Array, draft_tokens: jax.Array, num_draft: jax.Array,
+    params: SamplingParams, key: jax.Array, *, axis_name: str,
+    draft_logits: jax.Array | None = None,
+    synthetic_rates: jax.Array | None = None,
+    positions: jax.Array | None = None,
+    config: SamplerConfig | str | None = None, return_mask: bool = False
+) -> SpecResult | tuple[SpecResult, SamplingMask]:
+  """``spec.rejection_sample`` of target (and draft) logits split along the
+  vocabulary over the ``jax.shard_map`` axis ``axis_name``.
+
+  ``target_logits`` ``[B, k + 1, V / n]`` and ``draft_logits`` ``[B, k, V /
+  n]`` are this shard's columns (shard ``i`` holding global ids from ``i V
+  / n``); ``draft_tokens`` (global ids), ``num_draft``, ``params``, ``key``,
+  ``positions`` and ``synthetic_rates`` are replicated over ``axis_name``
+  (the batch may be split over other axes), as for ``rejection_sample``.
+
+  Every backend runs the XLA reference (``spec_reference.reject_xla``) on
+  the sort-free search's kept sets split over the shards
+  (``xla_search.search`` with ``search_split``: candidates of ``B (2k + 1)``
+  rows all-gathered ``W`` wide, counts and digit sums ``psum``'d); the
+  draft tokens' logprobs, the greedy and race argmaxes, the residual's race
+  and the emitted token's logprob each move ``O(B k)`` values; the
+  vocabulary never moves.  Outputs (and masks) are bit-identical to the
+  one-device ``rejection_sample(..., config=dataclasses.replace(config,
+  implementation="xla_search"))``, the same on every shard; the kernels'
+  one-device logprobs differ from them by fp32 rounding (and a top-p
+  crossing within rounding of ``p`` may keep a neighbouring set).
+  ``processors`` are not taken: apply them before splitting.
+  """
+  config = as_config(config)
+  target_logits, draft_tokens, num_draft, draft_logits, synthetic_rates, \
+      positions = (None if a is None else jnp.asarray(a) for a in (
+          target_logits, draft_tokens, num_draft, draft_logits,
+          synthetic_rates, positions))
+  shards = lax.axis_size(axis_name)
+  spec.check_inputs(target_logits, draft_tokens, num_draft, params,
+                    draft_logits, synthetic_rates, positions, shards=shards)
+  batch, k1, local = target_logits.shape
+  vocab = local * shards
+  params = SamplingParams.rows(params, batch)
+  if rng.key_words(key).ndim == 2 or positions is not None:
+    positions = rng.check_positions(positions, batch)
+  positions = jnp.zeros((batch,), jnp.int32) if positions is None else (
+      positions)
+  n = jnp.clip(num_draft, 0, k1 - 1).astype(jnp.int32)
+  with jax.ensure_compile_time_eval():  # concrete params stay concrete
+    params = params.canonical(vocab)
+  key = spec_reference.request_keys(key, batch, partition.manual_rows(
+      target_logits, batch, exclude=axis_name)[1])
+  split = search_split(axis_name, vocab, lax.axis_index(axis_name) * local)
+  with dispatch.x64_scope(config.use_fp64_gumbel, target_logits, key,
+                          positions, *jax.tree.leaves(params)):
+    result, rows = spec_reference.reject_xla(
+        target_logits, draft_tokens, n, params, key, draft_logits,
+        synthetic_rates, positions, config.rng, config.use_fp64_gumbel,
+        config.max_mask_ids * return_mask,
+        functools.partial(xla_search.process, split=split), split)
+  if not return_mask:
+    return result
+  return result, spec_reference.emitted_masks(result, rows)
+
+
 def _gather_rows(arrays, axis_name: str) -> list[jax.Array]:
   """``all_gather`` of ``[B, ...]`` arrays of 32- or 64-bit dtypes as one
   uint32 block ``[B, F]``: each comes back ``[n, B, ...]``."""
   words = [lax.bitcast_convert_type(a, jnp.uint32) for a in arrays]
-  flat = jnp.concatenate([w.reshape(w.shape[0], -1) for w in words], axis=1)
+  flat = jnp.concatenate([w.reshape(w.shape[0], math.prod(w.shape[1:]))
+                          for w in words], axis=1)
   # A psum of each shard's block in its own slot: an all-gather whose result
   # is typed the same on every shard (shard_map's check_vma).
   slots = jnp.zeros((lax.axis_size(axis_name),) + flat.shape, jnp.uint32)
   block = lax.psum(slots.at[lax.axis_index(axis_name)].set(flat), axis_name)
-  cuts = np.cumsum([w[0].size for w in words])[:-1]
+  cuts = np.cumsum([math.prod(w.shape[1:]) for w in words])[:-1]
   return [lax.bitcast_convert_type(part.reshape(part.shape[:1] + w.shape), a.dtype)
           for part, w, a in zip(jnp.split(block, cuts, axis=2), words, arrays)]
 
@@ -193,8 +277,10 @@ def _pick(values: jax.Array, shard: jax.Array) -> jax.Array:
 
 
 def _race_xla(logits, params: SamplingParams, streams: rng.RowStreams,
-              config: SamplerConfig, offset, axis_name: str) -> SampleResult:
-  """The reference race of this shard, one gather, one integer psum."""
+              config: SamplerConfig, offset, axis_name: str, width: int):
+  """The reference race of this shard, one gather, one integer psum:
+  ``(SampleResult, mask or None)`` (a mask ``width`` wide: its count of
+  finite entries rides on the psum)."""
   x = reference.sanitize(logits)
   y = reference.temper(x, params.temperature)
   keep = y > -jnp.inf
@@ -214,16 +300,24 @@ def _race_xla(logits, params: SamplingParams, streams: rng.RowStreams,
   x_token = jnp.where(plain, _pick(x_y, y_shard), _pick(x_race, race_shard))
   # reference.logsumexp_where with the row's max: integer digit sums.
   shift = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  limbs = lax.psum(reference.fixed_point_limbs(
-      jnp.where(keep, jnp.exp(y - shift[:, None]), 0.0)), axis_name)
-  log_sum = jnp.log(reference.limbs_to_float(limbs))
-  return reference.finalize(x_token, params, tokens, (shift, log_sum),
-                            row_max)
+  terms = [reference.fixed_point_limbs(
+      jnp.where(keep, jnp.exp(y - shift[:, None]), 0.0))]
+  if width:  # the mask's count of finite entries, on the same psum
+    terms.append(jnp.sum(keep, axis=-1, dtype=jnp.int32)[:, None])
+  sums = lax.psum(jnp.concatenate(terms, axis=1), axis_name)
+  log_sum = jnp.log(reference.limbs_to_float(sums[:, :reference.LIMBS]))
+  result = reference.finalize(x_token, params, tokens, (shift, log_sum),
+                              row_max)
+  finite = sums[:, reference.LIMBS] if width else None
+  return sampler.with_mask(result, sampler.untruncated_facts(
+      row_max, shift + log_sum, finite, width), params, width)
 
 
 def _race_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
-                 config: SamplerConfig, offset, axis_name: str) -> SampleResult:
-  """The Gumbel kernel on this shard, its partials gathered and combined."""
+                 config: SamplerConfig, offset, axis_name: str, width: int):
+  """The Gumbel kernel on this shard, its partials gathered and combined:
+  ``(SampleResult, mask or None)`` (with a mask ``width`` wide the kernel
+  also counts the finite entries, as the one-device kernel path does)."""
   batch, local = logits.shape
   vocab = local * lax.axis_size(axis_name)
   tuned = tuning.resolve(config.tuning)
@@ -240,15 +334,20 @@ def _race_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     config = dataclasses.replace(config, tuning=dataclasses.replace(
         config.tuning or tuning.Tuning(), gumbel=launch))
   partials = gumbel.gumbel_partials(logits, params.temperature, streams,
-                                    config, vocab_offset=offset)
+                                    config, vocab_offset=offset,
+                                    count_finite=bool(width))
   token, _, _ = gumbel.combine_partials(partials)
   x_local = jnp.take_along_axis(logits, (token - offset)[:, None],
                                 axis=-1)[:, 0].astype(jnp.float32)
   fields = [partials.race, partials.index, partials.max, partials.sumexp]
+  fields += [partials.kept] if width else []
   *gathered, x_shards = _gather_rows(fields + [x_local], axis_name)
   # [n, B, S] -> [B, n S]: splits in id order.
-  joined = [jnp.moveaxis(g, 0, 1).reshape(batch, -1) for g in gathered]
-  whole = gumbel.GumbelPartials(*joined, raced_tiles=joined[3])
-  result, _, _ = gumbel.finish_sampling(
+  race, index, top, sumexp, *kept = [
+      jnp.moveaxis(g, 0, 1).reshape(batch, -1) for g in gathered]
+  whole = gumbel.GumbelPartials(race, index, top, sumexp, raced_tiles=sumexp)
+  result, row_max, (shift, log_sum) = gumbel.finish_sampling(
       None, params, whole, logit_at=lambda t: _pick(x_shards, t // local))
-  return result
+  finite = jnp.sum(kept[0], axis=-1) if width else None
+  return sampler.with_mask(result, sampler.untruncated_facts(
+      row_max, shift + log_sum, finite, width), params, width)

@@ -120,7 +120,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsample import (dispatch, mask, partition, reference, rng, rowwise,
-                       sampling_mask, spec_reference, xla_search)
+                       spec_reference, xla_search)
 from jaxsample.pallas import sampler, threshold
 from jaxsample.pallas import spec as kernels
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
@@ -129,11 +129,15 @@ from jaxsample.sampling_mask import SamplingMask
 from jaxsample.spec_reference import (SpecResult, per_row_params, request_keys,
                                       stream_keys)
 
-__all__ = ["SpecResult", "rejection_sample", "stream_keys"]
+__all__ = ["SpecResult", "check_inputs", "rejection_sample", "stream_keys"]
 
 
-def _check_inputs(target_logits, draft_tokens, num_draft, params, draft_logits,
-                  synthetic_rates, positions) -> None:
+def check_inputs(target_logits, draft_tokens, num_draft, params, draft_logits,
+                 synthetic_rates, positions, *, shards: int = 1) -> None:
+  """Raises ``ValueError`` for inputs ``rejection_sample`` rejects (its
+  doc); ``shards``: the vocabulary of ``target_logits`` is one of that
+  many equal shards (``jaxsample.sharded``), draft tokens index all of
+  them."""
   if target_logits.ndim != 3 or target_logits.shape[1] < 1:
     raise ValueError("target_logits must be [B, k + 1, V] with k >= 0; got "
                      f"shape {target_logits.shape}")
@@ -166,10 +170,10 @@ def _check_inputs(target_logits, draft_tokens, num_draft, params, draft_logits,
                        f"[{n.min()}, {n.max()}]")
   if not isinstance(draft_tokens, jax.core.Tracer):
     d = np.asarray(draft_tokens)
-    if d.size and (d.min() < 0 or d.max() >= vocab):
-      raise ValueError(f"draft_tokens must be in [0, V={vocab}); got values "
-                       f"in [{d.min()}, {d.max()}] (padding slots past "
-                       "num_draft too: fill them with 0)")
+    if d.size and (d.min() < 0 or d.max() >= vocab * shards):
+      raise ValueError(f"draft_tokens must be in [0, V={vocab * shards}); got "
+                       f"values in [{d.min()}, {d.max()}] (padding slots "
+                       "past num_draft too: fill them with 0)")
 
 
 @overload
@@ -267,8 +271,8 @@ def rejection_sample(target_logits: jax.Array,
                       synthetic_rates, positions)]
   target_logits, draft_tokens, num_draft, draft_logits, synthetic_rates, \
       positions = arrays
-  _check_inputs(target_logits, draft_tokens, num_draft, params, draft_logits,
-                synthetic_rates, positions)
+  check_inputs(target_logits, draft_tokens, num_draft, params, draft_logits,
+               synthetic_rates, positions)
   partition.check_unsharded_vocab(target_logits)
   target_logits, draft_logits = apply_to_slots(processors, target_logits,
                                                draft_tokens, draft_logits)
@@ -303,10 +307,7 @@ def rejection_sample(target_logits: jax.Array,
          draft_logits), (synthetic_rates,))
   if not return_mask:
     return result
-  # The emitted tokens of their kept sets are listed even on overflow.
-  return result, sampling_mask.with_token(
-      spec_reference.slot_masks(rows, result.num_accepted, k1),
-      result.tokens.T, (result.logprobs > -jnp.inf).T)
+  return result, spec_reference.emitted_masks(result, rows)
 
 
 def _verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,

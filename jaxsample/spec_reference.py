@@ -9,13 +9,13 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxsample import reference, rng, sampling_mask
+from jaxsample import reference, rng, sampling_mask, xla_search
 from jaxsample.params import SamplingParams
 from jaxsample.sampling_mask import SamplingMask
 
 __all__ = ["SpecResult", "acceptance_uniforms", "accepted_count", "assemble",
-           "per_row_params", "reject_xla", "request_keys", "residual_logits",
-           "slot_masks", "stream_keys"]
+           "emitted_masks", "per_row_params", "reject_xla", "request_keys",
+           "residual_logits", "slot_masks", "stream_keys"]
 
 
 @jax.tree_util.register_dataclass
@@ -54,9 +54,12 @@ def stream_keys(key, batch_size: int) -> tuple[jax.Array, jax.Array]:
   return purpose(0), purpose(1)
 
 
-def _gather(a: jax.Array, index: jax.Array) -> jax.Array:
-  """``a[b, i, index[b, i]]`` for ``a`` ``[B, m, V]`` and ``index`` ``[B, m]``."""
-  return jnp.take_along_axis(a, index[..., None], axis=-1)[..., 0]
+def _gather(a: jax.Array, index: jax.Array,
+            split: xla_search.Split) -> jax.Array:
+  """``a[b, i, index[b, i]]`` for ``a`` ``[B, m, V]`` and global ids
+  ``index`` ``[B, m]`` (rows split over devices: ``split.take``)."""
+  return split.take(a.reshape(-1, a.shape[-1]),
+                    index.reshape(-1)).reshape(index.shape)
 
 
 def _at(a: jax.Array, j: jax.Array) -> jax.Array:
@@ -77,16 +80,18 @@ def per_row_params(params: SamplingParams, m: int,
       live.reshape(-1), rows.temperature, 0.0))
 
 
-def _process(logits, params, order_width: int = 0, *,
-             process=reference.process):
+def _process(logits, params, order_width: int, process,
+             split: xla_search.Split):
   """``process`` (``reference.process`` or ``xla_search.process``, with
-  ``order_width``) and ``log_probs`` of ``[B, m, V]`` rows, in one batch
-  (equal target and draft rows get equal results)."""
+  ``order_width``; with a ``split``, ``xla_search.process`` split so) and
+  ``log_probs`` of ``[B, m, V]`` rows, in one batch (equal target and draft
+  rows get equal results)."""
   batch, m, vocab = logits.shape
   rows = per_row_params(params, m)
   proc = process(logits.reshape(batch * m, vocab), rows,
                  order_width=order_width)
-  lq = reference.log_probs(proc, rows)
+  lq = reference.log_probs(proc, rows, argmax=split.argmax,
+                           first_id=split.offset)
   return jax.tree.map(lambda a: a.reshape((batch, m) + a.shape[1:]),
                       (proc, lq))
 
@@ -159,55 +164,76 @@ def slot_masks(rows: SamplingMask, j: jax.Array, k1: int) -> SamplingMask:
 
 def reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,
                synthetic_rates, positions, generator, fp64, mask_ids: int,
-               process=reference.process):
+               process=reference.process,
+               split: xla_search.Split = xla_search.Split()):
   """The reference: ``(SpecResult, the target rows' masks)``, the masks
   ``mask_ids`` wide, or None for ``mask_ids = 0``; ``process`` finds the
-  kept sets (``xla_search.process``: the same sets without a sort)."""
-  batch, k1, vocab = target_logits.shape
+  kept sets (``xla_search.process``: the same sets without a sort).
+
+  ``split``: the rows' vocabulary split over devices (``jaxsample.
+  sharded.rejection_sample_sharded``; the logits are this device's columns,
+  ``process`` is ``xla_search.process`` with this split): every reduction
+  over the vocabulary (argmax, the race, the logprob of a global id, the
+  residual's mass test) goes through it, so the outputs are the unsplit
+  call's, bit for bit, on every device."""
+  batch, k1, local = target_logits.shape
+  vocab = split.global_vocab(local)
   k = k1 - 1
   d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
   greedy = params.temperature == 0
   noise_keys, accept_keys = stream_keys(key, batch)
   positions = positions.astype(jnp.uint32)
 
-  one_hot = jnp.where(jnp.arange(vocab) == d[..., None], jnp.float32(0),
+  ids = jnp.arange(local) + split.offset
+  one_hot = jnp.where(ids == d[..., None], jnp.float32(0),
                       jnp.float32(-jnp.inf))
   if draft_logits is None:
-    target, lt = _process(target_logits, params, mask_ids, process=process)
+    target, lt = _process(target_logits, params, mask_ids, process, split)
     ld = one_hot
   else:
     both, lq = _process(jnp.concatenate([target_logits.astype(jnp.float32),
                                          draft_logits.astype(jnp.float32)],
-                                        axis=1), params, mask_ids,
-                        process=process)
+                                        axis=1), params, mask_ids, process,
+                        split)
     target, lt = jax.tree.map(lambda a: a[:, :k1], (both, lq))
     valid_d = jnp.isfinite(both.row_max[:, k1:])
     ld = jnp.where(valid_d[..., None], lq[:, k1:], one_hot)
   valid_t = jnp.isfinite(target.row_max)  # [B, k + 1]
 
   u = acceptance_uniforms(accept_keys, positions, k, vocab, generator)
-  lt_d = _gather(lt[:, :k], d)
-  argmax = jnp.argmax(target.y[:, :k], axis=-1)
-  j = accepted_count(u, lt_d, _gather(ld, d), d == argmax, greedy,
-                     valid_t[:, :k], n, synthetic_rates)
+  lt_d = _gather(lt[:, :k], d, split)
+  argmax = split.argmax(target.y[:, :k].reshape(batch * k, local))
+  j = accepted_count(u, lt_d, _gather(ld, d, split),
+                     d == argmax.reshape(batch, k), greedy, valid_t[:, :k], n,
+                     synthetic_rates)
 
   # Emission at slot j: residual draw after a rejection, else plain sampling.
   streams, _ = rng.row_streams(noise_keys, positions + j.astype(jnp.uint32),
                                batch, vocab)
-  noise = rng.gumbel_noise(generator, streams, vocab, fp64=fp64)
+  noise = rng.gumbel_noise(generator, streams, local, fp64=fp64,
+                           first_id=split.first_id())
   target_j = jax.tree.map(lambda a: _at(a, j), target)
-  plain = reference.race_tokens(target_j, params, noise)
+  plain = reference.race_tokens(target_j, params, noise, argmax=split.argmax)
   lt_j = _at(lt, j)
   ld_j = _at(ld, jnp.minimum(j, k - 1)) if k else jnp.full_like(lt_j, -jnp.inf)
   w = residual_logits(target_j.y, lt_j, ld_j)
-  residual = jnp.argmax(w.astype(noise.dtype) + noise, axis=-1)
+  residual = split.argmax(w.astype(noise.dtype) + noise)
+  some_mass = split.reduce(jnp.sum(w > -jnp.inf, axis=-1, dtype=jnp.int32))
   use_residual = ((j < n) & ~greedy & jnp.isfinite(target_j.row_max) &
-                  jnp.any(w > -jnp.inf, axis=-1))
+                  (some_mass > 0))
   token = jnp.where(use_residual, residual, plain).astype(jnp.int32)
-  result = assemble(d, j, token, lt_d,
-                    _gather(lt_j[:, None], token[:, None])[:, 0])
+  result = assemble(d, j, token, lt_d, split.take(lt_j, token))
   if not mask_ids:
     return result, None
   rows = jax.tree.map(lambda a: a.reshape((batch * k1,) + a.shape[2:]), target)
   return result, sampling_mask.from_processed(
-      rows, per_row_params(params, k1), mask_ids)
+      rows, per_row_params(params, k1), mask_ids, split)
+
+
+def emitted_masks(result: SpecResult, rows: SamplingMask) -> SamplingMask:
+  """``rejection_sample``'s masks ``[k + 1, B, ...]`` from the target rows'
+  ``rows`` (request-major): blank past ``num_accepted``, each emitted token
+  listed (``sampling_mask.with_token``: even on overflow)."""
+  return sampling_mask.with_token(
+      slot_masks(rows, result.num_accepted, result.tokens.shape[1]),
+      result.tokens.T, (result.logprobs > -jnp.inf).T)

@@ -372,10 +372,12 @@ def search(logits: jax.Array, params: SamplingParams, *, order_width: int = 0,
 
 
 def process(logits: jax.Array, params: SamplingParams, *,
-            order_width: int = 0) -> Processed:
+            order_width: int = 0, split: Split = Split()) -> Processed:
   """``reference.process`` without a sort (``B >= 1``, canonical params):
-  the same kept sets on sampled rows (module doc)."""
-  return search(logits, params, order_width=order_width).processed()
+  the same kept sets on sampled rows (module doc); with a ``split``, this
+  device's columns of them."""
+  return search(logits, params, order_width=order_width,
+                split=split).processed()
 
 
 def sample(logits: jax.Array, params: SamplingParams,

@@ -278,3 +278,87 @@ def test_vocab_parallel_masks_equal_one_device():
   with pytest.raises(ValueError, match="xla_search"):
     sharded.extract_sampling_mask_sharded(x, params, axis_name="v",
                                           config="pallas")
+
+
+def _mask_inputs():
+  """Logits of every row kind (1024 wide: 256 per shard of 4) and two
+  batches of params: one with truncating rows (the search's collectives),
+  one without (the race's)."""
+  x, _ = _vocab_inputs(vocab=1024)
+  x = x.at[7].set(jnp.linspace(0.0, 0.01, 1024))  # flat: a large kept set
+  truncating = jaxsample.SamplingParams.make(
+      8, temperature=[1.0, 0.7, 0.0, 1.3, 1.0, 1.0, 1.0, 0.9],
+      top_k=[0, 5, 0, 0, 0, 50, 0, 0],
+      top_p=[1.0, 0.9, 1.0, 0.8, 0.995, 1.0, 1.0, 0.5],
+      min_p=[0.05, 0.0, 0.0, 0.0, 0.0, 0.0, 0.01, 0.0])
+  return x, (truncating, jaxsample.SamplingParams.make(
+      8, temperature=[1.0, 0.7, 0.0, 1.3] * 2))
+
+
+def test_vocab_parallel_sample_masks_equal_one_device():
+  """sample_sharded(return_mask=True) on a 2x2 mesh, traced params: the
+  truncating batch (search) and the untruncated one (race) run one
+  compiled program; tokens, logprobs, validity and masks (ids, count,
+  logz, lse) bit-identical to one device's sample(return_mask=True)."""
+  x, batches = _mask_inputs()
+  config = jaxsample.SamplerConfig(implementation="xla_search",
+                                   max_mask_ids=16)
+  key = jax.random.key(6)
+  one = jax.jit(lambda x, p: jaxsample.sample(x, p, key, config=config,
+                                              return_mask=True))
+  mesh = jax.make_mesh((2, 2), ("b", "v"))
+  with jax.set_mesh(mesh):
+    body = jax.jit(jax.shard_map(
+        lambda x, p: sharded.sample_sharded(x, p, key, axis_name="v",
+                                            config=config, return_mask=True),
+        in_specs=(P("b", "v"), P("b")), out_specs=P("b")))
+    for params in batches:
+      want = one(x, params)
+      got = body(jax.device_put(x, P("b", "v")), jax.device_put(params, P("b")))
+      _assert_same(want, got)
+  truncated = np.asarray(want[1].truncated)  # the untruncated batch's
+  assert truncated.tolist() == [False, False, True, False] + [False, True,
+                                                             True, False]
+
+
+def test_vocab_parallel_rejection_sample_equals_one_device():
+  """rejection_sample_sharded on a 1x4 mesh (per-request keys, threefry,
+  masks): greedy and sampled rows, draft-logit drafts and one-hot drafts
+  (an invalid draft row), rejections with residual draws, bonus tokens and
+  an invalid target row, bit-identical to one device's rejection_sample."""
+  batch, k, vocab = 8, 2, 256
+  ks = jax.random.split(jax.random.key(11), 3)
+  target = jax.random.normal(ks[0], (batch, k + 1, vocab)) * 2
+  draft_logits = target[:, :k] + jax.random.normal(ks[1], (batch, k, vocab))
+  target = target.at[4, 0].set(jnp.nan)  # an invalid target row
+  draft_logits = draft_logits.at[5, 0].set(-jnp.inf)  # one-hot draft slot
+  draft = jnp.argmax(draft_logits, axis=-1).at[0, 0].set(3)
+  num = jnp.array([2, 2, 1, 0, 2, 2, 2, 1])
+  params = jaxsample.SamplingParams.make(
+      batch, temperature=[1.0, 0.7, 0.0, 1.3] * 2,
+      top_k=[0, 5, 0, 0, 0, 0, 20, 0], top_p=[1.0, 0.9] + [1.0] * 6,
+      min_p=[0.0] * 3 + [0.05] + [0.0] * 4)
+  config = jaxsample.SamplerConfig(implementation="xla_search", rng="threefry",
+                                   max_mask_ids=8)
+  keys = jax.random.split(jax.random.key(6), batch)
+  positions = jnp.arange(batch) * 5
+  args = (target, draft, num, draft_logits, params, keys, positions)
+  want = jax.jit(lambda t, d, n, dl, p, key, pos: spec.rejection_sample(
+      t, d, n, p, key, draft_logits=dl, positions=pos, config=config,
+      return_mask=True))(*args)
+  mesh = jax.make_mesh((1, 4), ("b", "v"))
+  with jax.set_mesh(mesh):
+    vocab_split = P("b", None, "v")
+    specs = (vocab_split, P("b"), P("b"), vocab_split, P("b"), P("b"), P("b"))
+    body = jax.shard_map(
+        lambda t, d, n, dl, p, key, pos: sharded.rejection_sample_sharded(
+            t, d, n, p, key, axis_name="v", draft_logits=dl, positions=pos,
+            config=config, return_mask=True),
+        in_specs=specs, out_specs=(P("b"), P(None, "b")))
+    got = jax.jit(body)(*jax.device_put(args, specs))
+  _assert_same(want, got)
+  accepted = np.asarray(want[0].num_accepted)
+  # Residual draws (sampled rows 1, 5, 7), bonus tokens (0: after 2
+  # accepted, 2: greedy, 3: no drafts), the invalid row's stop.
+  assert accepted.tolist() == [2, 0, 1, 0, 0, 0, 0, 0]
+  assert np.asarray(want[0].logprobs)[4, 0] == -np.inf

@@ -16,7 +16,8 @@ from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.reference import SampleResult
 from jaxsample.sampling_mask import SamplingMask
 
-__all__ = ["extract_pallas", "kept_set_masks", "sample_pallas"]
+__all__ = ["extract_pallas", "kept_set_masks", "sample_pallas",
+           "untruncated_facts", "with_mask"]
 
 
 # The kernel path's mask is assembled once, from per-row facts:
@@ -31,10 +32,19 @@ def _untruncated_rows(logits, params: SamplingParams, streams: rng.RowStreams,
   (``gumbel.sample_untruncated``): their kept set is every finite entry."""
   result, row_max, lse, *finite = gumbel.sample_untruncated(
       logits, params, streams, config, active=active, count_finite=bool(width))
-  return result, dict(
-      count=finite[0], finite=finite[0], logz=jnp.zeros_like(lse), lse=lse,
+  return result, untruncated_facts(row_max, lse, finite[0] if width else None,
+                                   width)
+
+
+def untruncated_facts(row_max, lse, finite, width: int):
+  """Facts of rows raced with no filter (their kept set is every finite
+  entry): ``row_max``, ``lse`` and ``finite`` (the count of entries ``>
+  -inf``) ``[B]`` each; None without a mask (``width`` 0).  The kernel
+  path's and the vocab-parallel races' (``jaxsample.sharded``)."""
+  return dict(
+      count=finite, finite=finite, logz=jnp.zeros_like(lse), lse=lse,
       row_max=row_max,
-      ordered_ids=jnp.zeros((logits.shape[0], width), jnp.int32)
+      ordered_ids=jnp.zeros((lse.shape[0], width), jnp.int32)
   ) if width else None
 
 
@@ -58,7 +68,7 @@ def _choose(where, a, b, width: int):
   return rowwise.where_rows(where, a, b)
 
 
-def _with_mask(result, facts, params: SamplingParams, width: int):
+def with_mask(result, facts, params: SamplingParams, width: int):
   """``(result, mask)``: one ``sampling_mask.assemble`` of ``facts``, or
   ``(result, None)`` without a mask."""
   if not width:
@@ -85,7 +95,7 @@ def kept_set_masks(logits, params: SamplingParams, sets,
   with jax.enable_x64(False):
     facts = _kept_facts(sets.count, sets.log_kept, sets.ordered_ids, sets,
                         width)
-    return _with_mask(*_choose(
+    return with_mask(*_choose(
         kept, (SampleResult(zeros.astype(jnp.int32),
                             jnp.zeros(zeros.shape, jnp.float32), kept), facts),
         _untruncated_rows(logits, params, streams, config, width, ~kept),
@@ -188,5 +198,5 @@ def sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   else:
     routes = rowwise.cond(any_truncating, any_batch, untruncated_rows,
                           unknown=any_batch)
-  result, result_mask = _with_mask(*routes, params, width)
+  result, result_mask = with_mask(*routes, params, width)
   return (result, result_mask) if return_mask else result
