@@ -11,39 +11,49 @@ Rows without top-k, top-p or min-p (a batch where no sampled row truncates):
 1. one all-gather (``_gather_rows``) of each shard's per-row summary: the XLA
    path's race maximum and its id, the max of ``y = x / T`` and its id and
    the logits at both ids; the kernel path's per-split partials
-   (``gumbel.GumbelPartials``, a few splits per shard) and the logit at the
-   shard's winner.  Every device then picks the same winner: the largest
-   race value, the smallest id on ties (shards are in id order), as on one
-   device.
+   (``gumbel.GumbelPartials``, a few splits per shard; with a mask, also
+   their counts of finite entries) and the logit at the shard's winner.
+   Every device then picks the same winner: the largest race value, the
+   smallest id on ties (shards are in id order), as on one device.
 2. XLA paths only: one ``psum`` of five int32 per row, the fixed-point digit
    sums of ``exp(y - max y)`` (``reference.fixed_point_limbs``): integer
-   sums, so the log-normalizer has the same bits as on one device.
+   sums, so the log-normalizer has the same bits as on one device (with a
+   mask, a sixth: the count of finite entries; the mask of an untruncated
+   row lists no id, so no id moves).
 
 A batch with a truncating row, on the sort-free XLA search
-(``implementation="xla_search"``, or ``"auto"`` off GPU): ``xla_search``
+(``implementation="xla_search"``, ``"pallas"``, or ``"auto"``): ``xla_search``
 with a ``Split`` (``search_split``): each shard's ``lax.top_k`` candidates
-all-gathered (``B x W`` values and ids per shard, ``W`` = 64, 256 or 1024)
-and cut to the row's top ``W``; counts and mass digit sums of the count and
-mass searches ``psum``'d (``B x 5`` int32 per pass, at most 32 passes per
-search, only when some row needs one); the whole-row race and argmax
-fallbacks all-gather each shard's best.  On ``implementation="xla"`` (the
-sort-based reference) and ``"pallas"`` a truncating batch gathers the
-vocabulary (``_gather_rows``) and samples it as ``jaxsample.sample`` would:
-exact, not parallel.
+all-gathered (``B x W`` values and ids per shard, ``W`` = 64, 256 or 1024;
+at least the mask width) and cut to the row's top ``W``; counts and mass
+digit sums of the count and mass searches ``psum``'d (``B x 5`` int32 per
+pass, at most 32 passes per search, only when some row needs one); the
+whole-row race and argmax fallbacks all-gather each shard's best.  A mask's
+ids are the joined candidates'.  The kernel path's truncation kernels do
+not run split: their windowed and pivot searches would each need the
+``Split`` collectives between kernel launches, so its truncating batches
+take the search (the XLA reference's kept sets; see Exactness).  On
+``implementation="xla"`` (the sort-based reference) a truncating batch
+gathers the vocabulary (``_gather_rows``) and samples it as
+``jaxsample.sample`` would: exact, not parallel.
 
-Exactness: tokens, logprobs and validity equal the single-device ``sample``
-(same config, same keys) bit for bit, with every generator (philox,
-threefry, FP64 noise), but for the kernel path's logprobs of untruncated
-batches: bit for bit when the single-device kernel's vocab splits fall on
-shard boundaries (``V / n`` a multiple of its split length; this path then
-launches those same splits), else within a few fp32 ulps (partials summed in
-another grouping).
+Exactness: tokens, logprobs, validity and masks equal the single-device
+``sample`` (same config, same keys) bit for bit, with every generator
+(philox, threefry, FP64 noise), except on ``"pallas"``: untruncated
+batches' logprobs (and masks' ``lse``) are bit for bit when the
+single-device kernel's vocab splits fall on shard boundaries (``V / n`` a
+multiple of its split length; this path then launches those same splits),
+else within a few fp32 ulps (partials summed in another grouping);
+truncating batches equal the single-device ``"xla_search"`` call bit for
+bit, which the kernel path matches up to fp32 rounding (logprobs, ``logz``,
+``lse``; a top-p crossing within rounding of ``p`` may keep a neighbouring
+set).
 
 ``extract_sampling_mask_sharded``: the masks of vocab-sharded logits on the
 sort-free search, from the same collectives (only the joined candidates, the
-listed ids among them, move).  Not here: speculative verification of
-vocab-sharded logits (gather the vocabulary, then call
-``spec.rejection_sample``).
+listed ids among them, move).  ``rejection_sample_sharded``: speculative
+verification of vocab-sharded target and draft logits, the XLA reference
+with the split search's kept sets.
 """
 
 from __future__ import annotations
@@ -141,24 +151,25 @@ def extract_sampling_mask_sharded(
   """``jaxsample.extract_sampling_mask`` of logits split along the
   vocabulary over the ``jax.shard_map`` axis ``axis_name`` (``logits`` and
   ``params`` as for ``sample_sharded``), on the sort-free search
-  (``implementation="xla_search"`` or ``"auto"`` off GPU): the search's
-  collectives (module doc), the kept ids listed from the joined candidates
-  (``config.max_mask_ids`` wide: only they move), counts and digit sums
-  ``psum``'d.  Bit-identical to the one-device call; the same on every
-  shard.
+  (``implementation="xla_search"``, ``"pallas"`` or ``"auto"``): the
+  search's collectives (module doc), the kept ids listed from the joined
+  candidates (``config.max_mask_ids`` wide: only they move), counts and
+  digit sums ``psum``'d.  Bit-identical to the one-device call on
+  ``"xla_search"`` (the kernel path's one-device masks match it up to fp32
+  rounding); the same on every shard.
 
   Raises:
-    ValueError: another backend (gather the vocabulary, ``lax.all_gather(
-      logits, axis_name, axis=1, tiled=True)``, then call
-      ``extract_sampling_mask``).
+    ValueError: ``implementation="xla"`` (gather the vocabulary,
+      ``lax.all_gather(logits, axis_name, axis=1, tiled=True)``, then call
+      ``extract_sampling_mask``, or pass ``"xla_search"``).
   """
   config = as_config(config)
-  if dispatch.backend(config) != "xla_search":
+  if dispatch.backend(config) == "xla":
     raise ValueError(
-        "vocab-parallel masks run on implementation='xla_search'; got "
-        f"{dispatch.backend(config)!r}: pass config='xla_search', or gather "
-        "the vocabulary (lax.all_gather(logits, axis_name, axis=1, "
-        "tiled=True)) and call jaxsample.extract_sampling_mask")
+        "vocab-parallel masks run on the sort-free search; got "
+        "implementation='xla': pass config='xla_search', or gather the "
+        "vocabulary (lax.all_gather(logits, axis_name, axis=1, tiled=True)) "
+        "and call jaxsample.extract_sampling_mask")
   logits = jnp.asarray(logits)
   params = dispatch.check_logits(logits, params)
   local = logits.shape[1]

@@ -7,6 +7,8 @@ devices, with it, at a vocabulary the size of Qwen's padded to 2 shards.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -106,3 +108,85 @@ def test_batch_parallel_kernels_check_vma_equal_one_gpu():
         got = jax.jit(fn)(*split)
         for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
           np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_vocab_parallel_kernel_masks_equal_one_gpu():
+  """sample_sharded(return_mask=True) with the kernels on 2 GPUs: an
+  untruncated batch (the Gumbel kernel per shard, finite entries counted)
+  against one GPU's kernel path, and a truncating batch (the sort-free
+  search split over the shards) against one GPU's xla_search."""
+  _two_gpus()
+  batch, vocab = 64, 155648
+  x = jax.random.normal(jax.random.key(8), (batch, vocab)) * 3
+  x = x.at[1, :1000].set(-jnp.inf)
+  plain = jaxsample.SamplingParams.make(
+      batch, temperature=[1.0, 0.7, 0.0, 1.3] * (batch // 4))
+  truncating = jaxsample.SamplingParams.make(
+      batch, temperature=[1.0, 0.7, 0.0, 1.3] * (batch // 4),
+      top_k=[0, 50, 0, 2000] * (batch // 4),
+      top_p=[0.95, 0.9, 1.0, 0.8] * (batch // 4))
+  key = jax.random.key(9)
+  config = jaxsample.SamplerConfig(implementation="pallas", max_mask_ids=64)
+  search = jaxsample.SamplerConfig(implementation="xla_search",
+                                   max_mask_ids=64)
+  one = jax.jit(lambda x, p, c: jaxsample.sample(x, p, key, config=c,
+                                                 return_mask=True),
+                static_argnums=2)
+  mesh = jax.make_mesh((1, 2), ("b", "v"))
+  with jax.set_mesh(mesh):
+    body = jax.jit(jax.shard_map(
+        lambda x, p: sharded.sample_sharded(x, p, key, axis_name="v",
+                                            config=config, return_mask=True),
+        in_specs=(P("b", "v"), P("b")), out_specs=P("b")))
+    put = lambda p: (jax.device_put(x, P("b", "v")), jax.device_put(p, P("b")))
+    got_plain, got_trunc = body(*put(plain)), body(*put(truncating))
+  want = one(x, plain, config)
+  for name in ("tokens", "valid"):
+    np.testing.assert_array_equal(getattr(want[0], name),
+                                  getattr(got_plain[0], name))
+  for name in ("ids", "count", "truncated", "overflow"):
+    np.testing.assert_array_equal(getattr(want[1], name),
+                                  getattr(got_plain[1], name))
+  np.testing.assert_allclose(want[0].logprobs, got_plain[0].logprobs,
+                             rtol=0, atol=1e-5)
+  np.testing.assert_allclose(want[1].lse, got_plain[1].lse, rtol=0,
+                             atol=1e-5)
+  for a, b in zip(jax.tree.leaves(one(x, truncating, search)),
+                  jax.tree.leaves(got_trunc), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_vocab_parallel_rejection_sample_equals_one_gpu():
+  """rejection_sample_sharded on 2 GPUs (draft logits, truncating rows,
+  masks) against one GPU's rejection_sample on xla_search: bit-identical."""
+  _two_gpus()
+  batch, k, vocab = 32, 3, 151936
+  ks = jax.random.split(jax.random.key(10), 3)
+  target = jax.random.normal(ks[0], (batch, k + 1, vocab)) * 3
+  draft_logits = target[:, :k] + jax.random.normal(ks[1], (batch, k, vocab))
+  draft = jnp.argmax(draft_logits, axis=-1)
+  num = jnp.arange(batch) % (k + 1)
+  params = jaxsample.SamplingParams.make(
+      batch, temperature=[1.0, 0.7, 0.0, 1.3] * (batch // 4),
+      top_k=[0, 50, 0, 0] * (batch // 4),
+      top_p=[1.0, 0.9, 1.0, 0.8] * (batch // 4))
+  key = jax.random.key(11)
+  config = jaxsample.SamplerConfig(implementation="xla_search",
+                                   max_mask_ids=32)
+  args = (target, draft, num, draft_logits, params)
+  want = jax.jit(lambda t, d, n, dl, p: jaxsample.rejection_sample(
+      t, d, n, p, key, draft_logits=dl, config=config,
+      return_mask=True))(*args)
+  mesh = jax.make_mesh((1, 2), ("b", "v"))
+  with jax.set_mesh(mesh):
+    split = P("b", None, "v")
+    specs = (split, P("b"), P("b"), split, P("b"))
+    got = jax.jit(jax.shard_map(
+        lambda t, d, n, dl, p: sharded.rejection_sample_sharded(
+            t, d, n, p, key, axis_name="v", draft_logits=dl,
+            config=dataclasses.replace(config, implementation="pallas"),
+            return_mask=True),
+        in_specs=specs, out_specs=(P("b"), P(None, "b"))))(
+            *jax.device_put(args, specs))
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -152,11 +152,13 @@ def _vocab_inputs(batch=8, vocab=8192):
 @pytest.mark.parametrize("impl,generator,fp64,shape,per_request", VOCAB_CASES)
 def test_vocab_parallel_equals_one_device(impl, generator, fp64, shape,
                                           per_request):
-  """sample_sharded on (batch x vocab) meshes: tokens, logprobs and validity
-  bit-identical to one device's sample (kernel splits aligned with shards)."""
+  """sample_sharded(return_mask=True) on (batch x vocab) meshes: tokens,
+  logprobs, validity and masks bit-identical to one device's sample
+  (kernel splits aligned with shards)."""
   x, params = _vocab_inputs(vocab=8192 if impl == "pallas" else 1024)
   config = jaxsample.SamplerConfig(
       implementation=impl, rng=generator, use_fp64_gumbel=fp64,
+      max_mask_ids=16,
       tuning=Tuning(gumbel=RaceLaunch(num_splits=8)) if impl == "pallas"
       else None)
   key = jax.random.key(3)
@@ -165,14 +167,16 @@ def test_vocab_parallel_equals_one_device(impl, generator, fp64, shape,
   key_spec = P("b") if per_request else P()
   with jax.enable_x64(fp64):
     want = jax.jit(lambda x, p, k, n: jaxsample.sample(
-        x, p, k, positions=n, config=config))(x, params, key, positions)
+        x, p, k, positions=n, config=config, return_mask=True))(
+            x, params, key, positions)
     mesh = jax.make_mesh(shape, ("b", "v"))
     with jax.set_mesh(mesh):
       # Interpret mode cannot lower under check_vma (JAX 0.11.2); without
       # it one batch key would count local rows: per-request keys.
       body = jax.shard_map(
           lambda x, p, k, n: sharded.sample_sharded(
-              x, p, k, axis_name="v", positions=n, config=config),
+              x, p, k, axis_name="v", positions=n, config=config,
+              return_mask=True),
           in_specs=(P("b", "v"), P("b"), key_spec,
                     P("b") if per_request else None), out_specs=P("b"),
           check_vma=impl != "pallas")
@@ -180,7 +184,7 @@ def test_vocab_parallel_equals_one_device(impl, generator, fp64, shape,
       got = jax.jit(body)(put(x, P("b", "v")), put(params, P("b")),
                           put(key, key_spec), put(positions, P("b")))
   _assert_same(want, got)
-  assert not np.asarray(got.valid)[[5, 6]].any()
+  assert not np.asarray(got[0].valid)[[5, 6]].any()
 
 
 def test_vocab_parallel_traced_truncation_gathers_exactly():
@@ -277,7 +281,7 @@ def test_vocab_parallel_masks_equal_one_device():
   assert np.asarray(got.truncated).any() and np.asarray(got.count).max() > 1
   with pytest.raises(ValueError, match="xla_search"):
     sharded.extract_sampling_mask_sharded(x, params, axis_name="v",
-                                          config="pallas")
+                                          config="xla")
 
 
 def _mask_inputs():
@@ -319,6 +323,16 @@ def test_vocab_parallel_sample_masks_equal_one_device():
   truncated = np.asarray(want[1].truncated)  # the untruncated batch's
   assert truncated.tolist() == [False, False, True, False] + [False, True,
                                                              True, False]
+  # The kernels' truncating batches take this search too (4 vocab shards;
+  # params closed over: no kernel compiles).
+  pallas = dataclasses.replace(config, implementation="pallas")
+  mesh = jax.make_mesh((4,), ("v",), axis_types=(AxisType.Auto,))
+  got = jax.jit(jax.shard_map(
+      lambda x: sharded.sample_sharded(x, batches[0], key, axis_name="v",
+                                       config=pallas, return_mask=True),
+      mesh=mesh, in_specs=P(None, "v"), out_specs=P()))(
+          jax.device_put(x, NamedSharding(mesh, P(None, "v"))))
+  _assert_same(one(x, batches[0]), got)
 
 
 def test_vocab_parallel_rejection_sample_equals_one_device():
