@@ -179,10 +179,10 @@ class Split:
     if self.vocab is None:
       return vals, ids
     vals, ids = self.join(vals), self.join(ids + self.offset)
-    if vals.shape[-1] > width:  # the shards in id order: ties stay so
-      vals, at = lax.top_k(vals, width)
-      ids = jnp.take_along_axis(ids, at, axis=-1)
-    return vals, ids
+    # Sorted again even uncut (width >= V): the join lists shard by shard.
+    # The shards are in id order, so ties stay so.
+    vals, at = lax.top_k(vals, min(width, vals.shape[-1]))
+    return vals, jnp.take_along_axis(ids, at, axis=-1)
 
   def argmax(self, values: jax.Array) -> jax.Array:
     """int32 global id of each row's first largest value (no NaN)."""

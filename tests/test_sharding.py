@@ -218,6 +218,20 @@ def test_vocab_parallel_kernels_reject_unaligned_shards():
     run(jaxsample.SamplingParams.make(4), "pallas")
 
 
+
+def test_split_candidates_are_the_rows_top_k():
+  """``Split.top`` over 4 vocab shards (the collectives under ``jax.vmap``'s
+  axis name: no devices) is ``lax.top_k`` of the whole rows, ties in id
+  order, for a width below the vocabulary and one equal to it (the joined
+  shards sorted again, not left shard by shard)."""
+  x = jnp.round(jax.random.normal(jax.random.key(2), (3, 64)) * 2)  # ties
+  shards = jnp.moveaxis(x.reshape(3, 4, 16), 1, 0)
+  for width in (8, 64):
+    top = jax.vmap(lambda s, w=width: sharded.search_split(
+        "v", 64, jax.lax.axis_index("v") * 16).top(s, w), axis_name="v")
+    _assert_same(jax.lax.top_k(x, width), jax.tree.map(lambda a: a[0],
+                                                       top(shards)))
+
 SEARCH_CASES = [  # generator, fp64, (batch, vocab) mesh, vocab, per-request keys
     ("philox", False, (2, 2), 2048, False),
     ("threefry", True, (1, 4), 1024, True),  # 256 per shard < 1024 candidates
