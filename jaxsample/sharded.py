@@ -264,7 +264,8 @@ def _gather_rows(arrays, axis_name: str) -> list[jax.Array]:
 def _join(a: jax.Array, axis_name: str) -> jax.Array:
   """Every shard's ``[B, W]`` block side by side: ``[B, n W]`` in id order."""
   (blocks,) = _gather_rows([a], axis_name)
-  return jnp.moveaxis(blocks, 0, 1).reshape(a.shape[0], -1)
+  return jnp.moveaxis(blocks, 0, 1).reshape(a.shape[0],
+                                             blocks.shape[0] * a.shape[1])
 
 
 def search_split(axis_name: str, vocab: int, offset) -> xla_search.Split:
