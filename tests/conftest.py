@@ -84,13 +84,14 @@ FP32_EPS = float(np.finfo(np.float32).eps)
 # --no-loadscope-reorder``), so the longest start first and the short ones
 # fill the gaps at the end.  (The halves of test_mask, test_sample,
 # test_threshold and test_spec, split by theme, sit where their file did.)
-_SLOWEST_MODULES = ("test_serve_loop.py", "test_spec_serving.py",
-                    "test_mask.py", "test_mask_kernels.py", "test_sample.py",
-                    "test_race_kernel.py", "test_threshold.py",
-                    "test_threshold_search.py", "test_spec.py",
-                    "test_spec_edges.py", "test_spec_kernels.py",
-                    "test_model.py", "test_fp64_gumbel.py",
-                    "test_truncated_sampling.py", "test_serving.py")
+_SLOWEST_MODULES = (
+    "test_sample.py", "test_serve_loop.py", "test_threshold.py",
+    "test_xla_search.py", "test_sharding.py", "test_spec_kernels.py",
+    "test_threshold_search.py", "test_spec.py", "test_mask_kernels.py",
+    "test_race_kernel.py", "test_spec_serving.py", "test_mask.py",
+    "test_truncated_sampling.py", "test_edges.py", "test_spec_edges.py",
+    "test_fp64_gumbel.py", "test_bench.py", "test_serving.py",
+    "test_model.py")
 
 
 def pytest_unconfigure(config):

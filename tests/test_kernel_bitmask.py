@@ -113,6 +113,7 @@ def test_xla_reads_of_masked_logits_match_the_oracle():
 
 
 @pytest.mark.kernels
+@pytest.mark.slow  # the feature is off by default until a GPU run
 def test_in_kernel_bitmask_equals_the_pre_pass_and_xla():
   """Tokens, logprobs and masks bit-identical between the kernels reading
   the bitmask and the kernels after the XLA pre-pass; tokens, validity and

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import IMPLEMENTATIONS, on_gpu, oracle_keep, slow_case
+from conftest import (IMPLEMENTATIONS, IMPLEMENTATIONS_SLOW_KERNELS, on_gpu,
+                      oracle_keep, slow_case)
 from jaxsample import SamplerConfig, SamplingParams, sampling_mask
 from jaxsample.pallas import sampler, threshold
 
@@ -176,7 +177,7 @@ def test_kernel_masks_match_oracle(vocab, cap, overflows):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS_SLOW_KERNELS)
 def test_overflow_ties_at_the_cap_take_the_smallest_ids(impl):
   vocab = 64
   x = np.zeros((3, vocab), np.float32)
@@ -228,8 +229,9 @@ def test_overflow_random_rows_match_oracle():
     np.testing.assert_allclose(m.logz[b], logz, rtol=1e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("fp64,cap", [
-    (False, 8), slow_case(False, 12), slow_case(True, 12), slow_case(True, 8)])
+@pytest.mark.slow
+@pytest.mark.parametrize("fp64,cap", [(False, 8), (False, 12), (True, 12),
+                                      (True, 8)])
 def test_kernel_lists_large_kept_sets_like_the_reference(fp64, cap):
   """Kept sets too large for the candidate buffer (16: ``sample_large``, or
   ``kept_sets`` on the FP64 path) and for K_cap: at 8 (<= 16 / 2) the
@@ -274,7 +276,8 @@ def test_kernel_lists_large_kept_sets_like_the_reference(fp64, cap):
                              atol=1e-5)
 
 
-@pytest.mark.parametrize("cap", [slow_case(40), 8])
+@pytest.mark.slow
+@pytest.mark.parametrize("cap", [40, 8])
 def test_masks_from_kept_sets_equal_the_samplers(cap):
   """``sampler.kept_set_masks`` of ``kept_sets(..., measure_all=True)``
   (``extract_sampling_mask``'s kernel path; the spec sampler's masks)

@@ -12,7 +12,7 @@ from jaxsample import demo, reference, serve_loop
 from jaxsample.generation.generate import _generate
 from jaxsample.models import Transformer, TransformerConfig
 
-from conftest import on_gpu
+from conftest import on_gpu, slow_case
 
 # Batch-shape independent logits on a GPU (``conftest.full_precision``).
 pytestmark = pytest.mark.usefixtures("full_precision")
@@ -103,7 +103,7 @@ def test_bit_identical_across_runs_and_batch_compositions(request, which):
 
 
 @pytest.mark.kernels
-@pytest.mark.parametrize("which", MODELS)
+@pytest.mark.parametrize("which", [slow_case("tiny"), on_gpu("embedded")])
 def test_xla_and_kernels_generate_the_same_tokens(request, which):
   """``generate`` on the XLA reference and on the kernels (interpret mode
   off a GPU): the same tokens and logprobs (within ``atol``); on the
@@ -188,6 +188,7 @@ def processed_probs(model, sequence, params):
       reference.process(logits, one), one), np.float64))[0]
 
 
+@pytest.mark.slow
 def test_token_frequencies_through_the_loop_match_the_model():
   """First and second generated tokens over 4,096 keys against the model's
   processed distributions (the second: mixed over the first), per token

@@ -338,7 +338,8 @@ MASK_PARAMS = dict(temperature=[0.8, 1.2, 0.0, 1.0], top_k=[5, 0, 3, 0],
 
 @pytest.fixture(scope="module",
                 params=[("draft_logits", "xla"), ("one_hot", "xla"),
-                        ("synthetic", "xla"), ("draft_logits", "pallas")],
+                        ("synthetic", "xla"),
+                        slow_case(("draft_logits", "pallas"))],
                 ids=lambda p: "-".join(p))
 def masked(request):
   """``rejection_sample(..., return_mask=True)`` on a batch of a top-k +

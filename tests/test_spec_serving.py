@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import assert_chi2_fits, on_gpu
+from conftest import assert_chi2_fits, on_gpu, slow_case
 from jaxsample import reference, serve_demo
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.serve_loop import (ModelDrafter, NgramDrafter, Request,
@@ -63,7 +63,7 @@ def greedy_workload(request, which: str):
 
 @pytest.mark.kernels
 @pytest.mark.parametrize("which,drafter", [
-    ("tiny", "ngram"), ("tiny", "layers"), ("tiny", "other"),
+    ("tiny", "ngram"), slow_case("tiny", "layers"), ("tiny", "other"),
     on_gpu("embedded", "ngram"), on_gpu("embedded", "layers")])
 def test_greedy_speculative_equals_plain(request, plain_runs, which, drafter):
   target, module, requests, config, cache_len, k = greedy_workload(request,
@@ -118,7 +118,7 @@ def exact_joint(weights, prompt, params: SamplingParams, vocab: int,
 @pytest.mark.parametrize("drafter,settings", [
     ("ngram", dict(temperature=1.0)),
     ("model", dict(temperature=0.8, top_k=5)),
-    ("model", dict(temperature=1.0, top_p=0.8)),
+    slow_case("model", dict(temperature=1.0, top_p=0.8)),
 ])
 def test_speculative_sampling_distribution(drafter, settings):
   vocab, draws, length = 6, 4096, 3

@@ -84,7 +84,7 @@ def test_rows_read_only_their_listed_segments_when_they_can():
 
 
 @pytest.mark.parametrize("setting", [
-    pytest.param(dict(top_p=0.9), id="top_p=0.9"),
+    slow_case(dict(top_p=0.9), id="top_p=0.9"),
     slow_case(dict(top_p=0.5), id="top_p=0.5"),
     slow_case(dict(top_p=0.95, min_p=0.01), id="top_p=0.95,min_p=0.01"),
     slow_case(dict(min_p=0.05), id="min_p=0.05"),
@@ -134,6 +134,7 @@ def test_large_kept_sets_are_decided_by_the_window_search(setting):
     np.testing.assert_array_equal(a.tokens, want.tokens)
 
 
+@pytest.mark.slow
 def test_window_searched_kept_sets_come_measured():
   """``kept_sets`` of rows whose thresholds window searches found (top-p,
   top-k with min-p, both) reports their mass (``measured``), so the
@@ -264,6 +265,7 @@ def test_masks_of_large_sets_list_in_the_first_search_pass():
     np.testing.assert_array_equal(ids[i], order[o.kept[order]][:width])
 
 
+@pytest.mark.slow
 def test_a_misleading_sample_takes_the_pivot_search():
   """Every sampled element is far below the rest (top-p, top-k), or every
   element ties (top-k): the window misses, and the pivot search finds the

@@ -103,7 +103,7 @@ def low_precision_batch(vocab, dtype, seed=7):
 @pytest.mark.kernels
 @pytest.mark.parametrize("vocab", [1007, on_gpu(151936)])
 @pytest.mark.parametrize("dtype", [
-    pytest.param(jnp.bfloat16, id="bfloat16"),
+    slow_case(jnp.bfloat16, id="bfloat16"),
     slow_case(jnp.float16, id="float16")])
 def test_low_precision_logits(dtype, vocab):
   """The kernels read bf16/fp16 logits in their own dtype (truncated batches,
