@@ -82,8 +82,7 @@ FP32_EPS = float(np.finfo(np.float32).eps)
 # interpret-mode compiles dominate).  ``scripts/dev test`` hands whole
 # modules to workers in collection order (``--dist loadfile
 # --no-loadscope-reorder``), so the longest start first and the short ones
-# fill the gaps at the end.  (The halves of test_mask, test_sample,
-# test_threshold and test_spec, split by theme, sit where their file did.)
+# fill the gaps at the end.
 _SLOWEST_MODULES = (
     "test_sample.py", "test_serve_loop.py", "test_threshold.py",
     "test_xla_search.py", "test_sharding.py", "test_spec_kernels.py",
