@@ -49,12 +49,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["MAX_BIAS", "LogitsProcessors", "apply_processors",
+__all__ = ["MAX_BIAS", "NEUTRAL", "LogitsProcessors", "apply_processors",
            "apply_to_slots", "bitmask_allows", "bitmask_width", "maybe_apply",
-           "pack_bitmask", "require_processors", "slot_rows"]
+           "neutral_field", "pack_bitmask", "require_processors", "slot_rows"]
 
 MAX_BIAS = 100.0
 """Biases are clipped to ``[-MAX_BIAS, MAX_BIAS]`` (OpenAI's range)."""
+
+NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
+           "frequency_penalty": 0.0, "bias_values": 0.0, "min_tokens": 0,
+           "num_output": 0, "bias_ids": -1, "allowed_ids": -1,
+           "banned_ids": -1, "stop_ids": -1, "prompt_ids": -1,
+           "output_ids": -1, "bitmask": -1}
+"""Each ``LogitsProcessors`` field's neutral value: a row (or id-list entry)
+padded with it changes nothing (-1: no id; a bitmask word of -1 allows all
+32 ids).  Float fields are float32, the rest int32."""
+
+
+def neutral_field(name: str, shape) -> np.ndarray:
+  """A numpy ``shape`` array of field ``name``'s neutral value and dtype."""
+  fill = NEUTRAL[name]
+  return np.full(shape, fill, np.float32 if isinstance(fill, float)
+                 else np.int32)
+
 
 _ROW_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty",
                "min_tokens", "num_output")

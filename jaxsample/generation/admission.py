@@ -13,7 +13,8 @@ import numpy as np
 
 from jaxsample.generation.requests import ProcessorLimits, Request
 from jaxsample.params import SamplingParams, check_setting
-from jaxsample.processors import MAX_BIAS, LogitsProcessors, bitmask_width
+from jaxsample.processors import (MAX_BIAS, LogitsProcessors, bitmask_width,
+                                  neutral_field)
 
 __all__ = ["SEED_LIMIT", "RequestRules", "admission_inputs",
            "pack_host_bitmask", "request_from_fields", "slot_processors"]
@@ -218,28 +219,29 @@ def slot_processors(limits: ProcessorLimits | None,
   words (all ids allowed where None or missing).  None without ``limits``."""
   if limits is None:
     return None
-  table = lambda width: np.full((rows, width), -1, np.int32)
-  zeros = lambda dtype: np.zeros(rows, dtype)
   fields = {}
+
+  def neutral(*names, width=None):
+    for name in names:
+      fields[name] = neutral_field(name, (rows,) if width is None
+                                   else (rows, width))
+
   if limits.penalties:
-    fields.update(repetition_penalty=np.ones(rows, np.float32),
-                  presence_penalty=zeros(np.float32),
-                  frequency_penalty=zeros(np.float32),
-                  prompt_ids=table(history), output_ids=table(history))
+    neutral("repetition_penalty", "presence_penalty", "frequency_penalty")
+    neutral("prompt_ids", "output_ids", width=history)
   if limits.logit_bias:
-    fields.update(bias_ids=table(limits.logit_bias),
-                  bias_values=np.zeros((rows, limits.logit_bias), np.float32))
+    neutral("bias_ids", "bias_values", width=limits.logit_bias)
   for name, field in (("allowed_token_ids", "allowed_ids"),
                       ("banned_token_ids", "banned_ids")):
     if getattr(limits, name):
-      fields[field] = table(getattr(limits, name))
+      neutral(field, width=getattr(limits, name))
   if limits.min_tokens:
-    fields.update(min_tokens=zeros(np.int32), stop_ids=table(stop_width))
+    neutral("min_tokens")
+    neutral("stop_ids", width=stop_width)
   if limits.penalties or limits.min_tokens:
-    fields["num_output"] = zeros(np.int32)
+    neutral("num_output")
   if limits.bitmask:
-    fields["bitmask"] = np.full((rows, bitmask_width(vocab_size)), -1,
-                                np.int32)
+    neutral("bitmask", width=bitmask_width(vocab_size))
   for row, request in enumerate(requests):
     if limits.penalties:
       for name in ("repetition_penalty", "presence_penalty",

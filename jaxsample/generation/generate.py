@@ -37,7 +37,8 @@ from jaxsample.generation.step import (DecodeState, StepOutput, decode_step,
                                        prefill, raw_keys)
 from jaxsample.mask import SamplingMask
 from jaxsample.params import SamplerConfig, SamplingParams
-from jaxsample.processors import LogitsProcessors, require_processors
+from jaxsample.processors import (NEUTRAL, LogitsProcessors, neutral_field,
+                                  require_processors)
 
 __all__ = ["Generation", "bucket", "generate"]
 
@@ -207,10 +208,6 @@ def _stop_lists(stop_tokens, batch: int) -> list[list[int]]:
 
 # The neutral value of each field (padding rows and columns): it changes
 # nothing (``jaxsample.processors``: ids -1 are ignored, all bits allow).
-_NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
-            "frequency_penalty": 0.0, "bias_values": 0.0, "min_tokens": 0,
-            "bias_ids": -1, "allowed_ids": -1, "banned_ids": -1,
-            "stop_ids": -1, "bitmask": -1}
 _ID_LISTS = ("bias_ids", "bias_values", "allowed_ids", "banned_ids",
              "stop_ids")
 
@@ -238,9 +235,9 @@ def _loop_processors(processors: LogitsProcessors | None, batch: int,
                        "generate counts the tokens it generates")
   slots = tokens.shape[0]
   fields = {}
-  for name, fill in _NEUTRAL.items():
+  for name, fill in NEUTRAL.items():
     value = getattr(processors, name)
-    if value is None:
+    if value is None or name in ("prompt_ids", "output_ids", "num_output"):
       continue
     value = np.asarray(value).astype(np.float32 if isinstance(fill, float)
                                      else np.int32)
@@ -254,9 +251,9 @@ def _loop_processors(processors: LogitsProcessors | None, batch: int,
     columns = np.arange(tokens.shape[1])
     fields["prompt_ids"] = np.where(columns < lengths[:, None], tokens, -1)
   if processors.penalizes:
-    fields["output_ids"] = np.full((slots, steps), -1, np.int32)
+    fields["output_ids"] = neutral_field("output_ids", (slots, steps))
   if processors.penalizes or processors.min_tokens is not None:
-    fields["num_output"] = np.zeros(slots, np.int32)
+    fields["num_output"] = neutral_field("num_output", slots)
   return LogitsProcessors(**fields)
 
 
