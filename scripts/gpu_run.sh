@@ -10,7 +10,11 @@
 #              noise, params closed over (a batch without filters compiles the kernel alone)
 #   mask       issue 5's table: truncation suite, sample + mask against sample alone
 #   SUITE      any other suite of python -m jaxsample.bench (truncation, profile, extract,
-#              fp64, spec, sweep, pivot, sort) with its defaults
+#              fp64, spec, sweep, pivot, sort, processing, sharded) with its defaults
+#   decode     python -m jaxsample.bench.decode $DECODE_ARGS (e.g. "--shapes qwen2.5-0.5b")
+#   serve      serve_demo --bench: the embedded model (no drafts, n-gram, draft model, synthetic;
+#              1 and 8 steps per call) and a Qwen2.5-0.5B-shaped random model
+#   multigpu   (2 GPUs) tests/test_gpu_sharding.py and a 2-process jax.distributed run
 #   peers      tests/test_gpu_peers.py: torch's and vLLM's samplers (vLLM's copy: .peers/vllm)
 #   report-V-DTYPE, reportspec-V-DTYPE   one slice of python -m jaxsample.bench report (the
 #              sample part / the verification part at vocabulary V in DTYPE) into $OUT/STEP/,
@@ -19,7 +23,7 @@
 # Logs and JSON go to $OUT (the device tool's output folder) or ./gpu-out, one STEP.log and
 # STEP.json per step.  GPU_TEST_WORKERS: pytest-xdist workers for the tests (default 6; 0: none).
 set -uo pipefail
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then sed -n '2,20p' "$0" | cut -c3-; exit 0; fi
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then sed -n '2,/^set -uo/p' "$0" | grep '^#' | cut -c3-; exit 0; fi
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 out="${OUT:-gpu-out}"; mkdir -p "$out"
 steps=("$@"); [[ ${#steps[@]} -gt 0 ]] || steps=(smoke tests bench)
@@ -52,7 +56,30 @@ for step in "${steps[@]}"; do
              --iters 32 --repeats 5 ;;
     mask) bench mask truncation --batch 1,32,128,256 --settings top_k50+top_p0.9,top_p0.95 \
             --mask-caps 64,1024,4096 --no-peers --no-reference --iters 16 --repeats 3 ;;
-    truncation|profile|extract|fp64|spec|sweep|pivot|sort) bench "$step" "$step" ;;
+    truncation|profile|extract|fp64|spec|sweep|pivot|sort|processing|sharded) bench "$step" "$step" ;;
+    decode)
+      # shellcheck disable=SC2086  # DECODE_ARGS is a word list
+      python3 -m jaxsample.bench.decode ${DECODE_ARGS:-} --json "$out/decode.json" 2>&1 | quiet \
+        | tee "$out/decode.log"
+      status=$((status | ${PIPESTATUS[0]})) ;;
+    serve)
+      demo=(python3 -m jaxsample.serve_demo --bench --requests 128 --slots 32 --max-tokens 64)
+      qwen=(--random --vocab 151936 --d-model 896 --layers 24 --heads 14 --kv-heads 2 --mlp 4864
+            --dtype bfloat16 --cache-len 1024 --prompt-len 64 --slots 64)
+      { "${demo[@]}" --spec none ngram draft synthetic:0.9,0.8,0.7,0.6 \
+          && "${demo[@]}" --steps-per-call 8 --spec none \
+          && "${demo[@]}" "${qwen[@]}" --spec none synthetic:0.9,0.8,0.7,0.6; } 2>&1 | quiet \
+        | tee "$out/serve.log"
+      status=$((status | ${PIPESTATUS[0]})) ;;
+    multigpu)
+      python3 -m pytest -m gpu -v -rfE -p no:cacheprovider tests/test_gpu_sharding.py 2>&1 \
+        | quiet > "$out/gpu-multigpu.log"
+      status=$((status | ${PIPESTATUS[0]})); tail -n 3 "$out/gpu-multigpu.log"
+      for i in 0 1; do
+        CUDA_VISIBLE_DEVICES=$i JAX_PLATFORMS=cuda python3 scripts/multiprocess_sample.py 12355 2 \
+          "$i" "$out/multiprocess.txt" > "$out/multiprocess-$i.log" 2>&1 &
+      done
+      wait; cat "$out/multiprocess.txt"; grep -q '^True' "$out/multiprocess.txt" || status=1 ;;
     peers)
       python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_peers.py 2>&1 | quiet \
         > "$out/gpu-peers.log"
