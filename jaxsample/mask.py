@@ -5,10 +5,12 @@ fields, host forms and the rows the sampler treats specially) is defined in
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
-from jaxsample import (dispatch, partition, reference, sampling_mask,
+from jaxsample import (dispatch, partition, reference, sampling_mask, sharded,
                        xla_search)
 from jaxsample.pallas import bitmask, sampler
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
@@ -40,7 +42,12 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   config = as_config(config)
   logits = jnp.asarray(logits)
   params = dispatch.check_logits(logits, params)
-  partition.check_unsharded_vocab(logits)
+  if partition.explicit_axes(logits, 1):  # vocab-sharded under jit
+    return sharded.vocab_mesh_call(
+        functools.partial(sharded.extract_sampling_mask_sharded,
+                          config=config),
+        split=dict(logits=logits), rows=dict(params=params),
+        processors=processors)
   logits = bitmask.kernel_logits(logits, processors, config)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(logits.shape[1])

@@ -22,6 +22,8 @@ Explicit axes or ``shard_map`` for it.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
 import jax
@@ -32,8 +34,10 @@ from jax.sharding import PartitionSpec as P
 from jaxsample import rowwise
 from jaxsample.pallas import common
 
-__all__ = ["by_batch_shard", "check_unsharded_vocab", "explicit_axes",
+__all__ = ["batch_split_over", "by_batch_shard", "explicit_axes",
            "manual_rows", "per_batch_shard"]
+
+_BATCH_SPLIT = contextvars.ContextVar("batch_split", default=())
 
 
 def explicit_axes(x, dim: int) -> tuple[str, ...]:
@@ -49,15 +53,16 @@ def explicit_axes(x, dim: int) -> tuple[str, ...]:
   return tuple(a for a in axes if types[a] == AxisType.Explicit)
 
 
-def check_unsharded_vocab(logits) -> None:
-  """Raises ``ValueError`` for logits sharded along the vocabulary (their
-  last dimension) on a mesh of Explicit axes: ``jaxsample.sharded`` samples
-  those."""
-  if axes := explicit_axes(logits, logits.ndim - 1):
-    raise ValueError(
-        f"logits are sharded along the vocabulary (mesh axes {axes}): sample "
-        "them with jaxsample.sharded.sample_sharded inside jax.shard_map, or "
-        "reshard the vocabulary axis unsharded")
+@contextlib.contextmanager
+def batch_split_over(axes: tuple[str, ...]):
+  """Inside a ``jax.shard_map`` without ``check_vma`` (no vma types): the
+  manual axes the batch is split over, which ``manual_rows`` then counts
+  as if the arrays' types said so."""
+  token = _BATCH_SPLIT.set(tuple(axes))
+  try:
+    yield
+  finally:
+    _BATCH_SPLIT.reset(token)
 
 
 def manual_rows(x, batch: int, *, exclude: str | None = None):
@@ -69,6 +74,7 @@ def manual_rows(x, batch: int, *, exclude: str | None = None):
   manual axis that splits something else (the vocabulary)."""
   mesh = jax.sharding.get_abstract_mesh()
   varying = rowwise.varying_axes(x) if mesh.manual_axes else frozenset()
+  varying = varying | frozenset(_BATCH_SPLIT.get())
   axes = [a for a in mesh.axis_names if a in varying and a != exclude]
   if not axes:
     return 1, jnp.uint32(0)

@@ -1,24 +1,27 @@
 """``jaxsample.sample``: one public entry point, backends behind a small dispatch.
 
 ``sample`` validates, canonicalizes and dispatches: the XLA paths
-(``reference``, ``xla_search``: ``_sample_xla``) or the Pallas routes
-(``jaxsample.pallas.sampler``)."""
+(``reference``, ``xla_search``) or the Pallas routes (``jaxsample.pallas.
+sampler``) through ``row_sampling.sample_rows``; logits split along the
+vocabulary on a mesh of Explicit axes take ``sharded.sample_sharded``."""
 
 from __future__ import annotations
 
+import functools
 from typing import Literal, overload
 
 import jax
 import jax.numpy as jnp
 
 from jaxsample import (dispatch, mask, partition, processors as processing,
-                       reference, rng, sampling_mask, xla_search)
-from jaxsample.pallas import bitmask, sampler
+                       rng, sampling_mask, sharded)
+from jaxsample.pallas import bitmask
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.reference import SampleResult
+from jaxsample.row_sampling import sample_rows
 from jaxsample.sampling_mask import SamplingMask
 
-__all__ = ["sample", "sample_rows"]
+__all__ = ["sample"]
 
 
 @overload
@@ -97,7 +100,12 @@ def sample(logits: jax.Array,
   config = as_config(config)
   logits = jnp.asarray(logits)
   params = dispatch.check_logits(logits, params)
-  partition.check_unsharded_vocab(logits)
+  if partition.explicit_axes(logits, 1):  # vocab-sharded under jax.jit
+    return sharded.vocab_mesh_call(
+        functools.partial(sharded.sample_sharded, config=config,
+                          return_mask=return_mask),
+        split=dict(logits=logits), rows=dict(params=params),
+        keys=dict(key=key, positions=positions), processors=processors)
   batch, vocab = logits.shape
   # Inside shard_map a batch shard counts one key's rows globally.
   _, first_row = partition.manual_rows(logits, batch)
@@ -123,34 +131,3 @@ def sample(logits: jax.Array,
   # Valid rows' tokens are in their kept sets: listed even on overflow.
   return result, sampling_mask.with_token(result_mask, result.tokens,
                                           result.valid)
-
-
-def sample_rows(logits, params: SamplingParams, streams: rng.RowStreams,
-                config: SamplerConfig, return_mask: bool):
-  """``sample``'s ``(SampleResult, mask or None)`` for canonical ``params``
-  and the rows' noise streams, on the backend ``config`` picks (the mask
-  before ``sampling_mask.with_token``)."""
-  if dispatch.use_pallas(config):
-    out = sampler.sample_pallas(logits, params, streams, config, return_mask)
-    return out if return_mask else (out, None)
-  return _sample_xla(logits, params, streams, config, return_mask)
-
-
-def _sample_xla(logits, params: SamplingParams, streams: rng.RowStreams,
-                config: SamplerConfig, return_mask: bool):
-  """The XLA paths, sort-based (``"xla"``) or not (``"xla_search"``):
-  ``(SampleResult, mask or None)``."""
-  order_width = config.max_mask_ids * return_mask
-  if dispatch.backend(config) == "xla_search":
-    result, proc = xla_search.sample(
-        logits, params, streams, generator=config.rng,
-        fp64=config.use_fp64_gumbel, order_width=order_width)
-  else:
-    proc = reference.process(logits, params, order_width=order_width)
-    result = reference.sample_reference(
-        logits, params, streams, generator=config.rng,
-        fp64=config.use_fp64_gumbel, proc=proc)
-  if not return_mask:
-    return result, None
-  return result, sampling_mask.from_processed(proc, params,
-                                              config.max_mask_ids)

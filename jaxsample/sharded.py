@@ -67,8 +67,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxsample import (dispatch, partition, reference, rng, rowwise, sampling,
-                       sampling_mask, spec, spec_reference, xla_search)
+from jax.sharding import PartitionSpec as P
+
+from jaxsample import (dispatch, partition, reference, rng, row_sampling,
+                       rowwise, sampling_mask, spec_reference, xla_search)
 from jaxsample.pallas import common, gumbel, sampler, tuning
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.reference import SampleResult
@@ -76,7 +78,7 @@ from jaxsample.sampling_mask import SamplingMask
 from jaxsample.spec_reference import SpecResult
 
 __all__ = ["extract_sampling_mask_sharded", "rejection_sample_sharded",
-           "sample_sharded", "search_split"]
+           "sample_sharded", "search_split", "vocab_mesh_call"]
 
 
 def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
@@ -126,7 +128,7 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
   def truncated():
     if dispatch.backend(config) == "xla":
       whole = _join(logits.astype(jnp.float32), axis_name)
-      return sampling.sample_rows(whole, params, streams, config, bool(width))
+      return row_sampling.sample_rows(whole, params, streams, config, bool(width))
     split = search_split(axis_name, vocab, offset)
     result, proc = xla_search.sample(
         logits, params, streams, generator=config.rng,
@@ -219,7 +221,7 @@ def rejection_sample_sharded(
           target_logits, draft_tokens, num_draft, draft_logits,
           synthetic_rates, positions))
   shards = lax.axis_size(axis_name)
-  spec.check_inputs(target_logits, draft_tokens, num_draft, params,
+  spec_reference.check_inputs(target_logits, draft_tokens, num_draft, params,
                     draft_logits, synthetic_rates, positions, shards=shards)
   batch, k1, local = target_logits.shape
   vocab = local * shards
@@ -244,6 +246,60 @@ def rejection_sample_sharded(
   if not return_mask:
     return result
   return result, spec_reference.emitted_masks(result, rows)
+
+
+def vocab_mesh_call(fn, *, split, rows, keys=None, whole=None,
+                    processors=None, out_batch_dims=0):
+  """``fn(**split, **rows, **keys, axis_name=a)`` inside ``jax.shard_map``
+  over the mesh of ``split["logits"]`` or ``split["target_logits"]``, whose
+  last dimension is split over one Explicit mesh axis ``a`` (vocab-sharded
+  logits under ``jax.jit``): how ``sample``, ``extract_sampling_mask`` and
+  ``rejection_sample`` reach the ``*_sharded`` functions from ``jit``.
+
+  ``split``: arrays ``[B, ..., V]``, split along the vocabulary over ``a``
+  and along the batch as the logits are; ``rows``: pytrees of ``[B, ...]``
+  arrays (None allowed), split along the batch; ``keys``: ``key`` (with
+  ``positions``), per request (``[B]`` keys) following the batch, else
+XX
+
+  Raises:
+    ValueError: for ``processors`` (apply them before splitting the
+      vocabulary), or a vocabulary split over several mesh axes.
+  """
+  split = {name: a for name, a in split.items() if a is not None}
+  logits = split.get("logits", split.get("target_logits"))
+  vocab_axes = partition.explicit_axes(logits, logits.ndim - 1)
+  if processors is not None:
+    raise ValueError(
+        "processors are not taken for logits split along the vocabulary "
+        f"(mesh axes {vocab_axes}): apply them (jaxsample.apply_processors) "
+        "before the vocabulary is split, or reshard it unsharded")
+  if len(vocab_axes) != 1:
+    raise ValueError(
+        f"the vocabulary is split over mesh axes {vocab_axes}: split it over "
+        "one axis, or call sample_sharded inside jax.shard_map")
+  axis_name = vocab_axes[0]
+  batch = partition.explicit_axes(logits, 0) or None
+  keys, whole = dict(keys or {}), dict(whole or {})
+  if keys and rng.key_words(keys["key"]).ndim == 1:  # one key: replicated
+    whole["key"] = keys.pop("key")
+  rows = {**rows, **keys}
+  split_spec = lambda a: P(batch, *(None,) * (a.ndim - 2), axis_name)
+  split_specs = {name: split_spec(a) for name, a in split.items()}
+  reshard = lambda tree, spec: jax.tree.map(
+      lambda a: jax.sharding.reshard(a, spec), tree)
+  split = {name: reshard(a, split_specs[name]) for name, a in split.items()}
+  rows, whole = reshard(rows, P(batch)), reshard(whole, P())
+  def body(split, rows, whole):
+    with partition.batch_split_over(batch or ()):
+      return fn(**split, **rows, **whole, axis_name=axis_name)
+
+  mesh = jax.typeof(logits).sharding.mesh
+  # check_vma off: the kernels' interpret mode cannot lower with it (JAX
+  # 0.11.2); batch_split_over tells manual_rows the batch split instead.
+  out_specs = jax.tree.map(lambda d: P(*(None,) * d, batch), out_batch_dims)
+  return jax.shard_map(body, mesh=mesh, in_specs=(split_specs, P(batch), P()),
+                       out_specs=out_specs, check_vma=False)(split, rows, whole)
 
 
 def _gather_rows(arrays, axis_name: str) -> list[jax.Array]:

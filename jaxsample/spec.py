@@ -113,67 +113,23 @@ under ``jit`` ``num_draft`` and draft tokens are clamped as above.  ``B = 0`` re
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Literal, overload
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxsample import (dispatch, mask, partition, reference, rng, rowwise,
-                       spec_reference, xla_search)
+                       sharded, spec_reference, xla_search)
 from jaxsample.pallas import sampler, threshold
 from jaxsample.pallas import spec as kernels
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.processors import LogitsProcessors, apply_to_slots
 from jaxsample.sampling_mask import SamplingMask
-from jaxsample.spec_reference import (SpecResult, per_row_params, request_keys,
-                                      stream_keys)
+from jaxsample.spec_reference import (SpecResult, check_inputs, per_row_params,
+                                      request_keys, stream_keys)
 
 __all__ = ["SpecResult", "check_inputs", "rejection_sample", "stream_keys"]
-
-
-def check_inputs(target_logits, draft_tokens, num_draft, params, draft_logits,
-                 synthetic_rates, positions, *, shards: int = 1) -> None:
-  """Raises ``ValueError`` for inputs ``rejection_sample`` rejects (its
-  doc); ``shards``: the vocabulary of ``target_logits`` is one of that
-  many equal shards (``jaxsample.sharded``), draft tokens index all of
-  them."""
-  if target_logits.ndim != 3 or target_logits.shape[1] < 1:
-    raise ValueError("target_logits must be [B, k + 1, V] with k >= 0; got "
-                     f"shape {target_logits.shape}")
-  if not jnp.issubdtype(target_logits.dtype, jnp.floating):
-    raise ValueError(f"target_logits must be floating point; got "
-                     f"{target_logits.dtype}")
-  batch, k1, vocab = target_logits.shape
-  k = k1 - 1
-  if vocab == 0:
-    raise ValueError("target_logits must have a non-empty vocabulary (V >= 1)")
-  checks = [("draft_tokens", draft_tokens, (batch, k), jnp.integer),
-            ("num_draft", num_draft, (batch,), jnp.integer)]
-  if positions is not None:
-    checks.append(("positions", positions, (batch,), jnp.integer))
-  if draft_logits is not None:
-    checks.append(("draft_logits", draft_logits, (batch, k, vocab),
-                   jnp.floating))
-  if synthetic_rates is not None:
-    checks.append(("synthetic_rates", synthetic_rates, (k,), jnp.floating))
-  for name, a, shape, kind in checks:
-    if a.shape != shape or not jnp.issubdtype(a.dtype, kind):
-      raise ValueError(
-          f"{name} must be {kind.__name__} of shape {shape} (B={batch}, "
-          f"k={k}, V={vocab} from target_logits [B, k + 1, V]); got "
-          f"{a.dtype}{list(a.shape)}")
-  if not isinstance(num_draft, jax.core.Tracer):
-    n = np.asarray(num_draft)
-    if n.size and (n.min() < 0 or n.max() > k):
-      raise ValueError(f"num_draft must be in [0, k={k}]; got values in "
-                       f"[{n.min()}, {n.max()}]")
-  if not isinstance(draft_tokens, jax.core.Tracer):
-    d = np.asarray(draft_tokens)
-    if d.size and (d.min() < 0 or d.max() >= vocab * shards):
-      raise ValueError(f"draft_tokens must be in [0, V={vocab * shards}); got "
-                       f"values in [{d.min()}, {d.max()}] (padding slots "
-                       "past num_draft too: fill them with 0)")
 
 
 @overload
@@ -273,7 +229,16 @@ def rejection_sample(target_logits: jax.Array,
       positions = arrays
   check_inputs(target_logits, draft_tokens, num_draft, params, draft_logits,
                synthetic_rates, positions)
-  partition.check_unsharded_vocab(target_logits)
+  if partition.explicit_axes(target_logits, 2):  # vocab-sharded under jit
+    return sharded.vocab_mesh_call(
+        functools.partial(sharded.rejection_sample_sharded, config=config,
+                          return_mask=return_mask),
+        split=dict(target_logits=target_logits, draft_logits=draft_logits),
+        rows=dict(draft_tokens=draft_tokens, num_draft=num_draft,
+                  params=SamplingParams.rows(params, target_logits.shape[0])),
+        keys=dict(key=key, positions=positions),
+        whole=dict(synthetic_rates=synthetic_rates), processors=processors,
+        out_batch_dims=(0, 1) if return_mask else 0)
   target_logits, draft_logits = apply_to_slots(processors, target_logits,
                                                draft_tokens, draft_logits)
   batch, k1, vocab = target_logits.shape

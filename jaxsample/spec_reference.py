@@ -8,13 +8,14 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxsample import reference, rng, sampling_mask, xla_search
 from jaxsample.params import SamplingParams
 from jaxsample.sampling_mask import SamplingMask
 
 __all__ = ["SpecResult", "acceptance_uniforms", "accepted_count", "assemble",
-           "emitted_masks", "per_row_params", "reject_xla", "request_keys",
+           "check_inputs", "emitted_masks", "per_row_params", "reject_xla", "request_keys",
            "residual_logits", "slot_masks", "stream_keys"]
 
 
@@ -237,3 +238,47 @@ def emitted_masks(result: SpecResult, rows: SamplingMask) -> SamplingMask:
   return sampling_mask.with_token(
       slot_masks(rows, result.num_accepted, result.tokens.shape[1]),
       result.tokens.T, (result.logprobs > -jnp.inf).T)
+
+
+def check_inputs(target_logits, draft_tokens, num_draft, params, draft_logits,
+                 synthetic_rates, positions, *, shards: int = 1) -> None:
+  """Raises ``ValueError`` for inputs ``rejection_sample`` rejects (its
+  doc); ``shards``: the vocabulary of ``target_logits`` is one of that
+  many equal shards (``jaxsample.sharded``), draft tokens index all of
+  them."""
+  if target_logits.ndim != 3 or target_logits.shape[1] < 1:
+    raise ValueError("target_logits must be [B, k + 1, V] with k >= 0; got "
+                     f"shape {target_logits.shape}")
+  if not jnp.issubdtype(target_logits.dtype, jnp.floating):
+    raise ValueError(f"target_logits must be floating point; got "
+                     f"{target_logits.dtype}")
+  batch, k1, vocab = target_logits.shape
+  k = k1 - 1
+  if vocab == 0:
+    raise ValueError("target_logits must have a non-empty vocabulary (V >= 1)")
+  checks = [("draft_tokens", draft_tokens, (batch, k), jnp.integer),
+            ("num_draft", num_draft, (batch,), jnp.integer)]
+  if positions is not None:
+    checks.append(("positions", positions, (batch,), jnp.integer))
+  if draft_logits is not None:
+    checks.append(("draft_logits", draft_logits, (batch, k, vocab),
+                   jnp.floating))
+  if synthetic_rates is not None:
+    checks.append(("synthetic_rates", synthetic_rates, (k,), jnp.floating))
+  for name, a, shape, kind in checks:
+    if a.shape != shape or not jnp.issubdtype(a.dtype, kind):
+      raise ValueError(
+          f"{name} must be {kind.__name__} of shape {shape} (B={batch}, "
+          f"k={k}, V={vocab} from target_logits [B, k + 1, V]); got "
+          f"{a.dtype}{list(a.shape)}")
+  if not isinstance(num_draft, jax.core.Tracer):
+    n = np.asarray(num_draft)
+    if n.size and (n.min() < 0 or n.max() > k):
+      raise ValueError(f"num_draft must be in [0, k={k}]; got values in "
+                       f"[{n.min()}, {n.max()}]")
+  if not isinstance(draft_tokens, jax.core.Tracer):
+    d = np.asarray(draft_tokens)
+    if d.size and (d.min() < 0 or d.max() >= vocab * shards):
+      raise ValueError(f"draft_tokens must be in [0, V={vocab * shards}); got "
+                       f"values in [{d.min()}, {d.max()}] (padding slots "
+                       "past num_draft too: fill them with 0)")

@@ -106,14 +106,42 @@ def test_batch_parallel_equals_one_device(impl, fn, mode):
   _assert_same(want, got)
 
 
-def test_vocab_sharded_logits_rejected_by_sample():
-  mesh = jax.make_mesh((4,), ("v",))
-  logits = jnp.zeros((4, 16))
+def test_jit_takes_the_vocab_parallel_path_for_vocab_sharded_logits():
+  """Logits split along the vocabulary on a 2x2 Explicit mesh, under plain
+  jax.jit: sample (one key, masks), extract_sampling_mask and
+  rejection_sample (per-request keys, draft logits, masks) equal one
+  device bit for bit (xla_search); processors are refused by name."""
+  x, batches = _mask_inputs()
+  params = batches[0]
+  config = jaxsample.SamplerConfig(implementation="xla_search",
+                                   max_mask_ids=16)
+  key = jax.random.key(6)
+  target = jnp.stack([x, x[::-1] * 0.5], axis=1)  # [8, k + 1 = 2, 1024]
+  draft = jnp.argmax(x, axis=-1)[:, None]
+  num, keys = jnp.arange(8) % 2, jax.random.split(key, 8)
+  positions = jnp.arange(8) * 3
+
+  def calls(x, target, draft_logits, params, keys):
+    return (jaxsample.sample(x, params, key, config=config, return_mask=True),
+            jaxsample.extract_sampling_mask(x, params, config=config),
+            spec.rejection_sample(target, draft, num, params, keys,
+                                  draft_logits=draft_logits,
+                                  positions=positions, config=config,
+                                  return_mask=True))
+
+  args = (x, target, target[:, :1] * 0.9, params, keys)
+  want = jax.jit(calls)(*args)
+  mesh = jax.make_mesh((2, 2), ("b", "v"))
   with jax.set_mesh(mesh):
-    x = jax.device_put(logits, P(None, "v"))
-    with pytest.raises(ValueError, match="sample_sharded"):
-      jax.jit(lambda x: jaxsample.sample(
-          x, jaxsample.SamplingParams.make(4), jax.random.key(0)))(x)
+    specs = (P("b", "v"), P("b", None, "v"), P("b", None, "v"), P("b"),
+             P("b"))
+    got = jax.jit(calls)(*jax.device_put(args, specs))
+    _assert_same(want, got)
+    banned = jaxsample.LogitsProcessors.make(8, banned_token_ids=[[1]] * 8)
+    with pytest.raises(ValueError, match="processors"):
+      jax.jit(lambda x: jaxsample.sample(x, params, key, config=config,
+                                         processors=banned))(
+          jax.device_put(x, P("b", "v")))
 
 
 def test_exact_sum_is_order_independent():
