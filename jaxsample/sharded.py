@@ -128,7 +128,8 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
   def truncated():
     if dispatch.backend(config) == "xla":
       whole = _join(logits.astype(jnp.float32), axis_name)
-      return row_sampling.sample_rows(whole, params, streams, config, bool(width))
+      return row_sampling.sample_rows(whole, params, streams, config,
+                                      bool(width))
     split = search_split(axis_name, vocab, offset)
     result, proc = xla_search.sample(
         logits, params, streams, generator=config.rng,
