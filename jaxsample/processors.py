@@ -17,6 +17,9 @@ ignored.  ``apply_processors(logits, processors)`` returns fp32 logits ``z``:
            x_i         otherwise
      z_i = r_i - frequency * c_i - presence * [c_i > 0]
 
+   in fp32, left to right, every operation rounded (a product is rounded
+   before it is subtracted: no fused multiply-add).
+
 3. Masks (each sets ``z_i = -inf``): ids outside a row's ``allowed_ids``
    (rows listing no id allow every id), ``banned_ids``, ids whose bit is 0 in
    the grammar ``bitmask`` (bit ``j`` of word ``w`` allows id ``32 w + j``,
@@ -27,9 +30,12 @@ Order: vLLM v1 applies the grammar bitmask in the model runner, then, in its
 sampler, allowed ids, bad words, min tokens, logit bias, penalties, then
 temperature and the filters.  The masks only write -inf, which the bias and
 the penalties keep (finite biases and penalties), so applying them last gives
-vLLM's result; it also makes a masked entry exactly -inf.  A row with every
-entry masked has no finite logit: the sampler marks it invalid (token 0,
-logprob -inf), its defined result.
+vLLM's result; it also makes a masked entry exactly -inf
+(``apply_processors`` applies the allowed and bitmask masks in the pass
+that makes the fp32 copy and keeps their entries -inf through the bias and
+the penalties: the same result, with no pass of their own).  A row with
+every entry masked has no finite logit: the sampler marks it invalid (token
+0, logprob -inf), its defined result.
 
 Traced values that are out of range get a defined meaning
 (``LogitsProcessors.canonical``): a repetition penalty that is not a finite
@@ -431,32 +437,28 @@ def _history(p: LogitsProcessors, vocab: int
   The prompt ids count only for the repetition penalty (``s_i``); an id
   listed neither way is unchanged (``r_i = x_i``, ``c_i = 0``).
   """
-  lists, from_output = [], []
+  lists, prompt = [], []
   if p.output_ids is not None:
     lists.append(p.output_ids)
-    from_output.append(jnp.ones(p.output_ids.shape, jnp.int32))
+    prompt.append(jnp.zeros(p.output_ids.shape, jnp.int32))
   if p.repetition_penalty is not None and p.prompt_ids is not None:
     lists.append(p.prompt_ids)
-    from_output.append(jnp.zeros(p.prompt_ids.shape, jnp.int32))
+    prompt.append(jnp.ones(p.prompt_ids.shape, jnp.int32))
   if not lists:
     return None
   ids = jnp.concatenate(lists, axis=1)
-  listed = (ids >= 0) & (ids < vocab)
-  cols, outputs = jax.lax.sort(
-      (jnp.where(listed, ids, vocab),
-       jnp.where(listed, jnp.concatenate(from_output, axis=1), 0)),
-      dimension=1, num_keys=1)
-  # Each run of equal ids: its output entries, from a running count.
-  width = cols.shape[1]
-  at = jax.lax.broadcasted_iota(jnp.int32, cols.shape, 1)
-  edge = jnp.full((cols.shape[0], 1), True)
-  starts = jnp.concatenate([edge, cols[:, 1:] != cols[:, :-1]], axis=1)
-  ends = jnp.concatenate([cols[:, :-1] != cols[:, 1:], edge], axis=1)
-  first = jax.lax.cummax(jnp.where(starts, at, 0), axis=1)
-  last = jax.lax.cummin(jnp.where(ends, at, width - 1), axis=1, reverse=True)
-  running = jnp.cumsum(outputs, axis=1)
-  counts = (jnp.take_along_axis(running, last, axis=1) -
-            jnp.take_along_axis(running - outputs, first, axis=1))
+  # One int32 sort key per entry: its id (V outside [0, V)), then 0 for
+  # an output entry, 1 for a prompt entry (2 V + 1 < 2^31).
+  keys = jnp.sort(2 * jnp.where((ids >= 0) & (ids < vocab), ids, vocab) +
+                  jnp.concatenate(prompt, axis=1), axis=1)
+  cols = keys >> 1
+  # Runs of equal ids: each one's output entries, added up by run.
+  starts = jnp.concatenate([jnp.ones_like(cols[:, :1], bool),
+                            cols[:, 1:] != cols[:, :-1]], axis=1)
+  run = jnp.cumsum(starts, axis=1, dtype=jnp.int32) - 1
+  rows = jax.lax.broadcasted_iota(jnp.int32, cols.shape, 0)
+  per_run = jnp.zeros(cols.shape, jnp.int32).at[rows, run].add(1 - (keys & 1))
+  counts = per_run[rows, run]
   return cols, counts
 
 
@@ -464,8 +466,10 @@ def _penalize(z: jax.Array, p: LogitsProcessors,
               keep: _Keep | None) -> jax.Array:
   """Step 2 of the module doc at the history ids alone: their values
   gathered, penalized (every listed id has ``s_i``; repeated ids compute
-  the same value) and scattered back, -inf where ``keep`` masks them."""
-  batch, vocab = z.shape
+  the same value) and scattered back, -inf where ``keep`` masks them (a
+  masked entry is -inf whatever the penalty: ``-inf - (-inf)`` would be
+  NaN)."""
+  vocab = z.shape[1]
   history = _history(p, vocab)
   if history is None:
     return z
