@@ -115,45 +115,51 @@ def assert_same_bits(got, want):
 # ---------------------------------------------------------------------------
 
 
-def history_case(rng):
+def history_case(rng, batch=BATCH, vocab=VOCAB, history=32):
   """Logits with zeros of both signs, -inf, +inf and NaN entries, and
-  processors whose histories repeat a few ids many times (with -1 padding
-  and ids outside ``[0, V)``), penalties of both signs (one frequency large
-  enough that ``frequency * count`` overflows), masks on some rows."""
-  logits = rng.normal(size=(BATCH, VOCAB)).astype(np.float32)
+  processors whose histories (``history`` output ids, ``history // 4``
+  prompt ids) repeat a few ids many times (with -1 padding and ids outside
+  ``[0, V)``), penalties of both signs (one frequency large enough that
+  ``frequency * count`` overflows), masks on some rows, distinct bias ids
+  (a GPU adds repeated ones in any order)."""
+  logits = rng.normal(size=(batch, vocab)).astype(np.float32)
   logits[rng.random(logits.shape) < 0.1] = 0.0
   logits[rng.random(logits.shape) < 0.1] = -0.0
   logits[rng.random(logits.shape) < 0.05] = -np.inf
-  hot = rng.integers(0, VOCAB, 6)  # a few ids, repeated
+  hot = rng.integers(0, vocab, 6)  # a few ids, repeated
   # Rows 9 and 10 list no allowed ids and pass the bitmask: a NaN logit,
   # and -inf at a hot id where frequency * count overflows to -inf.
   logits[0, 3], logits[9, 5], logits[10, hot[0]] = np.inf, np.nan, -np.inf
 
   def ids(width, pad):
-    out = np.where(rng.random((BATCH, width)) < 0.7,
-                   rng.choice(hot, (BATCH, width)),
-                   rng.integers(-3, VOCAB + 3, (BATCH, width)))
+    out = np.where(rng.random((batch, width)) < 0.7,
+                   rng.choice(hot, (batch, width)),
+                   rng.integers(-3, vocab + 3, (batch, width)))
     out[rng.random(out.shape) < pad] = -1
     return jnp.asarray(out, jnp.int32)
 
   def rows(low, high):
-    return jnp.asarray(rng.uniform(low, high, BATCH), jnp.float32)
+    return jnp.asarray(rng.uniform(low, high, batch), jnp.float32)
 
   frequency = np.array(rows(-1, 1))
   frequency[[2, 10]] = -3e38  # frequency * count overflows to -inf
-  allowed = np.full((BATCH, 5), -1, np.int32)
-  allowed[:BATCH // 2] = rng.choice(hot, (BATCH // 2, 5))  # other rows: all
-  words = rng.integers(-2**31, 2**31, (BATCH, procs.bitmask_width(VOCAB)))
+  allowed = np.full((batch, 5), -1, np.int32)
+  allowed[:batch // 2] = rng.choice(hot, (batch // 2, 5))  # other rows: all
+  words = rng.integers(-2**31, 2**31, (batch, procs.bitmask_width(vocab)))
   words[rng.random(words.shape) < 0.5] = -1
   words[9:11] = -1
+  bias_ids = np.argsort(rng.random((batch, vocab)), axis=1)[:, :4]
+  bias_ids[rng.random(bias_ids.shape) < 0.2] = -1
   processors = js.LogitsProcessors(
       repetition_penalty=rows(0.5, 2.0), presence_penalty=rows(-1, 1),
-      frequency_penalty=jnp.asarray(frequency), bias_ids=ids(4, 0.2),
+      frequency_penalty=jnp.asarray(frequency),
+      bias_ids=jnp.asarray(bias_ids, jnp.int32),
       bias_values=rows(-3, 3)[:, None] * jnp.ones((1, 4)),
       allowed_ids=jnp.asarray(allowed), banned_ids=ids(2, 0.5),
       bitmask=jnp.asarray(words, jnp.int32),
-      min_tokens=jnp.asarray(rng.integers(0, 40, BATCH), jnp.int32),
-      stop_ids=ids(2, 0.0), prompt_ids=ids(8, 0.2), output_ids=ids(32, 0.3))
+      min_tokens=jnp.asarray(rng.integers(0, 40, batch), jnp.int32),
+      stop_ids=ids(2, 0.0), prompt_ids=ids(history // 4, 0.2),
+      output_ids=ids(history, 0.3))
   return logits, processors
 
 
@@ -270,3 +276,27 @@ def test_raw_top_logprobs_equal_the_dense_log_softmax(dtype):
   if dtype == jnp.float32:  # the near-equal logits tie after rounding
     top = np.asarray(got.top_values[3])
     assert (top[1:] == top[:-1]).any()
+
+
+@pytest.mark.gpu
+def test_sparse_processing_and_top_n_on_a_gpu(require_gpu):
+  """At the bench's shape (B = 128, V = 151936, 1,024-token histories) on
+  the GPU, fp32 and bf16: the processed row bit for bit as the dense pass,
+  and raw top-20 logprobs as one ``log_softmax`` and ``lax.top_k``."""
+  batch, vocab = 128, 151936
+  logits, processors = history_case(np.random.default_rng(40), batch, vocab,
+                                    1024)
+  tokens = jnp.asarray(np.random.default_rng(41).integers(0, vocab, batch),
+                       jnp.int32)
+  params = js.SamplingParams.make(batch)
+  top = jax.jit(logprobs.token_logprobs, static_argnames=("num_top", "mode"))
+  for dtype in (jnp.float32, jnp.bfloat16):
+    x = jnp.asarray(logits, dtype)
+    assert_same_bits(jax.jit(procs.apply_processors)(x, processors),
+                     dense_apply(x, processors))
+    got = top(x, params, tokens, num_top=20, mode="raw_logprobs")
+    want = dense_top_logprobs(x, tokens, 20)
+    for a, b in zip((got.token_values, got.token_ranks, got.top_ids,
+                     got.top_values), want):
+      assert_same_bits(np.asarray(a).astype(np.float32),
+                       np.asarray(b).astype(np.float32))
