@@ -7,8 +7,10 @@ Compiles (does not run) ``apply_processors`` with each processor of
 histories with a 64-token prompt, a 16-id bias, a grammar bitmask, all of
 them) and ``token_logprobs`` (top-5 raw logprobs) on the default backend,
 and prints per program the operations of its entry computation (fusions,
-scatters, sorts, copies, ...: each one a kernel launch or a pass) and every
-``[B, V]`` value among them by dtype: the full-row temporaries and outputs.
+scatters, sorts, copies, ...: each one a kernel launch or a pass), its
+temporary and output buffer sizes (XLA's memory analysis), and every
+``[B, V]`` value among the operations by dtype: the full-row temporaries
+and outputs.
 Run it at two commits and compare.
 """
 import argparse
@@ -89,7 +91,9 @@ def entry_lines(hlo: str) -> list[str]:
 print(f"B = {B}, V = {V}, {args.dtype} logits, backend {jax.default_backend()}, "
       f"jax {jax.__version__}")
 for name, (fn, inputs) in programs.items():
-  hlo = jax.jit(fn).lower(*inputs).compile().as_text()
+  compiled = jax.jit(fn).lower(*inputs).compile()
+  hlo = compiled.as_text()
+  memory = compiled.memory_analysis()
   if args.hlo:
     with open(f"{args.hlo}.{name.replace(' ', '_')}.txt", "w") as f:
       f.write(hlo)
@@ -111,5 +115,8 @@ for name, (fn, inputs) in programs.items():
       full_rows[f"{dtype} {opcode}"] += 1
   print(f"\n{name}: {sum(ops.values())} operations ({sum(n for op, n in ops.items() if op.startswith('fusion'))} fusions): "
         + ", ".join(f"{n} {op}" for op, n in sorted(ops.items())))
+  if memory is not None:
+    print(f"  buffers: {memory.temp_size_in_bytes / 2**20:.1f} MiB temporary, "
+          f"{memory.output_size_in_bytes / 2**20:.1f} MiB output")
   print("  [B, V] values: " + (", ".join(f"{n} {k}" for k, n in sorted(full_rows.items()))
                                or "none"))
