@@ -10,9 +10,9 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 
-__all__ = ["TOP_K_CHUNK", "barrier", "cond", "manual_cond", "manual_switch", "mark_varying",
-           "only_if", "pack_rows", "switch", "unpack_rows", "varying_axes",
-           "top_k", "where_rows"]
+__all__ = ["TOP_K_CHUNK", "barrier", "cond", "manual_cond", "manual_switch",
+           "mark_varying", "only_if", "pack_rows", "switch", "top_k",
+           "unpack_rows", "varying_axes", "where_rows"]
 
 TOP_K_CHUNK = 2048
 """``top_k``'s first stage: the top ``k`` of each run of this many ids."""

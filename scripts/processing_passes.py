@@ -1,6 +1,7 @@
 """The XLA passes of logits processing and top-n logprobs, from compiled HLO.
 
-    PYTHONPATH=. python3 scripts/processing_passes.py [--batch 128] [--vocab 151936] [--dtype float32]
+    PYTHONPATH=. python3 scripts/processing_passes.py [--batch 128] [--vocab 151936]
+        [--dtype float32] [--hlo PREFIX]
 
 Compiles (does not run) ``apply_processors`` with each processor of
 ``python -m jaxsample.bench processing`` (penalties over 1,024-token output
@@ -113,7 +114,8 @@ for name, (fn, inputs) in programs.items():
     ops[opcode] += 1
     for dtype in re.findall(rf"(\w+)\[{B},{V}\]", shape):
       full_rows[f"{dtype} {opcode}"] += 1
-  print(f"\n{name}: {sum(ops.values())} operations ({sum(n for op, n in ops.items() if op.startswith('fusion'))} fusions): "
+  fusions = sum(n for op, n in ops.items() if op.startswith("fusion"))
+  print(f"\n{name}: {sum(ops.values())} operations ({fusions} fusions): "
         + ", ".join(f"{n} {op}" for op, n in sorted(ops.items())))
   if memory is not None:
     print(f"  buffers: {memory.temp_size_in_bytes / 2**20:.1f} MiB temporary, "
