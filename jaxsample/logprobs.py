@@ -16,7 +16,8 @@ Raw values of an invalid row (NaN, +inf or no finite logit) are -inf for
 ``raw_logprobs`` and the logits as given for ``raw_logits``.  The token's rank
 is vLLM's: ``#{i : v_i >= v_token}`` (1 for the top value; tied tokens share
 the largest rank).  The top-n are ``lax.top_k(v, n)`` (smallest id first
-among equal values), ranks 1..n.
+among equal values; computed in two stages over runs of ids,
+``rowwise.top_k``), ranks 1..n.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxsample import reference, xla_search
+from jaxsample import reference, rowwise, xla_search
 from jaxsample.params import SamplingParams
 from jaxsample.processors import LogitsProcessors, maybe_apply
 from jaxsample.dispatch import check_logits
@@ -69,10 +70,7 @@ def mode_values(logits: jax.Array, params: SamplingParams, mode: str, *,
     x = logits.astype(jnp.float32)
     if mode == "raw_logits":
       return x
-    valid = jnp.isfinite(jnp.max(reference.sanitize(logits), axis=-1,
-                                 keepdims=True))
-    return jnp.where(valid, jax.nn.log_softmax(jnp.where(valid, x, 0.0)),
-                     -jnp.inf)
+    return _raw_logprobs(logits)
   z = maybe_apply(logits, processors)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(z.shape[1])
@@ -82,6 +80,22 @@ def mode_values(logits: jax.Array, params: SamplingParams, mode: str, *,
   if mode == "processed_logprobs":
     return log_q
   return jnp.where(log_q > -jnp.inf, proc.y, -jnp.inf)
+
+
+def _raw_logprobs(logits: jax.Array) -> jax.Array:
+  """``where(valid, log_softmax(x), -inf)`` with one max of the row: its
+  validity check's (NaN read as +inf: the max is finite iff the row is
+  valid, and then it is ``log_softmax``'s max ``m``).  The values are
+  ``jax.nn.log_softmax``'s expression, ``(x - m) - log(sum(exp(x - m)))``,
+  so its bits (up to the sign of a zero max, which no value shows unless
+  the row's log-sum is 0)."""
+  x = logits.astype(jnp.float32)
+  top = jnp.max(reference.sanitize(logits), axis=-1, keepdims=True)
+  valid = jnp.isfinite(top)
+  shift = jnp.where(valid, top, 0.0)
+  shifted = jnp.where(valid, x, 0.0) - shift
+  log_sum = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
+  return jnp.where(valid, shifted - log_sum, -jnp.inf)
 
 
 def check_num_top(num_top, vocab_size: int) -> int:
@@ -115,9 +129,8 @@ def top_logprobs(values: jax.Array, tokens: jax.Array, num_top: int
   token = jnp.clip(tokens.astype(jnp.int32), 0, vocab - 1)
   token_values = jnp.take_along_axis(values, token[:, None], axis=-1)
   ranks = jnp.sum(values >= token_values, axis=-1, dtype=jnp.int32)
-  top_values, top_ids = jax.lax.top_k(values, num_top)
-  return TokenLogprobs(token_values[:, 0], ranks, top_ids.astype(jnp.int32),
-                       top_values)
+  top_values, top_ids = rowwise.top_k(values, num_top)
+  return TokenLogprobs(token_values[:, 0], ranks, top_ids, top_values)
 
 
 def token_logprobs(logits: jax.Array, params: SamplingParams,

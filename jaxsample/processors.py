@@ -17,6 +17,9 @@ ignored.  ``apply_processors(logits, processors)`` returns fp32 logits ``z``:
            x_i         otherwise
      z_i = r_i - frequency * c_i - presence * [c_i > 0]
 
+   in fp32, left to right, every operation rounded (a product is rounded
+   before it is subtracted: no fused multiply-add).
+
 3. Masks (each sets ``z_i = -inf``): ids outside a row's ``allowed_ids``
    (rows listing no id allow every id), ``banned_ids``, ids whose bit is 0 in
    the grammar ``bitmask`` (bit ``j`` of word ``w`` allows id ``32 w + j``,
@@ -27,9 +30,12 @@ Order: vLLM v1 applies the grammar bitmask in the model runner, then, in its
 sampler, allowed ids, bad words, min tokens, logit bias, penalties, then
 temperature and the filters.  The masks only write -inf, which the bias and
 the penalties keep (finite biases and penalties), so applying them last gives
-vLLM's result; it also makes a masked entry exactly -inf.  A row with every
-entry masked has no finite logit: the sampler marks it invalid (token 0,
-logprob -inf), its defined result.
+vLLM's result; it also makes a masked entry exactly -inf
+(``apply_processors`` applies the allowed and bitmask masks in the pass
+that makes the fp32 copy and keeps their entries -inf through the bias and
+the penalties: the same result, with no pass of their own).  A row with
+every entry masked has no finite logit: the sampler marks it invalid (token
+0, logprob -inf), its defined result.
 
 Traced values that are out of range get a defined meaning
 (``LogitsProcessors.canonical``): a repetition penalty that is not a finite
@@ -41,6 +47,7 @@ off (0); biases are clipped to ``[-100, 100]`` (OpenAI's range; NaN is 0);
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -357,31 +364,61 @@ def _marks(ids: jax.Array, batch: int, vocab: int) -> jax.Array:
       True, mode="drop")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Keep:
+  """The masks that keep an entry (allowed ids, bitmask): ``where`` over the
+  row, or a lookup at listed ids."""
+
+  allowed: jax.Array | None  # bool [B, V]: listed or the row lists none
+  bitmask: jax.Array | None  # int32 [B, ceil(V / 32)]
+
+  def row(self, vocab: int) -> jax.Array:
+    """bool ``[B, V]``."""
+    masks = [] if self.allowed is None else [self.allowed]
+    if self.bitmask is not None:
+      masks.append(bitmask_allows(self.bitmask, vocab))
+    return functools.reduce(jnp.logical_and, masks)
+
+  def at(self, rows: jax.Array, cols: jax.Array) -> jax.Array:
+    """bool: ``row()`` at ``(rows, cols)``, ``cols`` in ``[0, V)``."""
+    keep = True
+    if self.allowed is not None:
+      keep = self.allowed[rows, cols]
+    if self.bitmask is not None:
+      words = jax.lax.bitcast_convert_type(self.bitmask[rows, cols >> 5],
+                                           jnp.uint32)
+      keep = keep & ((words >> (cols & 31).astype(jnp.uint32)) & 1 != 0)
+    return keep
+
+
 def apply_processors(logits: jax.Array,
                      processors: LogitsProcessors) -> jax.Array:
   """fp32 ``[B, V]`` processed logits (module doc: the math and the order).
 
-  Sparse scatters (the bias, the history counts and marks, the allowed
-  marks, the banned ids) and one fused elementwise pass over the row; no
-  sort.
+  One elementwise pass over the row (the fp32 copy with the allowed and
+  bitmask masks applied), then sparse scatters into it: the bias, the
+  penalties at the history ids, the banned ids.  Masking first gives the
+  module doc's result: a finite bias keeps -inf, and the penalties write
+  -inf where a mask does (``_Keep.at``).  No sort over ``V``; no other
+  ``[B, V]`` temporary than the allowed marks.
   """
   batch, vocab = logits.shape
   processors.check(batch, vocab)
   p = processors.canonical()
   z = jnp.asarray(logits).astype(jnp.float32)
+  keep = None
+  if p.allowed_ids is not None or p.bitmask is not None:
+    allowed = None
+    if p.allowed_ids is not None:
+      has_list = jnp.any((p.allowed_ids >= 0) & (p.allowed_ids < vocab),
+                         axis=1)
+      allowed = _marks(p.allowed_ids, batch, vocab) | ~has_list[:, None]
+    keep = _Keep(allowed, p.bitmask)
+    z = jnp.where(keep.row(vocab), z, -jnp.inf)
   if p.bias_ids is not None:
     z = z.at[_scatter_ids(p.bias_ids, vocab)].add(p.bias_values, mode="drop")
   if p.penalizes:
-    z = _penalize(z, p, batch, vocab)
-  keep = None
-  if p.allowed_ids is not None:
-    has_list = jnp.any((p.allowed_ids >= 0) & (p.allowed_ids < vocab), axis=1)
-    keep = _marks(p.allowed_ids, batch, vocab) | ~has_list[:, None]
-  if p.bitmask is not None:
-    bits = bitmask_allows(p.bitmask, vocab)
-    keep = bits if keep is None else keep & bits
-  if keep is not None:
-    z = jnp.where(keep, z, -jnp.inf)
+    z = _penalize(z, p, keep)
   banned = [] if p.banned_ids is None else [p.banned_ids]
   if p.min_tokens is not None:
     held = p.output_count() < p.min_tokens
@@ -391,28 +428,71 @@ def apply_processors(logits: jax.Array,
   return z
 
 
-def _penalize(z: jax.Array, p: LogitsProcessors, batch: int,
-              vocab: int) -> jax.Array:
-  """Step 2 of the module doc: one scatter-add of output counts, one
-  scatter of prompt marks, one elementwise pass."""
-  ones = lambda a: jnp.ones(np.shape(a), jnp.int32)
-  counts = jnp.zeros((batch, vocab), jnp.int32)
+def _history(p: LogitsProcessors, vocab: int
+             ) -> tuple[jax.Array, jax.Array] | None:
+  """The ids the penalties change, per row sorted (``[B, H]`` int32; ids
+  outside ``[0, V)`` as ``V``, last), each with ``c``, its count among the
+  output ids (``[B, H]`` int32); None if no penalty changes a value.
+
+  The prompt ids count only for the repetition penalty (``s_i``); an id
+  listed neither way is unchanged (``r_i = x_i``, ``c_i = 0``).
+  """
+  lists, prompt = [], []
   if p.output_ids is not None:
-    counts = counts.at[_scatter_ids(p.output_ids, vocab)].add(
-        ones(p.output_ids), mode="drop")
+    lists.append(p.output_ids)
+    prompt.append(jnp.zeros(p.output_ids.shape, jnp.int32))
+  if p.repetition_penalty is not None and p.prompt_ids is not None:
+    lists.append(p.prompt_ids)
+    prompt.append(jnp.ones(p.prompt_ids.shape, jnp.int32))
+  if not lists:
+    return None
+  ids = jnp.concatenate(lists, axis=1)
+  # One int32 sort key per entry: its id (V outside [0, V)), then 0 for
+  # an output entry, 1 for a prompt entry (2 V + 1 < 2^31).
+  keys = jnp.sort(2 * jnp.where((ids >= 0) & (ids < vocab), ids, vocab) +
+                  jnp.concatenate(prompt, axis=1), axis=1)
+  cols = keys >> 1
+  # Runs of equal ids: each one's output entries, added up by run.
+  starts = jnp.concatenate([jnp.ones_like(cols[:, :1], bool),
+                            cols[:, 1:] != cols[:, :-1]], axis=1)
+  run = jnp.cumsum(starts, axis=1, dtype=jnp.int32) - 1
+  rows = jax.lax.broadcasted_iota(jnp.int32, cols.shape, 0)
+  per_run = jnp.zeros(cols.shape, jnp.int32).at[rows, run].add(1 - (keys & 1))
+  counts = per_run[rows, run]
+  return cols, counts
+
+
+def _penalize(z: jax.Array, p: LogitsProcessors,
+              keep: _Keep | None) -> jax.Array:
+  """Step 2 of the module doc at the history ids alone: their values
+  gathered, penalized (every listed id has ``s_i``; repeated ids compute
+  the same value) and scattered back, -inf where ``keep`` masks them (a
+  masked entry is -inf whatever the penalty: ``-inf - (-inf)`` would be
+  NaN)."""
+  vocab = z.shape[1]
+  history = _history(p, vocab)
+  if history is None:
+    return z
+  cols, counts = history
+  rows = jax.lax.broadcasted_iota(jnp.int32, cols.shape, 0)
+  inside = jnp.minimum(cols, vocab - 1)
+  x = z[rows, inside]
   row = lambda a: None if a is None else a[:, None]
   rep, pres, freq = map(row, (p.repetition_penalty, p.presence_penalty,
                               p.frequency_penalty))
   if rep is not None:
-    seen = counts > 0
-    if p.prompt_ids is not None:
-      seen = seen | _marks(p.prompt_ids, batch, vocab)
-    z = jnp.where(seen, jnp.where(z > 0, z / rep, z * rep), z)
-  if freq is not None:
-    z = z - freq * counts.astype(jnp.float32)
-  if pres is not None:
-    z = z - pres * (counts > 0).astype(jnp.float32)
-  return z
+    x = jnp.where(x > 0, x / rep, x * rep)
+  terms = [penalty * weight.astype(jnp.float32) for penalty, weight in (
+      (freq, counts), (pres, counts > 0)) if penalty is not None]
+  # Each product rounds before it is subtracted (no fused multiply-add,
+  # which XLA may otherwise form within a fusion): the module doc's
+  # formula with every operation rounded, whatever the fusion.
+  x, terms = jax.lax.optimization_barrier((x, terms))
+  for term in terms:
+    x = x - term
+  if keep is not None:
+    x = jnp.where(keep.at(rows, inside), x, -jnp.inf)
+  return z.at[rows, cols].set(x, mode="drop")
 
 
 def require_processors(processors) -> None:

@@ -1,7 +1,8 @@
 """Per-row helpers for batches of ``[B, ...]`` arrays: choosing between two
-results row by row, and running a branch only when some row needs it (inside
+results row by row, running a branch only when some row needs it (inside
 ``jax.shard_map`` too: the branch functions type their outputs' varying
-manual axes, ``manual_switch``)."""
+manual axes, ``manual_switch``), and a two-stage ``lax.top_k`` of long rows
+(``top_k``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 
-__all__ = ["barrier", "cond", "manual_cond", "manual_switch", "mark_varying",
-           "only_if", "pack_rows", "switch", "unpack_rows", "varying_axes",
-           "where_rows"]
+__all__ = ["TOP_K_CHUNK", "barrier", "cond", "manual_cond", "manual_switch",
+           "mark_varying", "only_if", "pack_rows", "switch", "top_k",
+           "unpack_rows", "varying_axes", "where_rows"]
+
+TOP_K_CHUNK = 2048
+"""``top_k``'s first stage: the top ``k`` of each run of this many ids."""
 
 
 def where_rows(where: jax.Array, a, b):
@@ -193,3 +197,35 @@ def only_if(needed, fn, *, pack: bool = True):
   others = iter(others)
   return jax.tree.unflatten(tree, [next(columns[n]) if n else next(others)
                                    for n in length])
+
+
+def top_k(values: jax.Array, k: int, chunk: int = TOP_K_CHUNK
+          ) -> tuple[jax.Array, jax.Array]:
+  """``lax.top_k(values, k)`` of ``[B, V]`` rows, the same values and int32
+  ids, in two stages: the top ``k`` of each ``chunk`` consecutive ids (the
+  last, shorter run on its own: no padding), then the top ``k`` of those
+  candidates laid out in id order.
+
+  Exact, ties included: each of the row's top ``k`` (descending values,
+  smallest id first among equal values) is among its run's top ``k`` in
+  that order; among equal candidates, a lower position is a lower id (runs
+  in id order, each run's equal values in id order), and ``lax.top_k``
+  takes the lower position first.  Rows of at most ``chunk`` ids take one
+  ``lax.top_k``.
+  """
+  batch, vocab = values.shape
+  if vocab <= chunk or k == 0:
+    top, ids = jax.lax.top_k(values, k)
+    return top, ids.astype(jnp.int32)
+  runs = vocab // chunk
+  whole = runs * chunk
+  top, ids = jax.lax.top_k(values[:, :whole].reshape(batch, runs, chunk),
+                           min(k, chunk))
+  ids = ids + chunk * jnp.arange(runs, dtype=ids.dtype)[:, None]
+  top, ids = top.reshape(batch, -1), ids.reshape(batch, -1)
+  if whole < vocab:
+    last_top, last_ids = jax.lax.top_k(values[:, whole:], min(k, vocab - whole))
+    top = jnp.concatenate([top, last_top], axis=1)
+    ids = jnp.concatenate([ids, last_ids + whole], axis=1)
+  top, at = jax.lax.top_k(top, k)
+  return top, jnp.take_along_axis(ids, at, axis=1).astype(jnp.int32)
