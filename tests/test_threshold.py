@@ -214,10 +214,14 @@ def test_small_kept_sets_are_always_certified():
   assert tr.complete.all()
 
 
-def test_kernels_lower_to_triton(monkeypatch):
+@pytest.mark.parametrize("dtype", [
+    jnp.float32, slow_case(jnp.bfloat16, id="bfloat16")])
+def test_kernels_lower_to_triton(monkeypatch, dtype):
   """The sampler with truncation (stats, select and candidate kernels, and the
   Gumbel kernel for the other rows) lowers to Triton IR for an abstract H100;
-  the PTX compile and the run are the GPU suite's."""
+  the PTX compile and the run are the GPU suite's.  (bf16 logits through
+  the same threshold kernels lower in the default suite too:
+  ``test_spec_kernels.test_kernels_lower_to_triton[threefry-bf16]``.)"""
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3",
                                        num_cores=132, platform="cuda")
@@ -230,34 +234,33 @@ def test_kernels_lower_to_triton(monkeypatch):
                             config=SamplerConfig(implementation="pallas"))
 
   S = jax.ShapeDtypeStruct
-  for dtype in (jnp.float32, jnp.bfloat16):
-    args = (S((batch, vocab), dtype), S((batch,), jnp.float32),
-            S((batch,), jnp.int32), S((batch,), jnp.float32),
-            S((batch,), jnp.float32), S((2,), jnp.uint32))
-    with jax.sharding.use_abstract_mesh(mesh):
-      text = jax.jit(fn).trace(*args).lower(
-          lowering_platforms=("cuda",)).as_text()
-    # stats, bounds, candidates, their packing, select; gumbel (rows
-    # without a filter, invalid rows; with traced params every route runs);
-    # the rows they leave: the top-k and the top-p searches (each a window,
-    # windowed candidates, their packing, an exact search, and the pivot
-    # search), the floored Gumbel kernel; the mask's K_cap-th kept value, the
-    # top-k = K_cap threshold: the listing's packing after each search's
-    # compact pass (which filled it, in the window that the search's window
-    # kernel placed), an exact search by count in it, and for rows it
-    # misses the pivot search by count
-    assert text.count("__gpu$xla.gpu.triton") == 17 + 2 + 1 + 1, dtype
-    # No sort of the vocabulary: only the mask's [B, K_cap] pairs, listed
-    # from the window's buffer or, for rows it missed, from the whole row.
-    assert sort_operands(text) == [f"tensor<{batch}x1024xf32>, "
-                                   f"tensor<{batch}x1024xi32>"] * 2, dtype
-    # without a mask, no K_cap-th value
-    no_mask = lambda *a: fn(*a, return_mask=False)
-    with jax.sharding.use_abstract_mesh(mesh):
-      text = jax.jit(no_mask).trace(*args).lower(
-          lowering_platforms=("cuda",)).as_text()
-    assert text.count("__gpu$xla.gpu.triton") == 17, dtype
-    assert sort_operands(text) == [], dtype
+  args = (S((batch, vocab), dtype), S((batch,), jnp.float32),
+          S((batch,), jnp.int32), S((batch,), jnp.float32),
+          S((batch,), jnp.float32), S((2,), jnp.uint32))
+  with jax.sharding.use_abstract_mesh(mesh):
+    text = jax.jit(fn).trace(*args).lower(
+        lowering_platforms=("cuda",)).as_text()
+  # stats, bounds, candidates, their packing, select; gumbel (rows
+  # without a filter, invalid rows; with traced params every route runs);
+  # the rows they leave: the top-k and the top-p searches (each a window,
+  # windowed candidates, their packing, an exact search, and the pivot
+  # search), the floored Gumbel kernel; the mask's K_cap-th kept value, the
+  # top-k = K_cap threshold: the listing's packing after each search's
+  # compact pass (which filled it, in the window that the search's window
+  # kernel placed), an exact search by count in it, and for rows it
+  # misses the pivot search by count
+  assert text.count("__gpu$xla.gpu.triton") == 17 + 2 + 1 + 1, dtype
+  # No sort of the vocabulary: only the mask's [B, K_cap] pairs, listed
+  # from the window's buffer or, for rows it missed, from the whole row.
+  assert sort_operands(text) == [f"tensor<{batch}x1024xf32>, "
+                                 f"tensor<{batch}x1024xi32>"] * 2, dtype
+  # without a mask, no K_cap-th value
+  no_mask = lambda *a: fn(*a, return_mask=False)
+  with jax.sharding.use_abstract_mesh(mesh):
+    text = jax.jit(no_mask).trace(*args).lower(
+        lowering_platforms=("cuda",)).as_text()
+  assert text.count("__gpu$xla.gpu.triton") == 17, dtype
+  assert sort_operands(text) == [], dtype
 
 
 def test_sort_operands_finds_the_reference_sort():
