@@ -209,7 +209,7 @@ def test_in_kernel_bitmask_lowers_and_matches_on_gpu(require_gpu):
   logits = rng.normal(size=(batch, vocab)).astype(np.float32) * 3
   allowed = rng.random((batch, vocab)) < 0.5
   allowed[:4] = True  # rows without a bitmask
-  allowed[4, :-1] = False  # one id: the last
+  allowed[4] = np.arange(vocab) == vocab - 1  # one id: the last (greedy)
   allowed[5] = False  # invalid
   words = procs.pack_bitmask(allowed)
   params = js.SamplingParams.make(
@@ -231,4 +231,5 @@ def test_in_kernel_bitmask_lowers_and_matches_on_gpu(require_gpu):
           js.extract_sampling_mask(x, params, config=c, processors=p)))(x)
     jax.tree.map(np.testing.assert_array_equal, runs["on"], runs["off"])
     (result, _), _, _ = runs["on"]
-    assert not result.valid[5] and result.tokens[4] == vocab - 1
+    assert not result.valid[5]
+    assert result.valid[4] and result.tokens[4] == vocab - 1
