@@ -304,9 +304,10 @@ XX
 
 
 def _gather_rows(arrays, axis_name: str) -> list[jax.Array]:
-  """``all_gather`` of ``[B, ...]`` arrays of 32- or 64-bit dtypes as one
-  uint32 block ``[B, F]``: each comes back ``[n, B, ...]``."""
-  words = [lax.bitcast_convert_type(a, jnp.uint32) for a in arrays]
+  """``all_gather`` of ``[B, ...]`` arrays of any 8- to 64-bit dtype as one
+  uint32 block ``[B, F]`` (narrower values widened, wider ones split into
+  words; bits unchanged): each comes back ``[n, B, ...]``."""
+  words = [_to_words(a) for a in arrays]
   flat = jnp.concatenate([w.reshape(w.shape[0], math.prod(w.shape[1:]))
                           for w in words], axis=1)
   # A psum of each shard's block in its own slot: an all-gather whose result
@@ -314,8 +315,27 @@ def _gather_rows(arrays, axis_name: str) -> list[jax.Array]:
   slots = jnp.zeros((lax.axis_size(axis_name),) + flat.shape, jnp.uint32)
   block = lax.psum(slots.at[lax.axis_index(axis_name)].set(flat), axis_name)
   cuts = np.cumsum([math.prod(w.shape[1:]) for w in words])[:-1]
-  return [lax.bitcast_convert_type(part.reshape(part.shape[:1] + w.shape), a.dtype)
+  return [_from_words(part.reshape(part.shape[:1] + w.shape), a.dtype)
           for part, w, a in zip(jnp.split(block, cuts, axis=2), words, arrays)]
+
+
+def _to_words(a: jax.Array) -> jax.Array:
+  """``a``'s bits as uint32: a narrower value zero-extended, a 64-bit one
+  as two words (a trailing axis)."""
+  bits = 8 * a.dtype.itemsize
+  if bits >= 32:
+    return lax.bitcast_convert_type(a, jnp.uint32)
+  return lax.bitcast_convert_type(a, jnp.dtype(f"uint{bits}")).astype(
+      jnp.uint32)
+
+
+def _from_words(words: jax.Array, dtype) -> jax.Array:
+  """``_to_words`` undone."""
+  bits = 8 * jnp.dtype(dtype).itemsize
+  if bits >= 32:
+    return lax.bitcast_convert_type(words, dtype)
+  return lax.bitcast_convert_type(
+      words.astype(jnp.dtype(f"uint{bits}")), dtype)
 
 
 def _join(a: jax.Array, axis_name: str) -> jax.Array:

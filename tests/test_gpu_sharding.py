@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxsample
 from jaxsample import sharded
+from cases import sample_vocab_parallel, vocab_parallel
 
 pytestmark = pytest.mark.gpu
 
@@ -37,13 +38,7 @@ def test_vocab_parallel_kernels_equal_one_gpu(dtype):
   config = jaxsample.SamplerConfig(implementation="pallas")
   want = jax.jit(lambda x, p: jaxsample.sample(x, p, key, config=config))(
       x, params)
-  mesh = jax.make_mesh((1, 2), ("b", "v"))
-  with jax.set_mesh(mesh):
-    body = jax.shard_map(lambda x, p: sharded.sample_sharded(
-        x, p, key, axis_name="v", config=config),
-                         in_specs=(P("b", "v"), P("b")), out_specs=P("b"))
-    got = jax.jit(body)(jax.device_put(x, P("b", "v")),
-                        jax.device_put(params, P("b")))
+  got = sample_vocab_parallel(key, config)(x, params)
   np.testing.assert_array_equal(want.tokens, got.tokens)
   np.testing.assert_array_equal(want.valid, got.valid)
   # Bit for bit where the one-GPU splits fall on the shard boundary.
@@ -65,49 +60,55 @@ def test_vocab_parallel_search_truncation_equals_one_gpu():
   config = jaxsample.SamplerConfig(implementation="xla_search")
   want = jax.jit(lambda x, p: jaxsample.sample(x, p, key, config=config))(
       x, params)
-  mesh = jax.make_mesh((1, 2), ("b", "v"))
-  with jax.set_mesh(mesh):
-    body = jax.shard_map(lambda x, p: sharded.sample_sharded(
-        x, p, key, axis_name="v", config=config),
-                         in_specs=(P("b", "v"), P("b")), out_specs=P("b"))
-    got = jax.jit(body)(jax.device_put(x, P("b", "v")),
-                        jax.device_put(params, P("b")))
-  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+  got = sample_vocab_parallel(key, config)(x, params)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_batch_parallel_kernels_check_vma_equal_one_gpu():
-  """sample (with masks), extract_sampling_mask and rejection_sample on a
-  batch split over 2 GPUs, under jit (Explicit axes) and shard_map
-  (check_vma on): bit-identical."""
-  _two_gpus()
+def _batch_parallel_call(name):
+  """``(run, args, out_specs)`` of one public call with the kernels and
+  traced truncating params on a batch of 64 rows."""
   batch, vocab, k = 64, 32768, 2
-  x = jax.random.normal(jax.random.key(2), (batch, vocab)) * 3
-  target = jax.random.normal(jax.random.key(6), (batch, k + 1, vocab)) * 3
-  draft = jax.random.randint(jax.random.key(7), (batch, k), 0, vocab)
-  num = jnp.arange(batch) % (k + 1)
   params = jaxsample.SamplingParams.make(
       batch, temperature=[1.0, 0.7, 0.0, 1.3] * (batch // 4),
-      top_k=[0, 50, 0, 0] * (batch // 4), top_p=[1.0, 0.9, 1.0, 0.8] * (batch // 4))
+      top_k=[0, 50, 0, 0] * (batch // 4),
+      top_p=[1.0, 0.9, 1.0, 0.8] * (batch // 4))
   key = jax.random.key(3)
   config = jaxsample.SamplerConfig(implementation="pallas")
-  calls = {
-      "sample": (lambda x, p: jaxsample.sample(
-          x, p, key, config=config, return_mask=True), (x, params), P("b")),
-      "extract": (lambda x, p: jaxsample.extract_sampling_mask(
-          x, p, config=config), (x, params), P("b")),
-      "spec": (lambda t, d, n, p: jaxsample.rejection_sample(
-          t, d, n, p, key, config=config, return_mask=True),
-               (target, draft, num, params), (P("b"), P(None, "b")))}
-  mesh = jax.make_mesh((2,), ("b",))
-  for run, args, out_specs in calls.values():
-    want = jax.jit(run)(*args)
-    with jax.set_mesh(mesh):
-      split = jax.device_put(args, P("b"))
-      for fn in (run, jax.shard_map(run, in_specs=P("b"), out_specs=out_specs)):
-        got = jax.jit(fn)(*split)
-        for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
-          np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  if name == "spec":
+    target = jax.random.normal(jax.random.key(6), (batch, k + 1, vocab)) * 3
+    draft = jax.random.randint(jax.random.key(7), (batch, k), 0, vocab)
+    return (lambda t, d, n, p: jaxsample.rejection_sample(
+        t, d, n, p, key, config=config, return_mask=True),
+            (target, draft, jnp.arange(batch) % (k + 1), params),
+            (P("b"), P(None, "b")))
+  x = jax.random.normal(jax.random.key(2), (batch, vocab)) * 3
+  if name == "sample":
+    return (lambda x, p: jaxsample.sample(x, p, key, config=config,
+                                          return_mask=True), (x, params),
+            P("b"))
+  return (lambda x, p: jaxsample.extract_sampling_mask(x, p, config=config),
+          (x, params), P("b"))
+
+
+@pytest.mark.parametrize("name", ["sample", "extract", "spec"])
+def test_batch_parallel_kernels_check_vma_equal_one_gpu(name):
+  """sample (with masks), extract_sampling_mask and rejection_sample on a
+  batch split over 2 GPUs, under jit (Explicit axes) and shard_map
+  (check_vma on): bit-identical to one GPU.  Each call compiles its whole
+  kernel path three times (one GPU, jit, shard_map), tens of seconds each;
+  the programs hold no collective (test_sharding's
+  ``test_batch_parallel_kernels_lower_under_check_vma_without_collectives``),
+  so nothing can wait on the other GPU."""
+  _two_gpus()
+  run, args, out_specs = _batch_parallel_call(name)
+  want = jax.jit(run)(*args)
+  with jax.set_mesh(jax.make_mesh((2,), ("b",))):
+    split = jax.device_put(args, P("b"))
+    for fn in (run, jax.shard_map(run, in_specs=P("b"), out_specs=out_specs)):
+      got = jax.jit(fn)(*split)
+      for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_vocab_parallel_kernel_masks_equal_one_gpu():
@@ -132,14 +133,8 @@ def test_vocab_parallel_kernel_masks_equal_one_gpu():
   one = jax.jit(lambda x, p, c: jaxsample.sample(x, p, key, config=c,
                                                  return_mask=True),
                 static_argnums=2)
-  mesh = jax.make_mesh((1, 2), ("b", "v"))
-  with jax.set_mesh(mesh):
-    body = jax.jit(jax.shard_map(
-        lambda x, p: sharded.sample_sharded(x, p, key, axis_name="v",
-                                            config=config, return_mask=True),
-        in_specs=(P("b", "v"), P("b")), out_specs=P("b")))
-    put = lambda p: (jax.device_put(x, P("b", "v")), jax.device_put(p, P("b")))
-    got_plain, got_trunc = body(*put(plain)), body(*put(truncating))
+  body = sample_vocab_parallel(key, config, return_mask=True)
+  got_plain, got_trunc = body(x, plain), body(x, truncating)
   want = one(x, plain, config)
   for name in ("tokens", "valid"):
     np.testing.assert_array_equal(getattr(want[0], name),
@@ -177,16 +172,13 @@ def test_vocab_parallel_rejection_sample_equals_one_gpu():
   want = jax.jit(lambda t, d, n, dl, p: jaxsample.rejection_sample(
       t, d, n, p, key, draft_logits=dl, config=config,
       return_mask=True))(*args)
-  mesh = jax.make_mesh((1, 2), ("b", "v"))
-  with jax.set_mesh(mesh):
-    split = P("b", None, "v")
-    specs = (split, P("b"), P("b"), split, P("b"))
-    got = jax.jit(jax.shard_map(
-        lambda t, d, n, dl, p: sharded.rejection_sample_sharded(
-            t, d, n, p, key, axis_name="v", draft_logits=dl,
-            config=dataclasses.replace(config, implementation="pallas"),
-            return_mask=True),
-        in_specs=specs, out_specs=(P("b"), P(None, "b"))))(
-            *jax.device_put(args, specs))
+  split = P("b", None, "v")
+  got = vocab_parallel(
+      lambda t, d, n, dl, p: sharded.rejection_sample_sharded(
+          t, d, n, p, key, axis_name="v", draft_logits=dl,
+          config=dataclasses.replace(config, implementation="pallas"),
+          return_mask=True),
+      specs=(split, P("b"), P("b"), split, P("b")),
+      out_specs=(P("b"), P(None, "b")))(*args)
   for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

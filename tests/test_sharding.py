@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 import jaxsample
 from jaxsample import reference, sharded, spec
 from jaxsample.pallas.tuning import RaceLaunch, Tuning
+from cases import VOCAB_SPLIT, sample_vocab_parallel, vocab_parallel
 
 B, V, K = 8, 300, 2
 
@@ -104,6 +105,36 @@ def test_batch_parallel_equals_one_device(impl, fn, mode):
                              check_vma=impl != "pallas")
         got = jax.jit(body)(*args, key)
   _assert_same(want, got)
+
+
+def test_batch_parallel_kernels_lower_under_check_vma_without_collectives(
+    monkeypatch):
+  """The kernels' sample (traced truncating params: every route, the conds
+  typed by ``rowwise.manual_switch``) inside ``shard_map`` with check_vma on
+  a batch split over 2 abstract H100s lowers to Triton IR (interpret mode
+  cannot: the run is test_gpu_sharding's), and its program holds no
+  collective: no device ever waits on another, whatever each one's conds
+  take (a slow 2-GPU run is compile time, not a hang)."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3",
+                                       num_cores=132, platform="cuda")
+  mesh = jax.sharding.AbstractMesh((2,), ("b",), abstract_device=device,
+                                   axis_types=(AxisType.Explicit,))
+  split = lambda shape, dtype: jax.ShapeDtypeStruct(
+      shape, dtype, sharding=NamedSharding(mesh, P("b")))
+  params = jaxsample.SamplingParams(
+      *(split((B,), d) for d in (jnp.float32, jnp.int32) + (jnp.float32,) * 2))
+  body = jax.shard_map(
+      lambda x, p: jaxsample.sample(x, p, jax.random.key(0), return_mask=True,
+                                    config="pallas"),
+      mesh=mesh, in_specs=P("b"), out_specs=P("b"))
+  with jax.sharding.use_abstract_mesh(mesh):
+    text = jax.jit(body).trace(split((B, 4096), jnp.float32), params).lower(
+        lowering_platforms=("cuda",)).as_text()
+  assert text.count("__gpu$xla.gpu.triton") == 21  # test_threshold's count
+  for collective in ("all_reduce", "all_gather", "collective_permute",
+                     "all_to_all", "reduce_scatter"):
+    assert collective not in text
 
 
 def test_jit_takes_the_vocab_parallel_path_for_vocab_sharded_logits():
@@ -197,20 +228,14 @@ def test_vocab_parallel_equals_one_device(impl, generator, fp64, shape,
     want = jax.jit(lambda x, p, k, n: jaxsample.sample(
         x, p, k, positions=n, config=config, return_mask=True))(
             x, params, key, positions)
-    mesh = jax.make_mesh(shape, ("b", "v"))
-    with jax.set_mesh(mesh):
-      # Interpret mode cannot lower under check_vma (JAX 0.11.2); without
-      # it one batch key would count local rows: per-request keys.
-      body = jax.shard_map(
-          lambda x, p, k, n: sharded.sample_sharded(
-              x, p, k, axis_name="v", positions=n, config=config,
-              return_mask=True),
-          in_specs=(P("b", "v"), P("b"), key_spec,
-                    P("b") if per_request else None), out_specs=P("b"),
-          check_vma=impl != "pallas")
-      put = lambda a, s: None if a is None else jax.device_put(a, s)
-      got = jax.jit(body)(put(x, P("b", "v")), put(params, P("b")),
-                          put(key, key_spec), put(positions, P("b")))
+    # Interpret mode cannot lower under check_vma (JAX 0.11.2); without
+    # it one batch key would count local rows: per-request keys.
+    got = vocab_parallel(
+        lambda x, p, k, n: sharded.sample_sharded(
+            x, p, k, axis_name="v", positions=n, config=config,
+            return_mask=True), shape,
+        specs=(VOCAB_SPLIT, P("b"), key_spec, P("b") if per_request else None),
+        check_vma=impl != "pallas")(x, params, key, positions)
   _assert_same(want, got)
   assert not np.asarray(got[0].valid)[[5, 6]].any()
 
@@ -224,14 +249,7 @@ def test_vocab_parallel_traced_truncation_gathers_exactly():
   config = jaxsample.SamplerConfig(implementation="xla")
   want = jax.jit(lambda x, p: jaxsample.sample(x, p, key, config=config))(
       x, params)
-  mesh = jax.make_mesh((1, 4), ("b", "v"))
-  with jax.set_mesh(mesh):
-    body = jax.shard_map(lambda x, p: sharded.sample_sharded(
-        x, p, key, axis_name="v", config=config),
-                         in_specs=(P("b", "v"), P("b")), out_specs=P("b"))
-    got = jax.jit(body)(jax.device_put(x, P("b", "v")),
-                        jax.device_put(params, P("b")))
-  _assert_same(want, got)
+  _assert_same(want, sample_vocab_parallel(key, config, (1, 4))(x, params))
 
 
 def test_vocab_parallel_kernels_reject_unaligned_shards():
@@ -259,6 +277,22 @@ def test_split_candidates_are_the_rows_top_k():
         "v", 64, jax.lax.axis_index("v") * 16).top(s, w), axis_name="v")
     _assert_same(jax.lax.top_k(x, width), jax.tree.map(lambda a: a[0],
                                                        top(shards)))
+
+
+def test_split_take_moves_values_of_any_width():
+  """``Split.take`` over 4 vocab shards (``jax.vmap``'s axis name) returns
+  each row's value at a global id bit for bit on every shard, for 16-bit
+  logits too (bf16 logits' tokens on the vocab-parallel search: gathered
+  widened to 32-bit words)."""
+  x = np.random.default_rng(7).normal(size=(3, 64)) * 3
+  ids = np.array([0, 37, 63])
+  take = jax.jit(jax.vmap(lambda s: sharded.search_split(
+      "v", 64, jax.lax.axis_index("v") * 16).take(s, ids), axis_name="v"))
+  for dtype in (jnp.bfloat16, jnp.float32):
+    values = jnp.asarray(x, dtype)
+    got = take(jnp.moveaxis(values.reshape(3, 4, 16), 1, 0))
+    assert got.dtype == dtype
+    _assert_same(np.broadcast_to(values[np.arange(3), ids], got.shape), got)
 
 SEARCH_CASES = [  # generator, fp64, (batch, vocab) mesh, vocab, per-request keys
     ("philox", False, (2, 2), 2048, False),
@@ -289,16 +323,11 @@ def test_vocab_parallel_truncation_equals_one_device(generator, fp64, shape,
   with jax.enable_x64(fp64):
     want = jax.jit(lambda x, p, k, n: jaxsample.sample(
         x, p, k, positions=n, config=config))(x, params, key, positions)
-    mesh = jax.make_mesh(shape, ("b", "v"))
-    with jax.set_mesh(mesh):
-      body = jax.shard_map(
-          lambda x, p, k, n: sharded.sample_sharded(
-              x, p, k, axis_name="v", positions=n, config=config),
-          in_specs=(P("b", "v"), P("b"), key_spec,
-                    P("b") if per_request else None), out_specs=P("b"))
-      put = lambda a, s: None if a is None else jax.device_put(a, s)
-      got = jax.jit(body)(put(x, P("b", "v")), put(params, P("b")),
-                          put(key, key_spec), put(positions, P("b")))
+    got = vocab_parallel(
+        lambda x, p, k, n: sharded.sample_sharded(
+            x, p, k, axis_name="v", positions=n, config=config), shape,
+        specs=(VOCAB_SPLIT, P("b"), key_spec,
+               P("b") if per_request else None))(x, params, key, positions)
   _assert_same(want, got)
   assert np.asarray(got.valid).tolist() == [True] * 5 + [False] * 2 + [True]
 
@@ -312,13 +341,8 @@ def test_vocab_parallel_masks_equal_one_device():
                                    max_mask_ids=16)
   want = jax.jit(lambda x, p: jaxsample.extract_sampling_mask(
       x, p, config=config))(x, params)
-  mesh = jax.make_mesh((2, 2), ("b", "v"))
-  with jax.set_mesh(mesh):
-    body = jax.shard_map(lambda x, p: sharded.extract_sampling_mask_sharded(
-        x, p, axis_name="v", config=config),
-                         in_specs=(P("b", "v"), P("b")), out_specs=P("b"))
-    got = jax.jit(body)(jax.device_put(x, P("b", "v")),
-                        jax.device_put(params, P("b")))
+  got = vocab_parallel(lambda x, p: sharded.extract_sampling_mask_sharded(
+      x, p, axis_name="v", config=config), (2, 2))(x, params)
   _assert_same(want, got)
   assert np.asarray(got.truncated).any() and np.asarray(got.count).max() > 1
   with pytest.raises(ValueError, match="xla_search"):
@@ -352,16 +376,10 @@ def test_vocab_parallel_sample_masks_equal_one_device():
   key = jax.random.key(6)
   one = jax.jit(lambda x, p: jaxsample.sample(x, p, key, config=config,
                                               return_mask=True))
-  mesh = jax.make_mesh((2, 2), ("b", "v"))
-  with jax.set_mesh(mesh):
-    body = jax.jit(jax.shard_map(
-        lambda x, p: sharded.sample_sharded(x, p, key, axis_name="v",
-                                            config=config, return_mask=True),
-        in_specs=(P("b", "v"), P("b")), out_specs=P("b")))
-    for params in batches:
-      want = one(x, params)
-      got = body(jax.device_put(x, P("b", "v")), jax.device_put(params, P("b")))
-      _assert_same(want, got)
+  body = sample_vocab_parallel(key, config, (2, 2), return_mask=True)
+  for params in batches:
+    want = one(x, params)
+    _assert_same(want, body(x, params))
   truncated = np.asarray(want[1].truncated)  # the untruncated batch's
   assert truncated.tolist() == [False, False, True, False] + [False, True,
                                                              True, False]
@@ -402,16 +420,13 @@ def test_vocab_parallel_rejection_sample_equals_one_device():
   want = jax.jit(lambda t, d, n, dl, p, key, pos: spec.rejection_sample(
       t, d, n, p, key, draft_logits=dl, positions=pos, config=config,
       return_mask=True))(*args)
-  mesh = jax.make_mesh((1, 4), ("b", "v"))
-  with jax.set_mesh(mesh):
-    vocab_split = P("b", None, "v")
-    specs = (vocab_split, P("b"), P("b"), vocab_split, P("b"), P("b"), P("b"))
-    body = jax.shard_map(
-        lambda t, d, n, dl, p, key, pos: sharded.rejection_sample_sharded(
-            t, d, n, p, key, axis_name="v", draft_logits=dl, positions=pos,
-            config=config, return_mask=True),
-        in_specs=specs, out_specs=(P("b"), P(None, "b")))
-    got = jax.jit(body)(*jax.device_put(args, specs))
+  vocab_split = P("b", None, "v")
+  got = vocab_parallel(
+      lambda t, d, n, dl, p, key, pos: sharded.rejection_sample_sharded(
+          t, d, n, p, key, axis_name="v", draft_logits=dl, positions=pos,
+          config=config, return_mask=True), (1, 4),
+      specs=(vocab_split, P("b"), P("b"), vocab_split, P("b"), P("b"),
+             P("b")), out_specs=(P("b"), P(None, "b")))(*args)
   _assert_same(want, got)
   accepted = np.asarray(want[0].num_accepted)
   # Residual draws (sampled rows 1, 5, 7), bonus tokens (0: after 2
