@@ -33,8 +33,8 @@ from jaxsample.models import (EMBEDDED_DIR, Transformer, TransformerConfig,
                               load_draft, load_embedded)
 from jaxsample.params import SamplerConfig
 
-__all__ = ["SETTINGS", "build_loop", "load_target", "main", "make_requests",
-           "serve"]
+__all__ = ["SETTINGS", "acceptance", "build_loop", "load_target", "main",
+           "make_requests", "serve"]
 
 SETTINGS = (  # (name, Request fields)
     ("greedy", dict(temperature=0.0)),
@@ -96,13 +96,19 @@ def make_requests(tokenizer, vocab: int, args) -> list[Request]:
   return requests
 
 
+def acceptance(accepted: int, drafted: int) -> str:
+  """``accepted / drafted`` and the draft count, or ``-`` with no drafts
+  (``--spec none``, or an n-gram drafter that found no match)."""
+  return f"{accepted / drafted:.2f} of {drafted} drafts" if drafted else "-"
+
+
 def _progress(loop: ServeLoop, total: int, seconds: float) -> str:
   s = loop.stats
-  rate = s["accepted"] / s["drafted"] if s["drafted"] else float("nan")
   host = 1 - s["device_s"] / s["busy_s"] if s["busy_s"] else 0.0
   return (f"requests {s['completed']}/{total} | {s['tokens']} tokens | "
           f"{s['tokens'] / max(seconds, 1e-9):8.1f} tok/s | acceptance "
-          f"{rate:.2f} | host {100 * host:.1f}% of loop time")
+          f"{acceptance(s['accepted'], s['drafted'])} | "
+          f"host {100 * host:.1f}% of loop time")
 
 
 def serve(loop: ServeLoop, requests: list[Request], arrivals: int,
@@ -192,7 +198,7 @@ def main(argv=None) -> int:
         name = SETTINGS[rid % len(SETTINGS)][0]
         body = choice.get("text", choice["token_ids"])
         print(f"  [{name}] {body!r} ({choice['finish_reason']}, acceptance "
-              f"{done[rid].acceptance_rate})")
+              f"{acceptance(done[rid].accepted, done[rid].drafted)})")
   return 0
 
 

@@ -181,6 +181,15 @@ def test_masks_match_generate(request, which):
     assert done.to_openai()["sampling_mask"] == done.sampling_mask
 
 
+def test_demo_prints_acceptance_only_over_drafts():
+  """serve_demo's acceptance: ``-`` without drafts (``--spec none``, or an
+  n-gram drafter that matched nothing: no ``nan``), else the ratio and how
+  many drafts it is over."""
+  assert serve_demo.acceptance(0, 0) == "-"
+  assert serve_demo.acceptance(2, 2) == "1.00 of 2 drafts"
+  assert serve_demo.acceptance(3, 8) == "0.38 of 8 drafts"
+
+
 def test_bad_requests_rejected_without_disturbing_others(model):
   rs = np.random.default_rng(4)
   requests = random_requests(rs, 5)
