@@ -6,12 +6,13 @@ architecture with ``--random`` or when the package has no weights), submits
 ``--requests`` requests with mixed settings (greedy, T = 0.8 + top-p 0.9,
 top-k 20, min-p 0.05) arriving ``--arrivals`` per step, and shows a live
 line: requests done, tokens/s, draft acceptance and the host's share of the
-loop's time (outside the jitted calls).  ``--spec`` turns on speculative
-decoding: ``ngram`` (prompt lookup), ``draft`` (the packaged draft model,
-``jaxsample.models.load_draft``: 2 layers, d_model 64, trained on the same
-corpus with the same tokenizer), ``layers:N`` (the model's first ``N``
-layers as the draft model) or ``synthetic:R1,R2,..`` (per-position
-acceptance rates, n-gram drafts: the cost profile at a chosen acceptance).
+loop's time (not waiting for the device: ``docs/serving.md``).  ``--spec``
+turns on speculative decoding: ``ngram`` (prompt lookup), ``draft`` (the
+packaged draft model, ``jaxsample.models.load_draft``: 2 layers, d_model
+64, trained on the same corpus with the same tokenizer), ``layers:N`` (the
+model's first ``N`` layers as the draft model) or ``synthetic:R1,R2,..``
+(per-position acceptance rates, n-gram drafts: the cost profile at a chosen
+acceptance).
 ``--bench`` prints one summary line per ``--spec`` value instead of text.
 """
 
@@ -34,7 +35,7 @@ from jaxsample.models import (EMBEDDED_DIR, Transformer, TransformerConfig,
 from jaxsample.params import SamplerConfig
 
 __all__ = ["SETTINGS", "acceptance", "build_loop", "load_target", "main",
-           "make_requests", "serve"]
+           "make_requests", "parser", "serve"]
 
 SETTINGS = (  # (name, Request fields)
     ("greedy", dict(temperature=0.0)),
@@ -78,7 +79,8 @@ def build_loop(model: Transformer, spec: str, args) -> ServeLoop:
                      f" got {spec!r}")
   return ServeLoop(NnxLM.split(model), slots=args.slots,
                    cache_len=args.cache_len, config=config,
-                   steps_per_call=args.steps_per_call, speculation=speculation)
+                   steps_per_call=args.steps_per_call, speculation=speculation,
+                   overlap=not args.no_overlap)
 
 
 def make_requests(tokenizer, vocab: int, args) -> list[Request]:
@@ -104,7 +106,7 @@ def acceptance(accepted: int, drafted: int) -> str:
 
 def _progress(loop: ServeLoop, total: int, seconds: float) -> str:
   s = loop.stats
-  host = 1 - s["device_s"] / s["busy_s"] if s["busy_s"] else 0.0
+  host = 1 - s["wait_s"] / s["busy_s"] if s["busy_s"] else 0.0
   return (f"requests {s['completed']}/{total} | {s['tokens']} tokens | "
           f"{s['tokens'] / max(seconds, 1e-9):8.1f} tok/s | acceptance "
           f"{acceptance(s['accepted'], s['drafted'])} | "
@@ -132,7 +134,8 @@ def serve(loop: ServeLoop, requests: list[Request], arrivals: int,
   return done, time.perf_counter() - start
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+  """The command line of ``main``."""
   parser = argparse.ArgumentParser(
       description=__doc__.splitlines()[0],
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -151,6 +154,8 @@ def main(argv=None) -> int:
                       help="none | ngram | draft | layers:N | synthetic:R1,R2,..")
   parser.add_argument("--k", type=int, default=4,
                       help="draft tokens per step (ngram, layers)")
+  parser.add_argument("--no-overlap", action="store_true",
+                      help="read each step's outputs before the next dispatch")
   parser.add_argument("--implementation", default="auto",
                       choices=["auto", "pallas", "xla"])
   parser.add_argument("--bench", action="store_true",
@@ -177,7 +182,11 @@ def main(argv=None) -> int:
   parser.add_argument("--prompt-len", type=int, default=16,
                       help="random model: prompt tokens")
   parser.add_argument("--seed", type=int, default=0)
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv=None) -> int:
+  args = parser().parse_args(argv)
 
   model, tokenizer = load_target(args)
   what = "embedded model" if tokenizer is not None else "random weights"
@@ -186,7 +195,7 @@ def main(argv=None) -> int:
   for spec in args.spec:
     loop = build_loop(model, spec, args)
     start = time.perf_counter()
-    loop.warmup()
+    loop.warmup(max(len(r.prompt) for r in requests))
     compile_s = time.perf_counter() - start
     done, seconds = serve(loop, requests, args.arrivals, live=not args.bench)
     print(f"spec={spec:18s} slots={args.slots} k={args.k} "

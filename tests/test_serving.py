@@ -125,6 +125,34 @@ def test_steps_per_call_and_callbacks(model):
     assert_same(events[-1].completion, expected[r.request_id])
 
 
+def test_overlap_reads_one_call_behind_and_changes_no_output(model):
+  """With ``overlap`` a ``step`` returns the previous call's events (none
+  on the first); the completions equal those without it bit for bit; the
+  loop's wait is part of its busy time; ``warmup`` refuses a busy loop."""
+  requests = [dataclasses.replace(r, max_tokens=6)
+              for r in random_requests(np.random.default_rng(6), 6)]
+  done = {}
+  for overlap in (False, True):
+    loop = ServeLoop(model, slots=SLOTS, cache_len=CACHE, config=CONFIG,
+                     overlap=overlap)
+    for r in requests:
+      loop.submit(r)
+    events = loop.step()
+    assert bool(events) != overlap
+    events += list(loop.events())
+    done[overlap] = {e.request_id: e.completion for e in events
+                     if e.completion is not None}
+    assert 0 < loop.stats["wait_s"] < loop.stats["busy_s"]
+  for r in requests:
+    plain, overlapped = done[False][r.request_id], done[True][r.request_id]
+    assert overlapped.token_ids == plain.token_ids
+    assert overlapped.logprobs == plain.logprobs
+    assert overlapped.finish_reason == plain.finish_reason
+  loop.submit(requests[0])
+  with pytest.raises(ValueError, match="before submitting requests"):
+    loop.warmup()
+
+
 def mask_workload(request, which: str):
   """``(model, requests, config, cache_len, atol)``: six random requests on
   the tiny model (every other one asking for masks, ``max_mask_ids`` 8: some

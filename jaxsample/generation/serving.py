@@ -1,23 +1,28 @@
 """``ServeLoop``: continuous batching over a fixed number of slots.
 
-The loop owns a device state of ``slots`` decode slots and two jitted
-programs whose shapes never change while requests come and go:
+The loop owns a device state of ``slots`` decode slots and jitted programs
+(``slot_programs``) whose shapes never change while requests come and go:
 
 * *admit*: up to ``admit_batch`` queued requests, their prompts left-aligned
-  in a bucket of ``max(16, next_pow2(longest))`` columns (capped at the cache;
-  one compile per bucket, ``warmup`` compiles them all), are prefilled on a
-  fresh cache of ``admit_batch`` rows, their first token sampled, and the
-  rows scattered into free slots;
+  in a bucket of ``max(16, next_pow2(longest))`` columns (capped at the
+  cache), are prefilled on a fresh cache of ``admit_batch`` rows (one
+  compile per bucket of the model alone, ``warmup`` compiles them all),
+  their first token sampled, and the rows scattered into free slots (one
+  compile);
 * *step*: ``steps_per_call`` decode steps of every slot (``decode_step``), or
   with ``speculation`` that many speculative steps (``spec_step``).
 
 Between calls the host reads the emitted tokens, streams them to each
 request (``events``, callbacks), retires finished requests and admits queued
-ones into the freed slots.  A request's tokens depend only on its prompt,
-seed, parameters, budget and stop ids: plain decoding gives exactly
-``generate``'s tokens for the same key (``seed`` ``s`` is the key
-``jax.random.PRNGKey(s)``); speculative decoding gives the same tokens for
-greedy requests and the same distribution for sampled ones.
+ones into the freed slots.  With ``overlap`` (the default) each ``step``
+dispatches its programs before it reads the outputs of the previous
+``step``'s, so that host work runs while the device computes: a slot
+freed by a step idles through the next one before its new request is
+admitted, which changes no request's tokens.  A request's tokens depend
+only on its prompt, seed, parameters, budget and stop ids: plain decoding
+gives exactly ``generate``'s tokens for the same key (``seed`` ``s`` is the
+key ``jax.random.PRNGKey(s)``); speculative decoding gives the same tokens
+for greedy requests and the same distribution for sampled ones.
 
 Logits processors (``processors=ProcessorLimits(...)``): each slot carries
 its request's ``LogitsProcessors`` row (penalties, bias, allowed and banned
@@ -59,12 +64,23 @@ MIN_PROMPT = 16
 
 @dataclasses.dataclass
 class _Active:
-  """Host bookkeeping of a request, queued or in a slot."""
+  """Host bookkeeping of a request, queued or in slot ``slot``."""
 
   request: Request
   budget: int
   completion: Completion
   callback: Callable[[StreamEvent], None] | None
+  slot: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class _InFlight:
+  """A dispatched program's output (its host copy under way), not yet read:
+  row ``r`` belongs to ``owners[r]`` (None: no request)."""
+
+  serial: int
+  output: slot_programs.Output
+  owners: tuple[_Active | None, ...]
 
 
 class ServeLoop:
@@ -89,6 +105,10 @@ class ServeLoop:
       ``jaxsample.logprobs.MODES`` (vLLM's ``logprobs_mode``).
     processors: a ``ProcessorLimits`` (which logits processors requests may
       use, the widths of their per-slot tables), or None (none).
+    overlap: dispatch each step's programs before reading the previous
+      step's outputs (module doc); off, ``step`` returns the events of its
+      own programs.  Grammar masks (``ProcessorLimits(bitmask=True)``) turn
+      it off: a ``bitmask_fn`` needs every token before the next step.
   """
 
   def __init__(self, model, *, slots: int = 8, cache_len: int | None = None,
@@ -96,7 +116,8 @@ class ServeLoop:
                max_stop_tokens: int = 4, admit_batch: int | None = None,
                steps_per_call: int = 1, speculation: Speculation | None = None,
                top_logprobs: int = 0, logprobs_mode: str = "raw_logprobs",
-               processors: ProcessorLimits | None = None):
+               processors: ProcessorLimits | None = None,
+               overlap: bool = True):
     self.lm, self.weights = as_language_model(model)
     self.cache_len = cache_len or self.lm.max_len
     if not self.cache_len or self.cache_len < 2:
@@ -137,18 +158,29 @@ class ServeLoop:
     # All ids allowed, [slots, W] (None without grammar masks): the rows of
     # slots without a bitmask_fn.
     self._open_bitmask = None if neutral is None else neutral.bitmask
+    self.overlap = bool(overlap) and self._open_bitmask is None
     self._queue: collections.deque = collections.deque()
     self._active: list[_Active | None] = [None] * slots
     self._ids = itertools.count()
+    self._serials = itertools.count()
+    self._inflight: collections.deque[_InFlight] = collections.deque()
+    leaves, weights_def = jax.tree.flatten(self.weights)
+    draft_leaves, draft_def = jax.tree.flatten(self._draft_weights)
+    self._leaves = (leaves, draft_leaves)
+    self._programs = slot_programs.programs(
+        self.lm, self.drafter, self.config, self._outputs, steps_per_call,
+        self._state_len, weights_def, draft_def)
     self._state = slot_programs.empty_state(
         self.lm, self.weights, slots, max_stop_tokens, self._state_len,
         self.drafter, self._draft_weights, neutral)
     self.stats = collections.Counter()
     """Counts (``admit_calls``, ``step_calls``, ``tokens``, ``completed``,
-    ``drafted``, ``accepted``) and seconds: ``device_s`` from each jitted
-    call's dispatch until its outputs are ready, ``busy_s`` in ``step``
-    altogether (the difference is host work: bookkeeping, inputs,
-    transfers, events)."""
+    ``drafted``, ``accepted``) and seconds: ``busy_s`` in ``step``
+    altogether and ``wait_s`` of it blocked reading outputs (until the
+    device finished them, and their copy).  ``busy_s - wait_s`` is the
+    host's own work (bookkeeping, inputs, dispatch, events): the device can
+    idle only then, so ``1 - wait_s / busy_s`` bounds its idle share of the
+    loop's time from above (``docs/serving.md``)."""
 
   # -- requests ------------------------------------------------------------
 
@@ -188,9 +220,13 @@ class ServeLoop:
     return len(self._queue) + sum(a is not None for a in self._active)
 
   def step(self) -> list[StreamEvent]:
-    """Admits queued requests into free slots, runs one step call if any
-    slot is busy, and returns the events it produced."""
+    """Admits queued requests into free slots, dispatches one step call if
+    any slot is busy, and returns the events read back: with ``overlap``
+    those of the programs the previous ``step`` dispatched (this call's run
+    meanwhile), else this call's.  When no request is left, nothing stays
+    in flight."""
     start = time.perf_counter()
+    first = next(self._serials)  # serials below it: earlier calls'
     events = []
     while self._queue and None in self._active:
       events += self._admit_some()
@@ -202,12 +238,12 @@ class ServeLoop:
                       for a in self._active]
       bitmask = np.stack([bitmask[0] if m is None else m for m in masks])
     if any(a is not None for a in self._active):
-      out = self._timed(slot_programs.step, self.lm, self.drafter, self.config,
-                        self._outputs, self.steps_per_call, self.weights,
-                        self._draft_weights, self._state, self._rates,
-                        bitmask)
-      events += self._collect(out, list(range(self.slots)))
+      self._dispatch(self._programs.step, self._active, *self._leaves,
+                     self._rates, bitmask)
       self.stats["step_calls"] += 1
+    events += self._read(first if self.overlap else None)
+    if not self.pending:  # idle: what is left in flight has no events
+      self._read(None)
     self.stats["busy_s"] += time.perf_counter() - start
     return events
 
@@ -225,23 +261,28 @@ class ServeLoop:
     return [done[i] for i in ids]
 
   def warmup(self, max_prompt_len: int | None = None) -> None:
-    """Compiles the step and the admission of every prompt bucket up to
-    ``max_prompt_len``'s (default: all); requests are not affected (the
-    admitted rows go nowhere)."""
+    """Compiles the step, the admission and the prompt program of every
+    prompt bucket up to ``max_prompt_len``'s (default: all), on an idle
+    loop (the admitted rows go nowhere).
+
+    Raises:
+      ValueError: with requests pending (the step would advance them).
+    """
+    if self.pending:
+      raise ValueError("warmup runs the programs on the slots: call it "
+                       f"before submitting requests ({self.pending} pending)")
     last = min(bucket(max_prompt_len or self.cache_len, MIN_PROMPT),
                self.cache_len)
     width = MIN_PROMPT
     while True:
       width = min(width, last)
-      self._call_admit(np.full(self.admit_batch, self.slots, np.int32),
-                       self._admission_inputs([], width))
+      self._admit([], [], width)
       if width >= last:
         break
       width *= 2
-    self._timed(slot_programs.step, self.lm, self.drafter, self.config,
-                self._outputs, self.steps_per_call, self.weights,
-                self._draft_weights, self._state, self._rates,
-                self._open_bitmask)
+    self._dispatch(self._programs.step, (None,) * self.slots, *self._leaves,
+                   self._rates, self._open_bitmask)
+    self._read(None)
     self.stats.clear()
 
   # -- internals -----------------------------------------------------------
@@ -254,13 +295,31 @@ class ServeLoop:
         self.weights)
     return shape[0].shape[-1]
 
-  def _timed(self, program, *args) -> slot_programs.Output:
-    """Runs ``program`` (new state and output), waits for it, counts its
-    time in ``stats["device_s"]`` and returns the output."""
-    start = time.perf_counter()
-    self._state, out = jax.block_until_ready(program(*args))
-    self.stats["device_s"] += time.perf_counter() - start
-    return out
+  def _dispatch(self, program, owners, *args) -> None:
+    """Dispatches ``program`` (``admit`` or ``step`` of ``self._programs``)
+    on the state and ``args`` and queues its output, rows owned by
+    ``owners``, with its copy to the host started (masks only if an owner
+    asked for them)."""
+    self._state, out = program(self._state, *args)
+    if out.mask is not None and not any(
+        a is not None and a.request.return_masks for a in owners):
+      out = dataclasses.replace(out, mask=None)
+    for leaf in jax.tree.leaves(out):
+      leaf.copy_to_host_async()
+    self._inflight.append(_InFlight(next(self._serials), out, tuple(owners)))
+
+  def _read(self, before: int | None) -> list[StreamEvent]:
+    """Reads the outputs in flight dispatched before serial ``before`` (all
+    for None), in order; returns their events."""
+    events = []
+    while self._inflight and (before is None or
+                              self._inflight[0].serial < before):
+      done = self._inflight.popleft()
+      start = time.perf_counter()
+      host = jax.device_get(done.output)
+      self.stats["wait_s"] += time.perf_counter() - start
+      events += self._collect(host, done.owners)
+    return events
 
   def _check_limits(self, limits) -> ProcessorLimits | None:
     if limits is None:
@@ -313,11 +372,6 @@ class ServeLoop:
       masks.append(words)
     return masks, events
 
-  def _call_admit(self, slot_ids, inputs) -> slot_programs.Output:
-    return self._timed(slot_programs.admit, self.lm, self.drafter, self.config,
-                       self._outputs, self._state_len, self.weights,
-                       self._draft_weights, self._state, slot_ids, *inputs)
-
   def _admit_some(self) -> list[StreamEvent]:
     free = [s for s, a in enumerate(self._active) if a is None]
     batch = [self._queue.popleft()
@@ -331,62 +385,73 @@ class ServeLoop:
         return events
     width = min(bucket(max(len(a.request.prompt) for a in batch), MIN_PROMPT),
                 self.cache_len)
-    slot_ids = np.full(self.admit_batch, self.slots, np.int32)
-    slot_ids[:len(batch)] = free[:len(batch)]
     for active, slot in zip(batch, free):
+      active.slot = slot
       self._active[slot] = active
-    out = self._call_admit(slot_ids,
-                           self._admission_inputs(batch, width, masks))
+    self._admit(batch, masks, width)
     self.stats["admit_calls"] += 1
-    return events + self._collect(out, free[:len(batch)])
+    if not self.overlap:  # grammar masks: the next need the first tokens
+      events += self._read(None)
+    return events
 
-  def _collect(self, out: slot_programs.Output,
-               slots: list[int]) -> list[StreamEvent]:
-    """Events of the rows of ``out`` (row ``r`` is slot ``slots[r]``)."""
-    want_masks = out.mask is not None and any(
-        self._active[s] is not None and self._active[s].request.return_masks
-        for s in slots)
-    host = jax.device_get(dataclasses.replace(
-        out, mask=out.mask if want_masks else None))
-    emitted = np.arange(host.tokens.shape[2]) < host.count[..., None]
+  def _admit(self, batch: list[_Active], masks, width: int) -> None:
+    """Dispatches the admission of ``batch`` (slots set) with grammar
+    ``masks``, prompts in ``width`` columns (the ``prompt`` program of that
+    width, then ``admit``)."""
+    slot_ids = np.full(self.admit_batch, self.slots, np.int32)
+    slot_ids[:len(batch)] = [a.slot for a in batch]
+    tokens, lengths, *rest = self._admission_inputs(batch, width, masks)
+    prompted = self._programs.prompt(*self._leaves, tokens, lengths)
+    self._dispatch(self._programs.admit,
+                   batch + [None] * (self.admit_batch - len(batch)), slot_ids,
+                   prompted, lengths, *rest)
+
+  def _collect(self, host: slot_programs.Output,
+               owners: Sequence[_Active | None]) -> list[StreamEvent]:
+    """Events of the rows of ``host`` (an ``Output`` on the host; row ``r``
+    belongs to ``owners[r]``); retires the requests that finished."""
+    steps, rows, width = host.tokens.shape
+    emitted = np.arange(width) < host.count[..., None]  # [n, R, E]
+    by_row = lambda a: a.transpose(1, 0, 2).reshape(rows, steps * width)
+    flags, tokens = by_row(emitted), by_row(host.tokens)
     drafted, accepted = host.drafted.sum(0), host.accepted.sum(0)
     self.stats["drafted"] += int(drafted.sum())
     self.stats["accepted"] += int(accepted.sum())
     events = []
-    busy = np.flatnonzero((host.count.sum(axis=0) > 0) | host.finished)
-    for row in busy[busy < len(slots)].tolist():
-      slot = slots[row]
-      active = self._active[slot]
-      if active is None:
-        continue
+    busy = np.flatnonzero(flags.any(axis=1) | host.finished)
+    for row in busy.tolist():
+      active = owners[row]
+      if active is None or active.completion.finish_reason is not None:
+        continue  # no request, or one that finished in an earlier output
       active.completion.drafted += int(drafted[row])
       active.completion.accepted += int(accepted[row])
-      event = self._advance(active, host, row, emitted[:, row])
+      fields = self._advance(active, host, row, emitted[:, row],
+                             tokens[row][flags[row]].tolist())
       if host.finished[row]:
         self._finish(active)
-        self._active[slot] = None
-        event = dataclasses.replace(
-            event, finish_reason=active.completion.finish_reason,
-            completion=active.completion)
-      if event.token_ids or event.finish_reason:
+        self._active[active.slot] = None
+        fields.update(finish_reason=active.completion.finish_reason,
+                      completion=active.completion)
+      if fields["token_ids"] or host.finished[row]:
+        event = StreamEvent(active.request.request_id, **fields)
         events.append(event)
         if active.callback is not None:
           active.callback(event)
     return events
 
   def _advance(self, active: _Active, host: slot_programs.Output, row: int,
-               emitted: np.ndarray) -> StreamEvent:
-    """Appends row ``row``'s tokens (``emitted`` ``[n, E]`` of them) to the
-    request's completion and returns the event."""
+               emitted: np.ndarray, tokens: list[int]) -> dict:
+    """Appends row ``row``'s ``tokens`` (where ``emitted`` ``[n, E]``) and
+    what the request asked for to its completion; returns them as
+    ``StreamEvent`` fields."""
     request, done = active.request, active.completion
-    tokens = host.tokens[:, row][emitted].tolist()
     self.stats["tokens"] += len(tokens)
     done.token_ids += tokens
-    event = StreamEvent(request.request_id, tokens)
+    fields = {"token_ids": tokens}
     if request.logprobs:
       logprobs = host.logprobs[:, row][emitted].tolist()
       done.logprobs += logprobs
-      event = dataclasses.replace(event, logprobs=logprobs)
+      fields["logprobs"] = logprobs
     if request.top_logprobs:
       n, top = request.top_logprobs, host.top
       entries = [{"logprob": float(top.token_values[t, row]),
@@ -395,7 +460,7 @@ class ServeLoop:
                                   top.top_values[t, row, :n].tolist()))}
                  for t in np.flatnonzero(emitted[:, 0])]
       done.top_logprobs += entries
-      event = dataclasses.replace(event, top_logprobs=entries)
+      fields["top_logprobs"] = entries
     if request.return_masks:
       masks, logz = [], []
       for t, n in enumerate(emitted.sum(axis=1).tolist()):
@@ -407,8 +472,8 @@ class ServeLoop:
             logz.append(value)
       done.sampling_mask += masks
       done.logz += logz
-      event = dataclasses.replace(event, sampling_mask=masks, logz=logz)
-    return event
+      fields.update(sampling_mask=masks, logz=logz)
+    return fields
 
   def _finish(self, active: _Active, reason: str | None = None) -> None:
     """Sets the request's finish reason: ``reason``, else ``generate``'s

@@ -1,11 +1,14 @@
-"""The serving loop's slot state and its two jitted programs.
+"""The serving loop's slot state and its jitted programs.
 
 The device state is a ``DecodeState`` (plain decoding) or a ``SpecState``
 (speculative) of ``slots`` rows whose shapes never change; ``empty_state``
 builds it with every slot finished (free).
 
-* ``admit``: prefills a batch of prompts on a fresh cache, samples each first
-  token and scatters the rows into the chosen slots;
+* ``prompt``: runs a batch of prompts through the model on a fresh cache
+  (and the drafter's prefill): the only program compiled per prompt width,
+  and the only one without the sampler;
+* ``admit``: samples each prompt's first token from ``prompt``'s logits and
+  scatters the rows into the chosen slots;
 * ``step``: ``steps`` decode (or speculative) steps of every slot in a
   ``lax.scan``.
 
@@ -13,24 +16,33 @@ With logits processors every slot carries a ``LogitsProcessors`` row
 (``admission.slot_processors``: fixed widths, neutral where unused); the
 grammar ``bitmask`` rows of a step are the host's argument to ``step``.
 
-Both return the new state (the old one is donated) and an ``Output``.
+``admit`` and ``step`` return the new state (the old one is donated) and an
+``Output``.  ``programs`` gives the three jitted for one static setup
+(model, drafter, sampler config, outputs, steps, cache length and the
+weights' tree structures), with the weights passed as flat lists of arrays:
+a call then hashes no static argument and flattens no ``nnx.State``
+(together ~1 ms of host time per call on the embedded model), and loops
+with the same setup share the compiled programs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
 from jaxsample.generation.spec_step import SpecState, spec_step, write_history
-from jaxsample.generation.step import DecodeState, decode_step, prefill
+from jaxsample.generation.step import (DecodeState, decode_step, emit,
+                                       prompt_logits)
 from jaxsample.logprobs import TokenLogprobs
 from jaxsample.mask import SamplingMask
 from jaxsample.params import SamplingParams
 
-__all__ = ["Output", "admit", "empty_state", "scatter_rows", "step"]
+__all__ = ["Output", "Programs", "admit", "empty_state", "programs", "prompt",
+           "scatter_rows", "step"]
 
 
 @jax.tree_util.register_dataclass
@@ -58,27 +70,42 @@ def scatter_rows(full, rows, slot_ids):
                       full, rows)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(7,))
-def admit(lm, drafter, config, outputs, cache_len, weights, draft_weights,
-          state, slot_ids, tokens, lengths, params, keys, stop_ids, budgets,
-          processors):
-  return_mask, num_top, mode = outputs
-  prompts = DecodeState(
-      tokens=tokens, positions=lengths - 1, keys=keys, params=params,
-      finished=budgets <= 0, stop_tokens=stop_ids, remaining=budgets,
-      cache=lm.init_cache(weights, tokens.shape[0], cache_len),
-      processors=processors)
-  fresh, out = prefill(lm, weights, prompts, config=config,
-                       return_mask=return_mask, num_top=num_top,
-                       logprob_mode=mode)
+def prompt(lm, drafter, cache_len, weights, draft_weights, tokens, lengths):
+  """Left-aligned prompts ``tokens`` ``[A, P]`` of ``lengths`` on fresh
+  caches of ``cache_len`` positions: ``(last tokens, cache, logits,
+  history, drafter state)`` (``prompt_logits``; the token history and the
+  drafter's state after the prompts with a ``drafter``, else None)."""
+  rows = tokens.shape[0]
+  last, cache, logits = prompt_logits(
+      lm, weights, tokens, lengths - 1,
+      lm.init_cache(weights, rows, cache_len))
+  history = own = None
   if drafter is not None:
-    history = jnp.zeros((tokens.shape[0], cache_len), jnp.int32)
-    history = write_history(history, tokens, jnp.zeros_like(lengths), lengths)
+    history = write_history(jnp.zeros((rows, cache_len), jnp.int32), tokens,
+                            jnp.zeros_like(lengths), lengths)
+    own = drafter.prefill(draft_weights,
+                          drafter.init(draft_weights, rows, cache_len),
+                          tokens, lengths)
+  return last, cache, logits, history, own
+
+
+def admit(drafter, config, outputs, state, slot_ids, prompted, lengths,
+          params, keys, stop_ids, budgets, processors):
+  """Samples the first tokens of ``prompt``'s output ``prompted`` (rows
+  with ``lengths``, ``params``, ``keys``, ``stop_ids``, ``budgets`` and
+  ``processors``) and writes the rows into ``state`` at ``slot_ids``
+  (entries ``>= slots`` dropped)."""
+  return_mask, num_top, mode = outputs
+  last, cache, logits, history, own = prompted
+  prompts = DecodeState(
+      tokens=last, positions=lengths - 1, keys=keys, params=params,
+      finished=budgets <= 0, stop_tokens=stop_ids, remaining=budgets,
+      cache=cache, processors=processors)
+  fresh, out = emit(prompts, logits, config=config, return_mask=return_mask,
+                    num_top=num_top, logprob_mode=mode)
+  if drafter is not None:
     history = write_history(history, out.tokens[:, None], lengths,
                             out.valid.astype(jnp.int32))
-    own = drafter.prefill(draft_weights,
-                          drafter.init(draft_weights, tokens.shape[0],
-                                       cache_len), tokens, lengths)
     fresh = SpecState(fresh, history, own)
   state = scatter_rows(state, fresh, slot_ids)
   zeros = jnp.zeros(out.tokens.shape, jnp.int32)[None]
@@ -90,7 +117,6 @@ def admit(lm, drafter, config, outputs, cache_len, weights, draft_weights,
                        jax.tree.map(lambda a: a[None], out.top))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(7,))
 def step(lm, drafter, config, outputs, steps, weights, draft_weights,
          state, synthetic_rates, bitmask):
   return_mask, num_top, mode = outputs
@@ -119,6 +145,43 @@ def step(lm, drafter, config, outputs, steps, weights, draft_weights,
   finished = (state if drafter is None else state.decode).finished
   return state, Output(tokens, logprobs, count, drafted, accepted, finished,
                        mask, top)
+
+
+@dataclasses.dataclass(frozen=True)
+class Programs:
+  """The programs jitted for one setup (``programs``), called as
+  ``prompt(weight_leaves, draft_leaves, tokens, lengths)``,
+  ``admit(state, slot_ids, prompted, lengths, params, keys, stop_ids,
+  budgets, processors)`` and ``step(state, weight_leaves, draft_leaves,
+  synthetic_rates, bitmask)``; ``state`` is donated."""
+
+  prompt: Callable
+  admit: Callable
+  step: Callable
+
+
+@functools.lru_cache(maxsize=64)
+def programs(lm, drafter, config, outputs, steps: int, cache_len: int,
+             weights_def, draft_def) -> Programs:
+  """The ``Programs`` of a setup; ``weights_def`` and ``draft_def`` are the
+  tree structures of the weights and the draft weights
+  (``jax.tree.flatten``).  Cached: equal setups get the same programs."""
+  unflatten = lambda leaves, draft_leaves: (
+      jax.tree.unflatten(weights_def, leaves),
+      jax.tree.unflatten(draft_def, draft_leaves))
+
+  def prompt_leaves(leaves, draft_leaves, tokens, lengths):
+    return prompt(lm, drafter, cache_len, *unflatten(leaves, draft_leaves),
+                  tokens, lengths)
+
+  def step_leaves(state, leaves, draft_leaves, rates, bitmask):
+    return step(lm, drafter, config, outputs, steps,
+                *unflatten(leaves, draft_leaves), state, rates, bitmask)
+
+  return Programs(jax.jit(prompt_leaves),
+                  jax.jit(functools.partial(admit, drafter, config, outputs),
+                          donate_argnums=(0,)),
+                  jax.jit(step_leaves, donate_argnums=(0,)))
 
 
 def empty_state(lm, weights, slots: int, max_stop_tokens: int, length: int,

@@ -36,7 +36,8 @@ from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.processors import LogitsProcessors
 from jaxsample.sampling import sample
 
-__all__ = ["DecodeState", "StepOutput", "decode_step", "emit", "prefill"]
+__all__ = ["DecodeState", "StepOutput", "decode_step", "emit", "prefill",
+           "prompt_logits"]
 
 
 @jax.tree_util.register_dataclass
@@ -165,6 +166,22 @@ def decode_step(lm: LanguageModel, weights, state: DecodeState, *,
               num_top=num_top, logprob_mode=logprob_mode)
 
 
+def prompt_logits(lm: LanguageModel, weights, tokens: jax.Array,
+                  positions: jax.Array, cache
+                  ) -> tuple[jax.Array, Any, jax.Array]:
+  """``prefill``'s model half: runs left-aligned prompts ``tokens`` ``[B,
+  P]`` (each last at index ``positions[b]``) through the model, writing
+  ``cache`` positions ``0 .. P - 1``; returns each prompt's last token
+  ``[B]``, the cache and the logits at the last token ``[B, V]``."""
+  batch, width = tokens.shape
+  columns = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
+  logits, cache = lm.apply(weights, tokens, columns, cache)
+  last = jnp.take_along_axis(tokens, positions[:, None], axis=1)[:, 0]
+  step_logits = jnp.take_along_axis(logits, positions[:, None, None],
+                                    axis=1)[:, 0]
+  return last, cache, step_logits
+
+
 def prefill(lm: LanguageModel, weights, prompts: DecodeState, *,
             config: SamplerConfig | None = None, return_mask: bool = False,
             num_top: int = 0, logprob_mode: str | None = None
@@ -177,15 +194,10 @@ def prefill(lm: LanguageModel, weights, prompts: DecodeState, *,
   must be fresh or the slots' own (positions ``0 .. P - 1`` are written).
   Returns the ready-to-decode state and the first tokens' ``StepOutput``.
   """
-  batch, width = prompts.tokens.shape
-  columns = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
-  logits, cache = lm.apply(weights, prompts.tokens, columns, prompts.cache)
-  last = prompts.positions
-  state = dataclasses.replace(
-      prompts, tokens=jnp.take_along_axis(prompts.tokens, last[:, None],
-                                          axis=1)[:, 0], cache=cache)
-  step_logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
-  return emit(state, step_logits, config=config, return_mask=return_mask,
+  last, cache, logits = prompt_logits(lm, weights, prompts.tokens,
+                                      prompts.positions, prompts.cache)
+  state = dataclasses.replace(prompts, tokens=last, cache=cache)
+  return emit(state, logits, config=config, return_mask=return_mask,
               num_top=num_top, logprob_mode=logprob_mode)
 
 
