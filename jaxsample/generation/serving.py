@@ -412,8 +412,13 @@ class ServeLoop:
     belongs to ``owners[r]``); retires the requests that finished."""
     steps, rows, width = host.tokens.shape
     emitted = np.arange(width) < host.count[..., None]  # [n, R, E]
+    # Each row's emitted values in order, as Python lists (one conversion).
     by_row = lambda a: a.transpose(1, 0, 2).reshape(rows, steps * width)
-    flags, tokens = by_row(emitted), by_row(host.tokens)
+    flags = by_row(emitted)
+    keep = flags.tolist()
+    picked = lambda a: [list(itertools.compress(values, row_keep))
+                        for values, row_keep in zip(by_row(a).tolist(), keep)]
+    tokens, logprobs = picked(host.tokens), picked(host.logprobs)
     drafted, accepted = host.drafted.sum(0), host.accepted.sum(0)
     self.stats["drafted"] += int(drafted.sum())
     self.stats["accepted"] += int(accepted.sum())
@@ -425,8 +430,8 @@ class ServeLoop:
         continue  # no request, or one that finished in an earlier output
       active.completion.drafted += int(drafted[row])
       active.completion.accepted += int(accepted[row])
-      fields = self._advance(active, host, row, emitted[:, row],
-                             tokens[row][flags[row]].tolist())
+      fields = self._advance(active, host, row, emitted[:, row], tokens[row],
+                             logprobs[row])
       if host.finished[row]:
         self._finish(active)
         self._active[active.slot] = None
@@ -440,16 +445,16 @@ class ServeLoop:
     return events
 
   def _advance(self, active: _Active, host: slot_programs.Output, row: int,
-               emitted: np.ndarray, tokens: list[int]) -> dict:
-    """Appends row ``row``'s ``tokens`` (where ``emitted`` ``[n, E]``) and
-    what the request asked for to its completion; returns them as
-    ``StreamEvent`` fields."""
+               emitted: np.ndarray, tokens: list[int],
+               logprobs: list[float]) -> dict:
+    """Appends row ``row``'s ``tokens`` and ``logprobs`` (where ``emitted``
+    ``[n, E]``) and what else the request asked for to its completion;
+    returns them as ``StreamEvent`` fields."""
     request, done = active.request, active.completion
     self.stats["tokens"] += len(tokens)
     done.token_ids += tokens
     fields = {"token_ids": tokens}
     if request.logprobs:
-      logprobs = host.logprobs[:, row][emitted].tolist()
       done.logprobs += logprobs
       fields["logprobs"] = logprobs
     if request.top_logprobs:
