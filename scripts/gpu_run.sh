@@ -13,7 +13,8 @@
 #              fp64, spec, sweep, pivot, sort, processing, sharded) with its defaults
 #   decode     python -m jaxsample.bench.decode $DECODE_ARGS (e.g. "--shapes qwen2.5-0.5b")
 #   serve      serve_demo --bench: the embedded model (no drafts, n-gram, draft model, synthetic;
-#              1 and 8 steps per call) and a Qwen2.5-0.5B-shaped random model
+#              1 and 8 steps per call, without the host/device overlap) and a
+#              Qwen2.5-0.5B-shaped random model
 #   multigpu   (2 GPUs) tests/test_gpu_sharding.py and a 2-process jax.distributed run
 #   peers      tests/test_gpu_peers.py: torch's and vLLM's samplers (vLLM's copy: .peers/vllm)
 #   report-V-DTYPE, reportspec-V-DTYPE   one slice of python -m jaxsample.bench report (the
@@ -67,6 +68,7 @@ for step in "${steps[@]}"; do
       qwen=(--random --vocab 151936 --d-model 896 --layers 24 --heads 14 --kv-heads 2 --mlp 4864
             --dtype bfloat16 --cache-len 1024 --prompt-len 64 --slots 64)
       { "${demo[@]}" --spec none ngram draft synthetic:0.9,0.8,0.7,0.6 \
+          && "${demo[@]}" --no-overlap --spec none \
           && "${demo[@]}" --steps-per-call 8 --spec none \
           && "${demo[@]}" "${qwen[@]}" --spec none synthetic:0.9,0.8,0.7,0.6; } 2>&1 | quiet \
         | tee "$out/serve.log"
