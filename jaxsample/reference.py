@@ -164,15 +164,20 @@ def fixed_point_limbs(e: jax.Array) -> jax.Array:
   ``e`` is ``floor(e 2^(12 (k + 1))) mod 2^12`` (the first one may be 2^12
   for ``e = 1``), so the terms are cut to multiples of 2^-60.  Integer
   sums: the same whatever the order or grouping of the terms (rows of any
-  batch, vocab shards added with ``psum``)."""
+  batch, vocab shards added with ``psum``).  One reduction adds the five
+  digits together, so each term is computed once (five sums cost XLA:CPU
+  the terms' ``exp`` five times)."""
   digits = []
   rest = jnp.minimum(e.astype(jnp.float32), 1.0)  # inf: invalid rows
   for _ in range(LIMBS):
     rest = rest * float(2**LIMB_BITS)  # exact: a power of 2
     digit = jnp.floor(rest)
     rest = rest - digit  # exact: the fraction of an fp32
-    digits.append(jnp.sum(digit.astype(jnp.int32), axis=-1))
-  return jnp.stack(digits, axis=-1)
+    digits.append(digit.astype(jnp.int32))
+  sums = jax.lax.reduce(tuple(digits), (jnp.int32(0),) * LIMBS,
+                        lambda a, b: tuple(u + v for u, v in zip(a, b)),
+                        (e.ndim - 1,))
+  return jnp.stack(sums, axis=-1)
 
 
 def limbs_to_float(limbs: jax.Array) -> jax.Array:
