@@ -39,6 +39,12 @@ them can win: ``c_K + G < best`` for ``G`` above any Gumbel value the
 generator gives (``GUMBEL_BOUND``; fp32 rounding is monotone).  Other rows
 (no filter, large kept sets) race the whole row behind a ``lax.cond``.
 
+A batch where no sampled row truncates (and no ``order`` is asked for)
+takes no candidates: a ``lax.switch`` branch (``_untruncated``) reads the
+rows for ``max`` and ``argmax``, sums their mass in one pass and leaves the
+race to the whole rows (on CPU: 0.9x the reference's plain path and 0.5x
+``jax.random.categorical``, B = 8, V = 32000).
+
 Differences from the reference: sums of mass and ``logsumexp`` run in
 another order, so a top-p crossing within fp32 rounding of ``p`` may land on
 a neighbouring token, and logprobs and mask ``logz`` differ by a few ulps.
@@ -254,20 +260,28 @@ def _where_needed(needed: jax.Array, compute, default: jax.Array):
   return jnp.where(needed, found, default)
 
 
-def _candidate_search(logits, operand, nan_rows, params: SamplingParams,
-                      width: int, order_width: int, noise_at, split: Split):
+def _candidate_search(logits, params: SamplingParams, width: int,
+                      order_width: int, noise_at, split: Split):
   """The kept sets (module doc) from ``width`` candidates: ``(row_max,
   threshold, log_sum, order, first, first_unsure, token, decided)`` (the
   last two None without ``noise_at``).  The candidates are the top-k of
-  ``operand``: the tempered logits, or the fp32 logits themselves (``x /
-  T`` is monotone, so their top-k holds the top-k values of ``y``; ties may
-  list other ids, so no ``order``), with ``nan_rows`` ``[B]`` (their NaN
-  may rank anywhere; None for a tempered ``operand``).  Sampled valid rows with a filter take it, sampled
-  valid rows get ``log_sum`` and a token.  Passes over the row compute
+  the tempered logits, or of fp32 logits themselves without ``order`` (``x
+  / T`` is monotone, so their top-k holds the top-k values of ``y``; ties
+  may list other ids), then with a pass that finds NaN rows (their NaN may
+  rank anywhere).  Sampled valid rows with a filter take it, sampled valid
+  rows get ``log_sum`` and a token.  Passes over the row compute
   ``y`` where they run (inside their conds); sums over the row go through
   ``split.reduce``."""
   vocab = split.global_vocab(logits.shape[-1])
   reduce = split.reduce
+  if logits.dtype == jnp.float32 and not order_width:
+    # The top-k of the logits: no pass writes the tempered row; one reads
+    # it for NaN.
+    operand = logits
+    nan_rows = reduce(jnp.sum(jnp.isnan(logits), axis=-1,
+                              dtype=jnp.int32)) > 0
+  else:
+    operand, nan_rows = tempered(logits, params.temperature), None
   # The barrier keeps XLA:CPU's top-k a TopK call: folding the uses of its
   # slice of a sort into gathers would leave a full sort of every row.
   vals, ids = rowwise.barrier(split.top(operand, width))
@@ -336,6 +350,26 @@ def _candidate_search(logits, operand, nan_rows, params: SamplingParams,
   return head + (token, kept_inside | (best > bound))
 
 
+def _untruncated(logits, params: SamplingParams, noise_at, split: Split):
+  """``_candidate_search``'s result (``order`` 0 wide) for a batch where no
+  sampled row truncates (kept sets: every finite entry), from passes over
+  the rows instead of candidates: ``max`` and ``argmax`` of ``y``, its
+  mass; with ``noise_at``, no token (``decided`` False: ``sample`` races
+  the whole rows)."""
+  batch = logits.shape[0]
+  y = tempered(logits, params.temperature)
+  row_max = jnp.max(split.join(jnp.max(y, axis=-1, keepdims=True)), axis=-1)
+  shift = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  log_sum = jnp.log(masked_sum(y > -jnp.inf, jnp.exp(y - shift[:, None]),
+                               split.reduce))
+  unset = jnp.zeros((batch,), bool)
+  head = (row_max, jnp.full((batch,), -jnp.inf, jnp.float32), log_sum,
+          jnp.zeros((batch, 0), jnp.int32), split.argmax(y), unset)
+  if noise_at is None:
+    return head + (None, None)
+  return head + (jnp.zeros((batch,), jnp.int32), unset)
+
+
 def search(logits: jax.Array, params: SamplingParams, *, order_width: int = 0,
            noise_at=None, split: Split = Split()) -> Search:
   """The kept sets of ``logits`` ``[B, V]`` (``B >= 1``) under canonical
@@ -345,27 +379,25 @@ def search(logits: jax.Array, params: SamplingParams, *, order_width: int = 0,
   ``noise_at(ids)``: the Gumbel noise of ``ids`` ``[B, W]`` (the reference's
   for those ids) to race the kept candidates.  ``split``: how the rows lie
   on devices (module doc; ``logits`` is then this device's columns).
+  A batch where no sampled row truncates and no ``order`` is asked for
+  takes no candidates (``_untruncated``).
   """
   vocab = split.global_vocab(logits.shape[-1])
   order_width = min(order_width, vocab)
-  if logits.dtype == jnp.float32 and not order_width:
-    # The top-k of the logits: no pass writes the tempered row; one reads
-    # it for NaN.
-    operand = logits
-    nan_rows = split.reduce(jnp.sum(jnp.isnan(logits), axis=-1,
-                                    dtype=jnp.int32)) > 0
-  else:
-    operand, nan_rows = tempered(logits, params.temperature), None
   widths = sorted({min(max(w, order_width), vocab) for w in CANDIDATE_WIDTHS})
   branches = [functools.partial(
-      _candidate_search, logits, operand, nan_rows, params, width=w,
+      _candidate_search, logits, params, width=w,
       order_width=order_width, noise_at=noise_at, split=split)
               for w in widths]
   with jax.ensure_compile_time_eval():  # known for concrete params
-    top_k = (params.temperature > 0) & params.truncates() & (
-        params.top_k <= widths[-1])
+    truncating = (params.temperature > 0) & params.truncates()
+    top_k = truncating & (params.top_k <= widths[-1])
     branch = jnp.sum(jnp.max(jnp.where(top_k, params.top_k, 0)) >
                      jnp.asarray(widths[:-1], jnp.int32))
+    if not order_width:
+      branches.insert(0, functools.partial(_untruncated, logits, params,
+                                           noise_at, split))
+      branch = jnp.where(jnp.any(truncating), branch + 1, 0)
   row_max, threshold, log_sum, *rest = rowwise.switch(branch, branches)
   return Search(logits, params.temperature, row_max, threshold, jnp.where(
       jnp.isfinite(row_max), row_max, 0.0), log_sum, *rest)

@@ -295,20 +295,51 @@ def test_fallback_rows():
 
 
 def test_candidate_race_decides_peaked_rows_without_a_filter():
-  """No filter, but no entry past the candidates can beat the best kept
-  candidate by the Gumbel bound: the candidate race is the reference's."""
+  """No filter on rows 1.., but no entry past the candidates can beat the
+  best kept candidate by the Gumbel bound: the candidate race is the
+  reference's (row 0's top-p makes the batch take the candidates)."""
   r = np.random.default_rng(5)
   batch, vocab = BATCH, VOCAB
   x = r.standard_normal((batch, vocab)) - 30.0
   x[:, :4] = [0.0, -0.5, -1.0, -2.0]
   logits = jnp.asarray(x, jnp.float32)
-  params = SamplingParams.make(batch)
+  params = SamplingParams.make(batch, top_p=[0.9] + [1.0] * (batch - 1))
   key = jax.random.key(6)
   found = _search(logits, params, key)
   assert np.all(np.asarray(found.decided))
   out, _ = _compare(logits, params, key)
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(
       found.token))
+
+
+def test_untruncated_batch_reads_rows_not_candidates():
+  """No sampled row truncates (a greedy row's top-k does not count): the
+  batch takes no candidates (no top-k in the program of closed-over
+  params) and gives the reference's tokens and logprobs bit for bit, with
+  a mask and without, peaked, NaN, -inf and greedy rows included."""
+  r = np.random.default_rng(9)
+  x = r.standard_normal((BATCH, VOCAB)) * 3
+  x[1, :] = -np.inf
+  x[2, 5] = np.nan
+  x[3, :4] = [20.0, 19.5, 19.0, 18.0]
+  logits = jnp.asarray(x, jnp.float32)
+  params = SamplingParams.make(
+      BATCH, temperature=[0.0, 1.0, 1.0, 0.7] + [1.3] * (BATCH - 4),
+      top_k=[5] + [0] * (BATCH - 1))
+  key = jax.random.key(10)
+  for width in (0, 16):
+    want, _ = _run(logits, params, key, impl="xla", generator="philox",
+                   width=width)
+    got, _ = _run(logits, params, key, impl="xla_search", generator="philox",
+                  width=width)
+    for name in ("tokens", "logprobs", "valid"):
+      np.testing.assert_array_equal(np.asarray(getattr(got, name)),
+                                    np.asarray(getattr(want, name)),
+                                    err_msg=f"{name}, mask width {width}")
+  canon = params.canonical(VOCAB)
+  closed = str(jax.make_jaxpr(lambda l: xla_search.search(l, canon))(logits))
+  assert "top_k" not in closed
+  assert "top_k" in str(jax.make_jaxpr(xla_search.search)(logits, canon))
 
 
 @pytest.mark.parametrize("generator", GENERATORS)
