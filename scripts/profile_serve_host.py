@@ -66,7 +66,7 @@ def timed_phases(loop, totals: collections.Counter) -> None:
 
   for name in PHASES:
     if hasattr(loop, name):
-      setattr(loop, name, wrap(name, getattr(loop, name)))
+      vars(loop)[name] = wrap(name, getattr(loop, name))  # this instance only
 
 
 def main(argv: list[str]) -> None:
