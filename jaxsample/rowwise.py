@@ -1,7 +1,7 @@
 """Per-row helpers for batches of ``[B, ...]`` arrays: choosing between two
 results row by row, running a branch only when some row needs it (inside
 ``jax.shard_map`` too: the branch functions type their outputs' varying
-manual axes, ``manual_switch``), and a two-stage ``lax.top_k`` of long rows
+manual axes, ``manual_switch``), and an exact ``lax.top_k`` of long rows by runs
 (``top_k``)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import jax.numpy as jnp
 
 __all__ = ["TOP_K_CHUNK", "barrier", "cond", "manual_cond", "manual_switch",
            "mark_varying", "only_if", "pack_rows", "switch", "top_k",
-           "unpack_rows", "varying_axes", "where_rows"]
+           "total_order_keys", "unpack_rows", "varying_axes", "where_rows"]
 
-TOP_K_CHUNK = 2048
-"""``top_k``'s first stage: the top ``k`` of each run of this many ids."""
+TOP_K_CHUNK = 128
+"""``top_k``'s first stage: the largest key of each run of this many ids."""
 
 
 def where_rows(where: jax.Array, a, b):
@@ -199,33 +199,47 @@ def only_if(needed, fn, *, pack: bool = True):
                                    for n in length])
 
 
+def total_order_keys(values: jax.Array) -> jax.Array:
+  """int32 keys of fp32/bf16/fp16 ``values`` in ``lax.top_k``'s order:
+  ``-NaN < -inf < ... < -0 < +0 < ... < inf < NaN``, each key the float's
+  bits with the magnitude bits flipped where the sign bit is set."""
+  bits = jax.lax.bitcast_convert_type(values.astype(jnp.float32), jnp.int32)
+  return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
 def top_k(values: jax.Array, k: int, chunk: int = TOP_K_CHUNK
           ) -> tuple[jax.Array, jax.Array]:
-  """``lax.top_k(values, k)`` of ``[B, V]`` rows, the same values and int32
-  ids, in two stages: the top ``k`` of each ``chunk`` consecutive ids (the
-  last, shorter run on its own: no padding), then the top ``k`` of those
-  candidates laid out in id order.
+  """``lax.top_k(values, k)`` of ``[B, V]`` fp32/bf16/fp16 rows, the same
+  values and int32 ids, from one read of the row: the largest key
+  (``total_order_keys``) of each run of ``chunk`` consecutive ids, the ``k``
+  runs of the largest keys (lower run first among equal keys), then the top
+  ``k`` of those runs' ``k * chunk`` entries laid out in id order.
 
-  Exact, ties included: each of the row's top ``k`` (descending values,
-  smallest id first among equal values) is among its run's top ``k`` in
-  that order; among equal candidates, a lower position is a lower id (runs
-  in id order, each run's equal values in id order), and ``lax.top_k``
-  takes the lower position first.  Rows of at most ``chunk`` ids take one
-  ``lax.top_k``.
+  Exact, ties included (descending, the smaller id first among equal
+  values): if a run holds one of the row's top ``k``, every run ranked
+  above it holds a larger entry, or an equal one of a smaller id, so one
+  of the top ``k`` other than that entry; at most ``k - 1`` runs rank above
+  it.  Ids past ``V`` in the last run get the smallest key and come last in
+  id order, after at least ``(k - 1) * chunk + 1 >= k`` real entries.  Rows
+  of at most ``k * chunk`` ids take one ``lax.top_k``.
   """
   batch, vocab = values.shape
-  if vocab <= chunk or k == 0:
+  if vocab <= k * chunk or k == 0 or jnp.dtype(values.dtype).itemsize > 4:
     top, ids = jax.lax.top_k(values, k)
     return top, ids.astype(jnp.int32)
-  runs = vocab // chunk
-  whole = runs * chunk
-  top, ids = jax.lax.top_k(values[:, :whole].reshape(batch, runs, chunk),
-                           min(k, chunk))
-  ids = ids + chunk * jnp.arange(runs, dtype=ids.dtype)[:, None]
-  top, ids = top.reshape(batch, -1), ids.reshape(batch, -1)
+  keys = total_order_keys(values)
+  whole = vocab // chunk * chunk
+  run_keys = jnp.max(keys[:, :whole].reshape(batch, -1, chunk), axis=2)
   if whole < vocab:
-    last_top, last_ids = jax.lax.top_k(values[:, whole:], min(k, vocab - whole))
-    top = jnp.concatenate([top, last_top], axis=1)
-    ids = jnp.concatenate([ids, last_ids + whole], axis=1)
-  top, at = jax.lax.top_k(top, k)
-  return top, jnp.take_along_axis(ids, at, axis=1).astype(jnp.int32)
+    run_keys = jnp.concatenate(
+        [run_keys, jnp.max(keys[:, whole:], axis=1, keepdims=True)], axis=1)
+  runs = jnp.sort(jax.lax.top_k(run_keys, k)[1], axis=1)  # in id order
+  ids = (runs[:, :, None] * chunk
+         + jnp.arange(chunk, dtype=runs.dtype)).reshape(batch, k * chunk)
+  inside = ids < vocab
+  ids = jnp.minimum(ids, vocab - 1)
+  candidates = jnp.where(inside, jnp.take_along_axis(keys, ids, axis=1),
+                         jnp.iinfo(jnp.int32).min)
+  at = jax.lax.top_k(candidates, k)[1]
+  ids = jnp.take_along_axis(ids, at, axis=1).astype(jnp.int32)
+  return jnp.take_along_axis(values, ids, axis=1), ids

@@ -1,4 +1,4 @@
-"""The sparse logits processing and the two-stage top-n, bit for bit against
+"""The sparse logits processing and the top-n by runs, bit for bit against
 the dense formulas they replaced (``processors.apply_processors``,
 ``rowwise.top_k``, ``logprobs.token_logprobs``; ``docs/processing.md``,
 "Cost"), and the compiled program's ``[B, V]`` temporaries."""
@@ -221,15 +221,15 @@ def test_compiled_processing_has_no_dense_counts():
 
 
 # ---------------------------------------------------------------------------
-# Two-stage top-n.
+# Top-n by runs.
 # ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_two_stage_top_k_equals_lax_top_k(dtype):
-  """Rows of many ties (logits rounded to a few values, bf16 too), -inf
-  and NaN entries, runs shorter than ``k`` and a short last run: the same
-  values and ids as ``lax.top_k`` over the whole row."""
+def test_top_k_by_runs_equals_lax_top_k(dtype):
+  """Rows of many ties (logits rounded to a few values, bf16 too), -inf,
+  NaN, -NaN and signed zeros, runs shorter than ``k`` and a short last run:
+  the same values and ids as ``lax.top_k`` over the whole row."""
   rng = np.random.default_rng(3)
   vocab = 203  # 12 runs of 16, a last run of 11
   values = np.round(rng.normal(size=(6, vocab)) * 2) / 2
@@ -237,6 +237,8 @@ def test_two_stage_top_k_equals_lax_top_k(dtype):
   values[1, rng.random(vocab) < 0.5] = -np.inf
   values[2] = -np.inf
   values[3, ::7] = np.nan
+  values[4, ::3], values[4, 1::3] = 0.0, -0.0  # +0 ranks above -0
+  values[5, ::5] = -np.nan  # below -inf
   values = jnp.asarray(values, dtype)
   for k, chunk in ((1, 16), (5, 16), (20, 8), (20, 64)):  # 8: runs < k
     got = jax.jit(rowwise.top_k, static_argnums=(1, 2))(values, k, chunk)
@@ -249,13 +251,13 @@ def test_two_stage_top_k_equals_lax_top_k(dtype):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_raw_top_logprobs_equal_the_dense_log_softmax(dtype):
-  """``token_logprobs`` in ``raw_logprobs`` mode over two-stage runs: the
+  """``token_logprobs`` in ``raw_logprobs`` mode over runs of ids: the
   token's value and rank and the top-n, bit for bit as one ``log_softmax``
   over the row and ``lax.top_k``; rows with ties, -inf, NaN (invalid) and
   fp32 logits that differ by less than the log-softmax's rounding (values
   that collapse to ties)."""
   rng = np.random.default_rng(5)
-  vocab = 2 * rowwise.TOP_K_CHUNK + 99
+  vocab = 20 * rowwise.TOP_K_CHUNK + 99  # num_top 20 takes the runs
   logits = rng.normal(size=(4, vocab)).astype(np.float32)
   logits[0] = np.round(logits[0] * 2) / 2
   logits[1, rng.random(vocab) < 0.3] = -np.inf
