@@ -44,13 +44,13 @@ def cond(pred: jax.Array, true_fn, false_fn, *, unknown=None):
 
 
 def barrier(values):
-  """``lax.optimization_barrier`` of a pytree of arrays; inside
-  ``jax.shard_map`` one barrier per array (a barrier of several crashes
-  XLA's SPMD partitioner there in jax 0.11.2: "cannot be downcasted to
-  HloGetTupleElementInstruction")."""
-  if jax.sharding.get_abstract_mesh().manual_axes:
-    return jax.tree.map(jax.lax.optimization_barrier, values)
-  return jax.lax.optimization_barrier(values)
+  """One ``lax.optimization_barrier`` per array of a pytree.  A barrier of
+  several arrays aborts XLA in jax 0.11.2 wherever the program is
+  partitioned over devices (inside ``jax.shard_map``, or a ``jit`` with an
+  input placed on a mesh), e.g. TopkDecomposer on a barrier of both
+  ``lax.top_k`` outputs: "cannot be downcasted to
+  HloGetTupleElementInstruction"."""
+  return jax.tree.map(jax.lax.optimization_barrier, values)
 
 
 def varying_axes(x) -> frozenset:

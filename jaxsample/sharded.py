@@ -236,6 +236,10 @@ def rejection_sample_sharded(
     params = params.canonical(vocab)
   key = spec_reference.request_keys(key, batch, partition.manual_rows(
       target_logits, batch, exclude=axis_name)[1])
+  if k1 == 1:
+    return spec_reference.without_drafts(
+        functools.partial(sample_sharded, axis_name=axis_name, config=config),
+        target_logits, params, key, positions, return_mask)
   split = search_split(axis_name, vocab, lax.axis_index(axis_name) * local)
   with dispatch.x64_scope(config.use_fp64_gumbel, target_logits, key,
                           positions, *jax.tree.leaves(params)):

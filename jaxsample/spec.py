@@ -120,14 +120,15 @@ import jax
 import jax.numpy as jnp
 
 from jaxsample import (dispatch, mask, partition, reference, rng, rowwise,
-                       sharded, spec_reference, xla_search)
+                       sampling, sharded, spec_reference, xla_search)
 from jaxsample.pallas import sampler, threshold
 from jaxsample.pallas import spec as kernels
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.processors import LogitsProcessors, apply_to_slots
 from jaxsample.sampling_mask import SamplingMask
 from jaxsample.spec_reference import (SpecResult, check_inputs, per_row_params,
-                                      request_keys, stream_keys)
+                                      request_keys, stream_keys,
+                                      without_drafts)
 
 __all__ = ["SpecResult", "check_inputs", "rejection_sample", "stream_keys"]
 
@@ -263,6 +264,9 @@ def rejection_sample(target_logits: jax.Array,
   # Per-request keys from here on: a batch shard's requests keep theirs.
   key = request_keys(key, batch,
                      partition.manual_rows(target_logits, batch)[1])
+  if k1 == 1:
+    return without_drafts(functools.partial(sampling.sample, config=config),
+                          target_logits, params, key, positions, return_mask)
   with dispatch.x64_scope(config.use_fp64_gumbel, target_logits, key,
                           positions, *jax.tree.leaves(params)):
     result, rows = partition.by_batch_shard(

@@ -15,8 +15,9 @@ from jaxsample.params import SamplingParams
 from jaxsample.sampling_mask import SamplingMask
 
 __all__ = ["SpecResult", "acceptance_uniforms", "accepted_count", "assemble",
-           "check_inputs", "emitted_masks", "per_row_params", "reject_xla", "request_keys",
-           "residual_logits", "slot_masks", "stream_keys"]
+           "check_inputs", "emitted_masks", "per_row_params", "reject_xla",
+           "request_keys", "residual_logits", "slot_masks", "stream_keys",
+           "without_drafts"]
 
 
 @jax.tree_util.register_dataclass
@@ -161,6 +162,24 @@ def slot_masks(rows: SamplingMask, j: jax.Array, k1: int) -> SamplingMask:
                      fill)
 
   return jax.tree.map(by_slot, rows, blank)
+
+
+def without_drafts(sample_fn, target_logits, params, key, positions,
+                   return_mask: bool):
+  """``rejection_sample`` with no draft slots (``k = 0``): ``num_accepted``
+  0 and the plain sampler's token for target row 0 (module doc), drawn by
+  ``sample_fn(logits, params, noise_keys, positions=, return_mask=)``
+  (``jaxsample.sample`` or ``sharded.sample_sharded``) with the requests'
+  noise keys.  The verification programs' zero-size arrays crash XLA:CPU's
+  compiler under ``jax.shard_map``; this one has none."""
+  batch = target_logits.shape[0]
+  out = sample_fn(target_logits[:, 0], params, stream_keys(key, batch)[0],
+                  positions=positions, return_mask=return_mask)
+  sampled, rows = out if return_mask else (out, None)
+  result = SpecResult(sampled.tokens[:, None].astype(jnp.int32),
+                      jnp.zeros((batch,), jnp.int32),
+                      sampled.logprobs[:, None].astype(jnp.float32))
+  return (result, emitted_masks(result, rows)) if return_mask else result
 
 
 def reject_xla(target_logits, draft_tokens, n, params, key, draft_logits,

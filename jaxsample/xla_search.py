@@ -395,7 +395,9 @@ def search(logits: jax.Array, params: SamplingParams, *, order_width: int = 0,
     top_k = truncating & (params.top_k <= widths[-1])
     branch = jnp.sum(jnp.max(jnp.where(top_k, params.top_k, 0)) >
                      jnp.asarray(widths[:-1], jnp.int32))
-    if not order_width:
+    # Inside jax.shard_map the branch crashes XLA:CPU's SPMD partitioner
+    # (jax 0.11.2, a segmentation fault in its Shardy export): not taken.
+    if not order_width and not jax.sharding.get_abstract_mesh().manual_axes:
       branches.insert(0, functools.partial(_untruncated, logits, params,
                                            noise_at, split))
       branch = jnp.where(jnp.any(truncating), branch + 1, 0)

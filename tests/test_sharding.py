@@ -71,6 +71,40 @@ CASES = [("xla", "sample", "auto"), ("xla", "extract", "shard_map"),
 # costs minutes of compile): tests/test_gpu_sharding.py.
 
 
+def test_shard_map_without_masks_or_drafts_equals_one_device():
+  """Inside ``shard_map`` as users write it (Auto mesh, traced params and
+  per-request keys split with the batch): ``xla_search``'s ``sample`` of a
+  batch without filters and without a mask (its no-candidates branch crashed
+  XLA:CPU there) and ``rejection_sample`` with ``k = 0`` (its zero-size
+  verification arrays crashed it); and a one-device ``jit`` whose key lies
+  replicated on the mesh (a barrier of both ``lax.top_k`` outputs aborted
+  XLA's TopkDecomposer): all equal the one-device call."""
+  logits, target, draft, num, _ = _inputs(4)
+  plain = jaxsample.SamplingParams.make(B, temperature=[0.0, 0.8] * (B // 2))
+  keys = jax.random.key_data(jax.random.split(jax.random.key(5), B))
+  positions = jnp.arange(B, dtype=jnp.int32)
+  search, xla = (jaxsample.SamplerConfig(implementation=impl)
+                 for impl in ("xla_search", "xla"))
+  no_drafts = jnp.zeros((B, 0), jnp.int32), jnp.zeros((B,), jnp.int32)
+  calls = [
+      (lambda x, p, k, q, d, n: jaxsample.sample(x, p, k, positions=q,
+                                                 config=search), logits),
+      (lambda x, p, k, q, d, n: spec.rejection_sample(
+          x, d, n, p, k, positions=q, config=xla), target[:, :1])]
+  mesh = jax.make_mesh((4,), ("b",), axis_types=(AxisType.Auto,))
+  for call, x in calls:
+    args = (x, plain, keys, positions) + no_drafts
+    want = jax.jit(call)(*args)
+    got = jax.jit(jax.shard_map(call, mesh=mesh, in_specs=P("b"),
+                                out_specs=P("b")))(*args)
+    _assert_same(want, got)
+  verify = jax.jit(lambda k: spec.rejection_sample(
+      target, draft, num, _params(B), k, config=search))
+  key = jax.random.key(6)
+  _assert_same(verify(key),
+               verify(jax.device_put(key, NamedSharding(mesh, P()))))
+
+
 @pytest.mark.parametrize("impl,fn,mode", CASES)
 def test_batch_parallel_equals_one_device(impl, fn, mode):
   """Batch split over 4 devices: jit on Auto and Explicit meshes, and inside
