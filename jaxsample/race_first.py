@@ -1,0 +1,168 @@
+"""Race first, then check: truncated sampling without finding the threshold.
+
+Every filter keeps an upward-closed set ``K = {y >= t, y > -inf}``
+(``jaxsample.reference``), and with the same noise the restricted race
+``argmax_{i in K} (y_i + g_i)`` (smallest id on ties) is the first element of
+``K`` in the unrestricted race's order: descending ``y + g``, smallest id
+first.  So: race the whole row once, keep its top ``M`` candidates in that
+order (``race_candidates``), and decide for each candidate ``c`` with value
+``y_c`` whether it is kept, from one counting pass over the row (no noise,
+no threshold):
+
+* min-p: ``y_c >= t1 = max(y) + log(min_p)`` (the reference's expression);
+* top-k ``k``: ``#{y > y_c} < k`` (then ``y_c`` reaches the k-th largest
+  survivor of min-p: every entry above ``y_c`` survives min-p too);
+* top-p ``p``: ``#{y > y_c} = 0`` or ``mass{y > y_c} < p * Z``, with
+  ``mass`` the exact fixed-point sums of ``e = exp(y - max(y))``
+  (``xla_search.masked_sum``) and ``Z`` the mass of the survivors of min-p
+  and top-k: the comparison ``xla_search``'s searches decide top-p by (the
+  largest ``v`` whose ``mass{y >= v}`` reaches ``p * Z``).  ``Z`` is the
+  mass of ``{y >= t1}`` unless top-k cuts that set (more than ``k``
+  entries); then it lies between ``mass{y >= y_c}`` of the lowest candidate
+  top-k keeps and ``mass{y >= t1}``, and a candidate those bounds do not
+  decide is undecided.
+
+The token is the first kept candidate when every candidate before it is
+decided out.  Rows with no such candidate (all ``M`` outside the kept set,
+probability about ``(1 - kept mass)^M``, or undecided) are *unresolved*:
+the caller samples them by a threshold route, behind a cond that only runs
+when some row needs it.  Tokens are the reference's bit for bit (where the
+threshold routes' are: a top-p crossing within fp32 rounding of ``p`` may
+differ, as ``xla_search``'s).
+
+Logprobs: the sampled token's log-probability under the truncated
+distribution needs the kept set's mass, which race-first never finds; its
+results carry no logprobs (``SamplerConfig(logprobs=False)``).
+
+``sample`` is the pure-JAX route (full-row noise from ``jaxsample.rng``,
+``lax.top_k`` of the race); the kernel route races in the Gumbel kernel
+with top-``M`` tracking (``jaxsample.pallas.gumbel``) and shares ``check``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxsample import reference, rng, rowwise, xla_search
+from jaxsample.params import SamplingParams
+from jaxsample.reference import SampleResult
+
+__all__ = ["Check", "check", "first_kept", "race_candidates", "sample"]
+
+
+def race_candidates(race: jax.Array, width: int):
+  """The first ``width`` entries of each row of ``race`` ``[B, V]`` in race
+  order (descending, smallest id first among equal values): ``(values,
+  ids)`` ``[B, width]`` (``rowwise.top_k``, exact with ties)."""
+  return rowwise.top_k(race, min(width, race.shape[-1]))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Check:
+  """Per candidate ``[B, M]``: ``kept`` (surely in the row's kept set) and
+  ``out`` (surely outside it); neither means undecided (top-p with a
+  cutting top-k, between ``Z``'s bounds)."""
+
+  kept: jax.Array
+  out: jax.Array
+
+
+def check(y: jax.Array, params: SamplingParams, candidate_y: jax.Array,
+          row_max: jax.Array) -> Check:
+  """Decides which candidates lie in each row's kept set (module doc).
+
+  ``y`` ``[B, V]``: tempered logits (``xla_search.tempered``); ``params``
+  canonical; ``candidate_y`` ``[B, M]`` the candidates' ``y`` (-inf for
+  none); ``row_max`` ``[B]`` = ``max(y)`` (finite on the rows that count).
+  One variadic reduction over the row: the count of ``{y >= t1}`` and its
+  mass, and per candidate the count of ``{y > y_c}`` and the masses of
+  ``{y > y_c}`` and ``{y >= y_c}`` (``reference.fixed_point_digits`` sums,
+  exact for any order).
+  """
+  width = candidate_y.shape[-1]
+  shift = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  t1 = jnp.where(params.min_p > 0, row_max + jnp.log(params.min_p), -jnp.inf)
+  survives = (y > -jnp.inf) & (y >= t1[:, None])
+  digits = reference.fixed_point_digits(
+      jnp.where(survives, jnp.exp(y - shift[:, None]), 0.0))
+  terms = [survives.astype(jnp.int32)] + digits
+  for c in range(width):
+    value = candidate_y[:, c:c + 1]
+    above, reach = y > value, y >= value
+    terms += [above.astype(jnp.int32)]
+    terms += [jnp.where(above, d, 0) for d in digits]
+    terms += [jnp.where(reach, d, 0) for d in digits]
+  sums = lax.reduce(tuple(terms), (jnp.int32(0),) * len(terms),
+                    lambda a, b: tuple(u + v for u, v in zip(a, b)), (1,))
+  mass = lambda at: reference.limbs_to_float(
+      jnp.stack(sums[at:at + reference.LIMBS], axis=-1))
+  per = 1 + 2 * reference.LIMBS
+  survivors, z_high = sums[0], mass(1)
+  start = 1 + reference.LIMBS
+  count = jnp.stack([sums[start + c * per] for c in range(width)], axis=-1)
+  above_mass = jnp.stack([mass(start + c * per + 1) for c in range(width)],
+                         axis=-1)
+  reach_mass = jnp.stack([
+      mass(start + c * per + 1 + reference.LIMBS) for c in range(width)],
+                         axis=-1)
+
+  k = params.top_k[:, None]
+  min_p_ok = (candidate_y > -jnp.inf) & (candidate_y >= t1[:, None])
+  top_k_ok = (k <= 0) | (count < k)
+  # Top-k cuts the survivors of min-p: Z lies between the mass of the
+  # lowest candidate's {y >= y_c} that top-k keeps and the survivors'.
+  cut = (params.top_k > 0) & (survivors > params.top_k)
+  z_low = jnp.where(cut, jnp.max(jnp.where(min_p_ok & top_k_ok, reach_mass,
+                                           0.0), axis=-1), z_high)
+  p = params.top_p[:, None]
+  top_p = p < 1
+  at_top = count == 0
+  kept_p = ~top_p | at_top | (above_mass < p * z_low[:, None])
+  out_p = top_p & ~at_top & (above_mass >= p * z_high[:, None])
+  kept = min_p_ok & top_k_ok & kept_p
+  return Check(kept, ~min_p_ok | ~top_k_ok | out_p)
+
+
+def first_kept(found: Check):
+  """``(at, resolved)`` ``[B]``: the position of each row's first candidate
+  surely kept with every one before it surely out, and whether there is
+  one."""
+  open_before = jnp.cumsum(~found.out, axis=-1) - (~found.out)
+  chosen = found.kept & (open_before == 0)
+  return (jnp.argmax(chosen, axis=-1).astype(jnp.int32),
+          jnp.any(chosen, axis=-1))
+
+
+def sample(logits: jax.Array, params: SamplingParams,
+           streams: rng.RowStreams, *, generator: str, candidates: int,
+           fallback) -> SampleResult:
+  """Race-first sampling in XLA (``B >= 1``, canonical ``params``, fp32
+  noise): ``SampleResult`` with ``logprobs`` None.
+
+  Every sampled row races whole (the reference's noise, ``rng.
+  gumbel_noise``); truncating rows take their first kept candidate of
+  ``candidates``; greedy and invalid rows the argmax.  ``fallback()``: the
+  ``[B]`` tokens of a threshold route (run only when some row is
+  unresolved, and used on those rows).
+  """
+  y = xla_search.tempered(logits, params.temperature)
+  row_max = jnp.max(y, axis=-1)
+  valid = jnp.isfinite(row_max)
+  plain = (params.temperature == 0) | ~valid
+  noise = rng.gumbel_noise(generator, streams, logits.shape[-1])
+  _, ids = race_candidates(y + noise, candidates)
+  truncating = params.truncates() & ~plain
+  found = check(y, params, jnp.take_along_axis(y, ids, axis=-1), row_max)
+  at, resolved = first_kept(found)
+  chosen = jnp.take_along_axis(ids, at[:, None], axis=-1)[:, 0]
+  tokens = jnp.where(plain, jnp.argmax(y, axis=-1).astype(jnp.int32),
+                     jnp.where(truncating, chosen, ids[:, 0]))
+  unresolved = truncating & ~resolved
+  found_tokens = rowwise.cond(jnp.any(unresolved), fallback, lambda: tokens)
+  return SampleResult(jnp.where(unresolved, found_tokens, tokens), None,
+                      valid)
