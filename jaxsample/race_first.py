@@ -51,7 +51,8 @@ from jaxsample import reference, rng, rowwise, xla_search
 from jaxsample.params import SamplingParams
 from jaxsample.reference import SampleResult
 
-__all__ = ["Check", "check", "first_kept", "race_candidates", "sample"]
+__all__ = ["Check", "check", "first_kept", "race_candidates", "resolve",
+           "sample"]
 
 
 def race_candidates(race: jax.Array, width: int):
@@ -138,31 +139,46 @@ def first_kept(found: Check):
           jnp.any(chosen, axis=-1))
 
 
+def resolve(y: jax.Array, params: SamplingParams, ids: jax.Array,
+            candidate_y: jax.Array, row_max: jax.Array,
+            plain_tokens: jax.Array, fallback) -> SampleResult:
+  """The tokens from the race's candidates (``SampleResult``, logprobs None).
+
+  ``y`` ``[B, V]`` tempered logits (``xla_search.tempered``), ``ids`` and
+  ``candidate_y`` ``[B, M]`` the candidates in race order and their ``y``
+  (-inf for none), ``row_max = max(y)``, ``plain_tokens`` ``[B]`` the
+  tokens of greedy and invalid rows.  Truncating rows take their first
+  kept candidate (``check``, ``first_kept``), other sampled rows the first
+  candidate; ``fallback(rows)`` gives the ``[B]`` tokens of a threshold
+  route on the unresolved ``rows`` (``[B]`` bool; others may be
+  undefined), run only when some row is unresolved.
+  """
+  valid = jnp.isfinite(row_max)
+  plain = (params.temperature == 0) | ~valid
+  truncating = params.truncates() & ~plain
+  at, resolved = first_kept(check(y, params, candidate_y, row_max))
+  chosen = jnp.take_along_axis(ids, at[:, None], axis=-1)[:, 0]
+  tokens = jnp.where(plain, plain_tokens,
+                     jnp.where(truncating, chosen, ids[:, 0]))
+  unresolved = truncating & ~resolved
+  found = rowwise.cond(jnp.any(unresolved), lambda: fallback(unresolved),
+                       lambda: tokens)
+  return SampleResult(jnp.where(unresolved, found, tokens), None, valid)
+
+
 def sample(logits: jax.Array, params: SamplingParams,
            streams: rng.RowStreams, *, generator: str, candidates: int,
            fallback) -> SampleResult:
   """Race-first sampling in XLA (``B >= 1``, canonical ``params``, fp32
   noise): ``SampleResult`` with ``logprobs`` None.
 
-  Every sampled row races whole (the reference's noise, ``rng.
-  gumbel_noise``); truncating rows take their first kept candidate of
-  ``candidates``; greedy and invalid rows the argmax.  ``fallback()``: the
-  ``[B]`` tokens of a threshold route (run only when some row is
-  unresolved, and used on those rows).
+  Every row races whole (the reference's noise, ``rng.gumbel_noise``; its
+  first ``candidates`` entries by ``lax.top_k``), then ``resolve``; greedy
+  and invalid rows take the argmax.  ``fallback``: ``resolve``'s.
   """
   y = xla_search.tempered(logits, params.temperature)
-  row_max = jnp.max(y, axis=-1)
-  valid = jnp.isfinite(row_max)
-  plain = (params.temperature == 0) | ~valid
   noise = rng.gumbel_noise(generator, streams, logits.shape[-1])
   _, ids = race_candidates(y + noise, candidates)
-  truncating = params.truncates() & ~plain
-  found = check(y, params, jnp.take_along_axis(y, ids, axis=-1), row_max)
-  at, resolved = first_kept(found)
-  chosen = jnp.take_along_axis(ids, at[:, None], axis=-1)[:, 0]
-  tokens = jnp.where(plain, jnp.argmax(y, axis=-1).astype(jnp.int32),
-                     jnp.where(truncating, chosen, ids[:, 0]))
-  unresolved = truncating & ~resolved
-  found_tokens = rowwise.cond(jnp.any(unresolved), fallback, lambda: tokens)
-  return SampleResult(jnp.where(unresolved, found_tokens, tokens), None,
-                      valid)
+  return resolve(y, params, ids, jnp.take_along_axis(y, ids, axis=-1),
+                 jnp.max(y, axis=-1),
+                 jnp.argmax(y, axis=-1).astype(jnp.int32), fallback)

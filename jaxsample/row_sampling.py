@@ -13,7 +13,7 @@ import dataclasses
 
 from jaxsample import (dispatch, race_first, reference, rng, sampling_mask,
                        xla_search)
-from jaxsample.pallas import sampler
+from jaxsample.pallas import bitmask, sampler
 from jaxsample.params import SamplerConfig, SamplingParams
 
 __all__ = ["races_first", "sample_rows"]
@@ -43,13 +43,15 @@ def _race_first(logits, params: SamplingParams, streams: rng.RowStreams,
   """Race-first ``SampleResult`` (logprobs None) on ``config``'s backend;
   unresolved rows take its threshold route."""
   with_logprobs = dataclasses.replace(config, logprobs=True)
-  if dispatch.use_pallas(config):  # the kernel route: not yet
-    return sampler.sample_pallas(logits, params, streams, with_logprobs,
-                                 False)
+  if dispatch.use_pallas(config):
+    if isinstance(logits, bitmask.MaskedLogits):  # the kernels' bitmask
+      return sampler.sample_pallas(logits, params, streams, with_logprobs,
+                                   False)
+    return sampler.sample_race_first(logits, params, streams, config)
   return race_first.sample(
       logits, params, streams, generator=config.rng,
       candidates=config.race_candidates,
-      fallback=lambda: _sample_xla(logits, params, streams, with_logprobs,
+      fallback=lambda _: _sample_xla(logits, params, streams, with_logprobs,
                                    False)[0].tokens)
 
 

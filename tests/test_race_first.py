@@ -18,10 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import oracle_keep
+from conftest import oracle_keep, slow_case
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, race_first, reference, rng
 from jaxsample import xla_search
+from jaxsample.pallas import gumbel
+from jaxsample.pallas.tuning import RaceLaunch, Tuning
 
 BATCH, VOCAB = 16, 256
 
@@ -139,7 +141,7 @@ def _direct(logits, params, key, candidates):
   return jax.jit(lambda x, p: race_first.sample(
       x, p.canonical(VOCAB), streams, generator="philox",
       candidates=candidates,
-      fallback=lambda: jnp.full((BATCH,), -1, jnp.int32)))(logits, params)
+      fallback=lambda _: jnp.full((BATCH,), -1, jnp.int32)))(logits, params)
 
 
 def test_fallback_taken_only_by_rows_whose_candidates_are_all_outside():
@@ -194,3 +196,67 @@ def test_logprobs_off_is_none_on_every_route():
     SamplerConfig(logprobs=1)
   with pytest.raises(ValueError, match="race_candidates must be an int >= 1"):
     SamplerConfig(race_candidates=0)
+
+
+# ---------------------------------------------------------------------------
+# The kernel route (interpret mode): one shape, B = 8, V = 256.
+# ---------------------------------------------------------------------------
+
+KERNEL_BATCH = 8
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _kernel_sample(logits, params, key, *, config):
+  return jaxsample.sample(logits, params, key, config=config)
+
+
+def test_kernel_candidates_are_the_race_order():
+  """``gumbel.race_candidates`` lists the reference race's best entries in
+  order (ties by id), greedy rows' argmax first, invalid rows' first NaN or
+  +inf, and the logits' max.  16-lane loads over 2 splits: each lane's list
+  takes 8 entries, so insertion at every level and the chunk filter run."""
+  r = np.random.default_rng(21)
+  x = _rows(r)[:KERNEL_BATCH]
+  x[2] = np.round(x[2])  # ties in y; distinct race values
+  params = _params(r)[:KERNEL_BATCH].canonical(VOCAB)
+  key = jax.random.key(4)
+  streams, _ = rng.row_streams(key, None, KERNEL_BATCH, VOCAB)
+  config = SamplerConfig(implementation="pallas", rng="threefry",
+                         tuning=Tuning(gumbel=RaceLaunch(block_size=16,
+                                                         num_splits=2)))
+  values, ids, x_max = jax.jit(lambda l, t: gumbel.race_candidates(
+      l, t, streams, config, 4))(jnp.asarray(x), params.temperature)
+  y = reference.temper(reference.sanitize(jnp.asarray(x)), params.temperature)
+  race = y + rng.gumbel_noise("threefry", streams, VOCAB)
+  ref_values, ref_ids = race_first.race_candidates(race, 4)
+  greedy = np.asarray(params.temperature) == 0
+  invalid = ~np.isfinite(np.asarray(jnp.max(y, axis=-1)))
+  sampled = ~greedy & ~invalid
+  finite = np.isfinite(np.asarray(ref_values))
+  np.testing.assert_array_equal(np.asarray(values)[sampled],
+                                np.asarray(ref_values)[sampled])
+  np.testing.assert_array_equal(np.asarray(ids)[sampled & finite.all(-1)],
+                                np.asarray(ref_ids)[sampled & finite.all(-1)])
+  argmax = np.asarray(jnp.argmax(y, axis=-1))
+  np.testing.assert_array_equal(np.asarray(ids)[:, 0][~sampled],
+                                argmax[~sampled])
+  np.testing.assert_array_equal(
+      np.asarray(x_max), np.asarray(jnp.max(reference.sanitize(
+          jnp.asarray(x)), axis=-1)))
+
+
+# One candidate: rows whose winner lies outside take the threshold kernels
+# (the cond's branch); four is the default (``slow``: a compile of ~60 s).
+@pytest.mark.parametrize("candidates", [1, slow_case(4, id="4")])
+def test_kernel_route_matches_reference(candidates):
+  r = np.random.default_rng(candidates)
+  logits = jnp.asarray(_rows(r)[:KERNEL_BATCH])
+  params = _params(r)[:KERNEL_BATCH]
+  key = jax.random.key(candidates)
+  ref = _sample(logits, params, key, None, impl="xla", logprobs=True,
+                generator="philox")
+  out = _kernel_sample(logits, params, key, config=SamplerConfig(
+      implementation="pallas", logprobs=False, race_candidates=candidates))
+  assert out.logprobs is None
+  np.testing.assert_array_equal(np.asarray(out.valid), np.asarray(ref.valid))
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
