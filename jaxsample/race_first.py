@@ -155,15 +155,25 @@ def resolve(y: jax.Array, params: SamplingParams, ids: jax.Array,
   """
   valid = jnp.isfinite(row_max)
   plain = (params.temperature == 0) | ~valid
-  truncating = params.truncates() & ~plain
-  at, resolved = first_kept(check(y, params, candidate_y, row_max))
-  chosen = jnp.take_along_axis(ids, at[:, None], axis=-1)[:, 0]
-  tokens = jnp.where(plain, plain_tokens,
-                     jnp.where(truncating, chosen, ids[:, 0]))
-  unresolved = truncating & ~resolved
-  found = rowwise.cond(jnp.any(unresolved), lambda: fallback(unresolved),
-                       lambda: tokens)
-  return SampleResult(jnp.where(unresolved, found, tokens), None, valid)
+  untruncated = jnp.where(plain, plain_tokens, ids[:, 0])
+  with jax.ensure_compile_time_eval():  # known for concrete params
+    any_truncating = jnp.any(params.truncates() & (params.temperature > 0))
+
+  def truncated():
+    truncating = params.truncates() & ~plain
+    at, resolved = first_kept(check(y, params, candidate_y, row_max))
+    chosen = jnp.take_along_axis(ids, at[:, None], axis=-1)[:, 0]
+    tokens = jnp.where(truncating, chosen, untruncated)
+    unresolved = truncating & ~resolved
+    found = rowwise.cond(jnp.any(unresolved), lambda: fallback(unresolved),
+                         lambda: tokens)
+    return jnp.where(unresolved, found, tokens)
+
+  # Params closed over by the caller's jit: a batch without filters skips
+  # the check; traced params run it (no cond on the batch).
+  tokens = rowwise.cond(any_truncating, truncated, lambda: untruncated,
+                        unknown=truncated)
+  return SampleResult(tokens, None, valid)
 
 
 def sample(logits: jax.Array, params: SamplingParams,
