@@ -331,7 +331,7 @@ class SamplerConfig:
       tokens are the same.
     race_candidates: ``M``, the race's candidates per row that race-first
       checks (>= 1): a row whose ``M`` best race entries all lie outside its
-      kept set (probability about ``(1 - kept mass)^M``) takes the
+      kept set (probability at most ``(1 - kept mass)^M``) takes the
       threshold route.
   """
 

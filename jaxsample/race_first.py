@@ -24,7 +24,7 @@ no threshold):
 
 The token is the first kept candidate when every candidate before it is
 decided out.  Rows with no such candidate (all ``M`` outside the kept set,
-probability about ``(1 - kept mass)^M``, or undecided) are *unresolved*:
+probability at most ``(1 - kept mass)^M``, or undecided) are *unresolved*:
 the caller samples them by a threshold route, behind a cond that only runs
 when some row needs it.  Tokens are the reference's bit for bit (where the
 threshold routes' are: a top-p crossing within fp32 rounding of ``p`` may
