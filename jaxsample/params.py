@@ -323,12 +323,14 @@ class SamplerConfig:
       only processor changing the logits inside the kernels' passes
       (``jaxsample.pallas.bitmask``) instead of the XLA pre-pass; off by
       default until its lowering is checked on a GPU.
-    logprobs: return the sampled tokens' logprobs (default).  False:
+    logprobs: ``sample`` returns the sampled tokens' logprobs (default;
+      other entry points ignore this field).  False:
       ``SampleResult.logprobs`` is None, and truncating rows are sampled
       race first (``jaxsample.race_first``: the unrestricted race's top
       candidates, checked against the kept set by one counting pass, no
-      threshold search) unless the call asks for a mask or FP64 noise;
-      tokens are the same.
+      threshold search) on the kernels and the sort reference, unless the
+      call asks for a mask or FP64 noise (``"xla_search"`` keeps its
+      route); tokens are the same.
     race_candidates: ``M``, the race's candidates per row that race-first
       checks (>= 1): a row whose ``M`` best race entries all lie outside its
       kept set (probability at most ``(1 - kept mass)^M``) takes the

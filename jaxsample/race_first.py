@@ -81,9 +81,11 @@ def check(y: jax.Array, params: SamplingParams, candidate_y: jax.Array,
   canonical; ``candidate_y`` ``[B, M]`` the candidates' ``y`` (-inf for
   none); ``row_max`` ``[B]`` = ``max(y)`` (finite on the rows that count).
   One variadic reduction over the row: the count of ``{y >= t1}`` and its
-  mass, and per candidate the count of ``{y > y_c}`` and the masses of
-  ``{y > y_c}`` and ``{y >= y_c}`` (``reference.fixed_point_digits`` sums,
-  exact for any order).
+  mass, and per candidate the count and the mass of ``{y > y_c}``
+  (``reference.fixed_point_digits`` sums, exact for any order).  A lower
+  bound of the mass of ``{y >= y_c}`` adds the candidate's own term, less
+  2^-20 of it (XLA's ``exp`` of one value and of the row differ by a few
+  ulps), to the mass above it, digit by digit (integer sums: monotone).
   """
   width = candidate_y.shape[-1]
   shift = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
@@ -93,30 +95,30 @@ def check(y: jax.Array, params: SamplingParams, candidate_y: jax.Array,
       jnp.where(survives, jnp.exp(y - shift[:, None]), 0.0))
   terms = [survives.astype(jnp.int32)] + digits
   for c in range(width):
-    value = candidate_y[:, c:c + 1]
-    above, reach = y > value, y >= value
-    terms += [above.astype(jnp.int32)]
-    terms += [jnp.where(above, d, 0) for d in digits]
-    terms += [jnp.where(reach, d, 0) for d in digits]
+    above = y > candidate_y[:, c:c + 1]
+    terms += [above.astype(jnp.int32)] + [jnp.where(above, d, 0)
+                                          for d in digits]
   sums = lax.reduce(tuple(terms), (jnp.int32(0),) * len(terms),
                     lambda a, b: tuple(u + v for u, v in zip(a, b)), (1,))
-  mass = lambda at: reference.limbs_to_float(
-      jnp.stack(sums[at:at + reference.LIMBS], axis=-1))
-  per = 1 + 2 * reference.LIMBS
-  survivors, z_high = sums[0], mass(1)
+  limbs = lambda at: jnp.stack(sums[at:at + reference.LIMBS], axis=-1)
+  per = 1 + reference.LIMBS
+  survivors, z_high = sums[0], reference.limbs_to_float(limbs(1))
   start = 1 + reference.LIMBS
   count = jnp.stack([sums[start + c * per] for c in range(width)], axis=-1)
-  above_mass = jnp.stack([mass(start + c * per + 1) for c in range(width)],
-                         axis=-1)
-  reach_mass = jnp.stack([
-      mass(start + c * per + 1 + reference.LIMBS) for c in range(width)],
-                         axis=-1)
+  above_limbs = jnp.stack([limbs(start + c * per + 1) for c in range(width)],
+                          axis=1)  # [B, M, LIMBS]
+  above_mass = reference.limbs_to_float(above_limbs)
+  own = jnp.where(candidate_y > -jnp.inf,
+                  jnp.exp(candidate_y - shift[:, None]), 0.0) * (1 - 2.0**-20)
+  reach_mass = reference.limbs_to_float(
+      above_limbs + jnp.stack(reference.fixed_point_digits(own), axis=-1))
 
   k = params.top_k[:, None]
   min_p_ok = (candidate_y > -jnp.inf) & (candidate_y >= t1[:, None])
   top_k_ok = (k <= 0) | (count < k)
-  # Top-k cuts the survivors of min-p: Z lies between the mass of the
-  # lowest candidate's {y >= y_c} that top-k keeps and the survivors'.
+  # Top-k cuts the survivors of min-p: Z lies between (a lower bound of)
+  # the mass of the lowest candidate's {y >= y_c} that top-k keeps and the
+  # survivors'.
   cut = (params.top_k > 0) & (survivors > params.top_k)
   z_low = jnp.where(cut, jnp.max(jnp.where(min_p_ok & top_k_ok, reach_mass,
                                            0.0), axis=-1), z_high)

@@ -211,6 +211,7 @@ def test_kernel_candidates_are_the_race_order():
   r = np.random.default_rng(21)
   x = _rows(r)[:KERNEL_BATCH]
   x[2] = np.round(x[2])  # ties in y; distinct race values
+  x[1, 5::3] = np.inf  # invalid: many +inf race values tie, id 5 first
   params = _params(r)[:KERNEL_BATCH].canonical(VOCAB)
   key = jax.random.key(4)
   streams, _ = rng.row_streams(key, None, KERNEL_BATCH, VOCAB)

@@ -159,16 +159,17 @@ class GumbelRace:
     """The lane-wise state after a chunk's exact race values, and the new
     lower bound of the program's ``top``-th best race value (the filters'
     bound): the best value itself for ``top = 1``; else the best ``top``
-    (value, id) pairs per lane in race order, kept by insertion (a chunk's
-    ids are past every id a lane holds, so equal values keep the smaller
-    id first), and the bound the largest lane's ``top``-th value (``top``
-    entries of that lane reach it, so an element below it is no candidate)."""
+    (value, id) pairs per lane in race order (smaller id first on ties: a
+    lane's ids do not come in order with lane groups), kept by insertion,
+    and the bound the largest lane's ``top``-th value (``top`` entries of
+    that lane reach it, so an element below it is no candidate)."""
     if self.top == 1:
       new_best, new_index = common.argmax_update(best, index_best, race, index)
       return new_best, new_index, jnp.max(race)
     best, index_best = list(best), list(index_best)
     for level in range(self.top):
-      better = race > best[level]
+      better = (race > best[level]) | ((race == best[level]) &
+                                       (index < index_best[level]))
       best[level], race = (jnp.where(better, race, best[level]),
                            jnp.where(better, best[level], race))
       index_best[level], index = (jnp.where(better, index, index_best[level]),
@@ -534,18 +535,13 @@ def _row_table(temperature, streams: rng.RowStreams, active, extra):
 def race_candidates(logits: jax.Array, temperature: jax.Array,
                     streams: rng.RowStreams, config: SamplerConfig,
                     top: int):
-  """The unrestricted race's best ``top`` entries per row (``top >= 1``;
-  fp32 noise): ``(values, ids)`` ``[B, top]`` in race order (descending
-  ``y + g``, smallest id first among equal values; fewer finite entries
-  than ``top``: -inf values last, ids undefined there) and ``x_max`` ``[B]``,
-  the max of the logits with NaN read as +inf.  Greedy rows list their
-  argmax (smallest id) first, then -inf values; invalid rows their first
-  NaN, +inf or overflowing entry (all -inf rows: id 0).
-
-  One pass (the kernel with lane-wise top-``top`` lists, ``GumbelRace``;
-  its chunk filter against the largest lane's ``top``-th value), then a
-  ``lax.top_k`` over the splits' lists (ties: the lower split first).
-  """
+  """The unrestricted race's best ``top`` entries per row (fp32 noise):
+  ``(values, ids)`` ``[B, top]`` in race order (descending ``y + g``,
+  smallest id first on ties; -inf values last, their ids undefined) and
+  ``x_max`` ``[B]``, the logits' max (NaN read as +inf).  Greedy rows list
+  their argmax first, invalid rows their first NaN, +inf or overflowing
+  entry (all -inf rows: id 0).  One pass (lane-wise lists, ``GumbelRace``),
+  then a ``lax.top_k`` over the splits' lists (ties: the lower split)."""
   batch, vocab = logits.shape
   if config.use_fp64_gumbel or top < 1:
     raise ValueError("race_candidates: fp32 noise and top >= 1 only; got "
@@ -571,8 +567,7 @@ def race_candidates(logits: jax.Array, temperature: jax.Array,
                             jnp.zeros((1,), jnp.int32),
                             *bitmask.operands(logits))
   values, at = lax.top_k(race, top)
-  return values, jnp.take_along_axis(index, at, axis=-1), jnp.max(x_max,
-                                                                  axis=-1)
+  return values, jnp.take_along_axis(index, at, axis=-1), x_max.max(-1)
 
 
 def sample_untruncated(logits: jax.Array, params: SamplingParams,
