@@ -253,3 +253,27 @@ def test_kernel_route_matches_reference(candidates):
       implementation="pallas", logprobs=False, race_candidates=candidates))
   assert out.logprobs is None
   assert_tokens_off_boundary(out, ref, logits, params)
+
+
+def _check_reductions(params) -> int:
+  """Variadic reductions (``race_first.check``'s) in the jaxpr of a race-first
+  ``sample`` that closes over ``params``."""
+  config = SamplerConfig(implementation="xla", logprobs=False)
+  jaxpr = jax.make_jaxpr(lambda x: jaxsample.sample(
+      x, params, jax.random.key(0), config=config))(
+          jnp.zeros((BATCH, VOCAB), jnp.float32))
+
+  def count(j):
+    found = 0
+    for eqn in j.eqns:
+      found += eqn.primitive.name == "reduce" and len(eqn.invars) > 10
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        found += count(sub)
+    return found
+
+  return count(jaxpr.jaxpr)
+
+
+def test_closed_over_params_without_filters_skip_the_check():
+  assert _check_reductions(SamplingParams.make(BATCH, temperature=0.7)) == 0
+  assert _check_reductions(SamplingParams.make(BATCH, top_p=0.9)) == 1
