@@ -323,6 +323,18 @@ class SamplerConfig:
       only processor changing the logits inside the kernels' passes
       (``jaxsample.pallas.bitmask``) instead of the XLA pre-pass; off by
       default until its lowering is checked on a GPU.
+    logprobs: ``sample`` returns the sampled tokens' logprobs (default;
+      other entry points ignore this field).  False:
+      ``SampleResult.logprobs`` is None, and truncating rows are sampled
+      race first (``jaxsample.race_first``: the unrestricted race's top
+      candidates, checked against the kept set by one counting pass, no
+      threshold search) on the kernels and the sort reference, unless the
+      call asks for a mask or FP64 noise (``"xla_search"`` keeps its
+      route); tokens are the same.
+    race_candidates: ``M``, the race's candidates per row that race-first
+      checks (>= 1): a row whose ``M`` best race entries all lie outside its
+      kept set (probability at most ``(1 - kept mass)^M``) takes the
+      threshold route.
   """
 
   rng: str = "philox"
@@ -332,6 +344,8 @@ class SamplerConfig:
   max_mask_ids: int = 1024
   max_candidates: int = 1024
   kernel_bitmask: bool = False
+  logprobs: bool = True
+  race_candidates: int = 4
 
   def __new__(cls, *args, **kwargs):
     moved = sorted(set(kwargs) & set(_MOVED_KNOBS))
@@ -359,6 +373,12 @@ class SamplerConfig:
     if not isinstance(self.kernel_bitmask, bool):
       raise ValueError(f"kernel_bitmask must be a bool; got "
                        f"{self.kernel_bitmask!r}")
+    if not isinstance(self.logprobs, bool):
+      raise ValueError(f"logprobs must be a bool; got {self.logprobs!r}")
+    if isinstance(self.race_candidates, bool) or not isinstance(
+        self.race_candidates, (int, np.integer)) or self.race_candidates < 1:
+      raise ValueError(f"race_candidates must be an int >= 1 (e.g. 4); got "
+                       f"{self.race_candidates!r}")
     if isinstance(self.max_mask_ids, bool) or not isinstance(
         self.max_mask_ids, (int, np.integer)) or self.max_mask_ids < 1:
       raise ValueError(f"max_mask_ids must be an int >= 1; got "

@@ -51,18 +51,20 @@ import jax.numpy as jnp
 from jaxsample import rng, rowwise
 from jaxsample.params import SamplingParams
 
-__all__ = ["divide", "exact_sum", "finalize", "fixed_point_limbs",
-           "keep_threshold", "limbs_to_float", "log_probs", "logsumexp_where", "process", "Processed", "race_tokens",
+__all__ = ["divide", "exact_sum", "finalize", "fixed_point_digits",
+           "fixed_point_limbs", "keep_threshold", "limbs_to_float", "log_probs", "logsumexp_where", "process", "Processed", "race_tokens",
            "sample_reference", "SampleResult", "sanitize", "temper", "top_ids"]
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class SampleResult:
-  """Sampled tokens ``[B]`` int32, their logprobs ``[B]`` fp32 and row validity ``[B]``."""
+  """Sampled tokens ``[B]`` int32, their logprobs ``[B]`` fp32 (None when
+  the call asked for none: ``SamplerConfig(logprobs=False)``) and row
+  validity ``[B]``."""
 
   tokens: jax.Array
-  logprobs: jax.Array
+  logprobs: jax.Array | None
   valid: jax.Array
 
 
@@ -167,6 +169,16 @@ def fixed_point_limbs(e: jax.Array) -> jax.Array:
   batch, vocab shards added with ``psum``).  One reduction adds the five
   digits together, so each term is computed once (five sums cost XLA:CPU
   the terms' ``exp`` five times)."""
+  digits = fixed_point_digits(e)
+  sums = jax.lax.reduce(tuple(digits), (jnp.int32(0),) * LIMBS,
+                        lambda a, b: tuple(u + v for u, v in zip(a, b)),
+                        (e.ndim - 1,))
+  return jnp.stack(sums, axis=-1)
+
+
+def fixed_point_digits(e: jax.Array) -> list[jax.Array]:
+  """The ``LIMBS`` int32 base-2^12 digits of each term ``e`` in [0, 1]
+  (``fixed_point_limbs``' terms, before their sums)."""
   digits = []
   rest = jnp.minimum(e.astype(jnp.float32), 1.0)  # inf: invalid rows
   for _ in range(LIMBS):
@@ -174,10 +186,7 @@ def fixed_point_limbs(e: jax.Array) -> jax.Array:
     digit = jnp.floor(rest)
     rest = rest - digit  # exact: the fraction of an fp32
     digits.append(digit.astype(jnp.int32))
-  sums = jax.lax.reduce(tuple(digits), (jnp.int32(0),) * LIMBS,
-                        lambda a, b: tuple(u + v for u, v in zip(a, b)),
-                        (e.ndim - 1,))
-  return jnp.stack(sums, axis=-1)
+  return digits
 
 
 def limbs_to_float(limbs: jax.Array) -> jax.Array:

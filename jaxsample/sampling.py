@@ -7,6 +7,7 @@ vocabulary on a mesh of Explicit axes take ``sharded.sample_sharded``."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Literal, overload
 
@@ -93,11 +94,31 @@ def sample(logits: jax.Array,
 
   Returns:
     ``SampleResult`` with ``tokens`` ``[B]`` int32 (always in ``[0, V)``),
-    ``logprobs`` ``[B]`` fp32 under the processed distribution and ``valid``
+    ``logprobs`` ``[B]`` fp32 under the processed distribution (None with
+    ``SamplerConfig(logprobs=False)``, which samples truncating rows race
+    first: ``jaxsample.race_first``, the same tokens) and ``valid``
     ``[B]`` (False for rows with NaN, +inf or no finite logit); with
     ``return_mask``, the pair ``(SampleResult, SamplingMask)``.
   """
   config = as_config(config)
+  out = _sample(logits, params, key, positions, config, return_mask,
+                processors)
+  if config.logprobs:
+    return out
+  if not return_mask:
+    return _without_logprobs(out)
+  return _without_logprobs(out[0]), out[1]
+
+
+def _without_logprobs(result: SampleResult) -> SampleResult:
+  """``result`` with ``logprobs`` None (``SamplerConfig(logprobs=False)``;
+  routes that computed them anyway drop them)."""
+  return dataclasses.replace(result, logprobs=None)
+
+
+def _sample(logits, params, key, positions, config: SamplerConfig,
+            return_mask: bool, processors):
+  """``sample`` for a checked ``config``."""
   logits = jnp.asarray(logits)
   params = dispatch.check_logits(logits, params)
   if partition.explicit_axes(logits, 1):  # vocab-sharded under jax.jit

@@ -14,7 +14,8 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import jaxsample
-from jaxsample import SamplerConfig, SamplingParams, rng, sharded, spec
+from jaxsample import (SamplerConfig, SamplingParams, reference, rng, sharded,
+                       spec)
 from jaxsample.pallas import threshold
 from jaxsample.pallas.tuning import RaceLaunch, Tuning
 
@@ -192,6 +193,24 @@ def assert_same_result(a, b):
   np.testing.assert_array_equal(a.tokens, b.tokens)
   np.testing.assert_array_equal(a.valid, b.valid)
   np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+
+
+def assert_tokens_off_boundary(out, ref, logits, params, *, most_differ=1):
+  """``out``'s tokens and validity against the reference result ``ref``:
+  tokens equal on every row but those whose kept set lies on a top-p
+  rounding boundary (the oracle's ``near_boundary``), at most
+  ``most_differ`` of them."""
+  vocab = np.shape(logits)[1]
+  canon = params.canonical(vocab)
+  y = np.asarray(reference.temper(reference.sanitize(jnp.asarray(logits)),
+                                  canon.temperature))
+  np.testing.assert_array_equal(np.asarray(out.valid), np.asarray(ref.valid))
+  differ = np.flatnonzero(np.asarray(out.tokens) != np.asarray(ref.tokens))
+  for b in differ:
+    oracle = oracle_keep(y[b], int(canon.top_k[b]), float(canon.top_p[b]),
+                         float(canon.min_p[b]))
+    assert oracle.near_boundary, (b, out.tokens[b], ref.tokens[b])
+  assert len(differ) <= most_differ, differ
 
 
 def assert_result_types(out, batch, vocab):
