@@ -64,7 +64,8 @@ def _params(r) -> SamplingParams:
 
 @functools.partial(jax.jit, static_argnames=("impl", "logprobs", "generator"))
 def _sample(logits, params, key, positions, *, impl, logprobs, generator):
-  config = SamplerConfig(implementation=impl, logprobs=logprobs, rng=generator)
+  config = SamplerConfig(implementation=impl, logprobs=logprobs, rng=generator,
+                         race_candidates=4)
   return jaxsample.sample(logits, params, key, positions=positions,
                           config=config)
 
@@ -187,8 +188,8 @@ def test_logprobs_off_is_none_on_every_route():
   assert empty.logprobs is None and empty.tokens.shape == (0,)
   with pytest.raises(ValueError, match="logprobs must be a bool"):
     SamplerConfig(logprobs=1)
-  with pytest.raises(ValueError, match="race_candidates must be an int >= 1"):
-    SamplerConfig(race_candidates=0)
+  with pytest.raises(ValueError, match="race_candidates must be an int >= 0"):
+    SamplerConfig(race_candidates=-1)
 
 
 # ---------------------------------------------------------------------------
@@ -255,10 +256,11 @@ def test_kernel_route_matches_reference(candidates):
   assert_tokens_off_boundary(out, ref, logits, params)
 
 
-def _check_reductions(params) -> int:
-  """Variadic reductions (``race_first.check``'s) in the jaxpr of a race-first
-  ``sample`` that closes over ``params``."""
-  config = SamplerConfig(implementation="xla", logprobs=False)
+def _check_reductions(params, race_candidates: int = 4) -> int:
+  """Variadic reductions (``race_first.check``'s) in the jaxpr of a
+  ``sample`` without logprobs that closes over ``params``."""
+  config = SamplerConfig(implementation="xla", logprobs=False,
+                         race_candidates=race_candidates)
   jaxpr = jax.make_jaxpr(lambda x: jaxsample.sample(
       x, params, jax.random.key(0), config=config))(
           jnp.zeros((BATCH, VOCAB), jnp.float32))
@@ -277,3 +279,5 @@ def _check_reductions(params) -> int:
 def test_closed_over_params_without_filters_skip_the_check():
   assert _check_reductions(SamplingParams.make(BATCH, temperature=0.7)) == 0
   assert _check_reductions(SamplingParams.make(BATCH, top_p=0.9)) == 1
+  # race_candidates 0 (the default) keeps the threshold route
+  assert _check_reductions(SamplingParams.make(BATCH, top_p=0.9), 0) == 0
