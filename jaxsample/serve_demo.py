@@ -11,8 +11,9 @@ turns on speculative decoding: ``ngram`` (prompt lookup), ``draft`` (the
 packaged draft model, ``jaxsample.models.load_draft``: 2 layers, d_model
 64, trained on the same corpus with the same tokenizer), ``layers:N`` (the
 model's first ``N`` layers as the draft model) or ``synthetic:R1,R2,..``
-(per-position acceptance rates, n-gram drafts: the cost profile at a chosen
-acceptance).
+(per-position acceptance rates: ``k`` = the number of rates drafts verified
+at every step, n-gram guesses padded with the last token; the cost of real
+verification at a chosen acceptance).
 ``--bench`` prints one summary line per ``--spec`` value instead of text.
 """
 
@@ -153,7 +154,8 @@ def parser() -> argparse.ArgumentParser:
   parser.add_argument("--spec", nargs="+", default=["none"],
                       help="none | ngram | draft | layers:N | synthetic:R1,R2,..")
   parser.add_argument("--k", type=int, default=4,
-                      help="draft tokens per step (ngram, layers)")
+                      help="draft tokens per step (ngram, draft, layers; synthetic: "
+                      "one per rate)")
   parser.add_argument("--no-overlap", action="store_true",
                       help="read each step's outputs before the next dispatch")
   parser.add_argument("--implementation", default="auto",

@@ -20,6 +20,7 @@ from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.serve_loop import (ModelDrafter, NgramDrafter, Request,
                                   ServeLoop, Speculation, layer_prefix)
 
+from test_serving import CompileCounter
 from toy_lm import bigram_lm, next_logits, tiny_transformer
 
 # Batch-shape independent logits on a GPU (``conftest.full_precision``).
@@ -143,19 +144,55 @@ def test_speculative_sampling_distribution(drafter, settings):
   assert 0.05 * drafted < accepted < 0.95 * drafted, (drafted, accepted)
 
 
-def test_synthetic_acceptance_rates():
-  """With rates (1, 0.5, 0), slot 0 is always accepted, slot 1 half the time
-  and slot 2 never: one step with 3 drafts accepts 1 or 2 with equal odds."""
-  target = bigram_lm(0, 8)
-  spec = Speculation(NgramDrafter(K), synthetic_rates=(1.0, 0.5, 0.0))
-  loop = ServeLoop(target, slots=256, cache_len=CACHE, config=CONFIG,
-                   admit_batch=256, speculation=spec)
-  # The prefill emits token 1, one speculative step the second.
-  done = loop.run([Request(prompt=list(range(8)) * 2, max_tokens=2, seed=s)
-                   for s in range(1024)])
-  drafted = np.array([c.drafted for c in done])
-  accepted = np.array([c.accepted for c in done])[drafted == K]
-  n = accepted.size
-  assert n > 100, n
-  assert set(accepted.tolist()) <= {1, 2}
-  assert abs(np.sum(accepted == 1) - n / 2) < 5 * np.sqrt(n / 4)
+RATES = (0.9, 0.6, 0.5)
+
+
+def accepted_length_probs(rates) -> np.ndarray:
+  """``P(j = i) = r_0 .. r_{i-1} (1 - r_i)`` for ``i = 0 .. k`` (``r_k =
+  0``): the accepted lengths of synthetic-mode steps."""
+  survive = np.cumprod((1.0,) + tuple(rates))
+  return survive * (1.0 - np.append(rates, 0.0))
+
+
+def test_synthetic_mode_verifies_k_drafts_at_its_rates():
+  """Synthetic mode on random prompts (the n-gram drafter rarely matches
+  them: its guesses are padded to ``K``): every step of a request verifies
+  ``K`` drafts; the accepted lengths of its first 5 steps (``len(event) -
+  1``; 1 + 5 (K + 1) tokens stay under the budget: no cut, no stopping
+  bias) fit ``accepted_length_probs`` (chi-square); nothing compiles after warm-up; tokens are in the
+  vocabulary, logprobs are <= 0 and not NaN (-inf only for an accepted
+  draft outside the kept set, then not in the token's mask), masks list the
+  others' tokens."""
+  vocab = 64
+  target = bigram_lm(2, vocab)
+  spec = Speculation(NgramDrafter(K), synthetic_rates=RATES)
+  loop = ServeLoop(target, slots=64, cache_len=CACHE, config=CONFIG,
+                   admit_batch=64, speculation=spec, return_masks=True)
+  loop.warmup(8)
+  rs = np.random.default_rng(0)
+  settings = [dict(temperature=0.0), dict(temperature=1.0),
+              dict(temperature=0.8, top_k=5), dict(temperature=1.0, top_p=0.7)]
+  requests = [Request(prompt=rs.integers(0, vocab, 8).tolist(),
+                      max_tokens=CACHE, seed=i, return_masks=True,
+                      **settings[i % 4]) for i in range(192)]
+  sizes = {i: [] for i in range(len(requests))}
+  with CompileCounter() as compiles:
+    for r in requests:
+      loop.submit(r, callback=lambda e: sizes[e.request_id].append(
+          len(e.token_ids)))
+    done = {e.request_id: e.completion for e in loop.events()
+            if e.completion is not None}
+  assert compiles.count == 0
+  lengths = []
+  for i, completion in done.items():
+    assert sizes[i][0] == 1 and sum(sizes[i]) == CACHE - 8
+    assert completion.drafted == K * (len(sizes[i]) - 1)
+    lengths += [n - 1 for n in sizes[i][1:6]]
+    ids = np.array(completion.token_ids)
+    assert np.all((ids >= 0) & (ids < vocab))
+    for token, logprob, mask in zip(completion.token_ids, completion.logprobs,
+                                    completion.sampling_mask):
+      assert logprob <= 0.0, logprob
+      assert (mask is None or token in mask) == (logprob > -np.inf)
+  assert len(lengths) == 5 * len(requests)
+  assert_chi2_fits(lengths, accepted_length_probs(RATES))

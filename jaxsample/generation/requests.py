@@ -163,7 +163,9 @@ class Speculation:
     drafter: an ``NgramDrafter`` or ``ModelDrafter`` (``drafters``).
     draft_weights: the draft model's weights (``ModelDrafter``), else None.
     synthetic_rates: ``k`` per-position acceptance probabilities for
-      benchmarks (``jaxsample.spec``, synthetic mode), else None.
+      benchmarks (``jaxsample.spec``, synthetic mode: every step verifies
+      ``k`` drafts, the drafter's padded with the last token;
+      ``spec_step``), else None.
   """
 
   drafter: Any

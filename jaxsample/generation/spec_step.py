@@ -9,8 +9,11 @@ Slot ``b`` (last token ``t`` at position ``p``, not yet cached) runs:
 3. ``jaxsample.spec.rejection_sample`` verifies the drafts with the slot's
    key and parameters at positions ``p + 1 ..`` and emits ``j + 1`` tokens
    (``j`` accepted drafts, then a corrected or bonus token); with
-   ``synthetic_rates`` acceptance is ``u_i < rate_i`` instead (benchmarks:
-   the same work, a chosen acceptance);
+   ``synthetic_rates`` acceptance is ``u_i < rate_i`` instead and every
+   unfinished slot verifies all ``k`` drafts: the drafter's, its slots past
+   ``n`` filled with the slot's last token ``t`` (benchmarks: the work of a
+   drafter that always proposes ``k`` tokens, at a chosen acceptance:
+   accepted lengths ``j`` with ``P(j >= i) = rate_0 .. rate_{i-1}``);
 4. the emitted tokens are cut after the first stop token and at the slot's
    remaining budget; a token from an invalid target row (NaN, +inf, no finite
    logit, after the processors) is dropped and finishes the slot, as in
@@ -112,6 +115,10 @@ def spec_step(lm: LanguageModel, weights, drafter, draft_weights,
   k = drafter.num_draft
   drafts, num, draft_logits, own = drafter.propose(
       draft_weights, state.draft, state.history, d.positions, d.params, d.keys)
+  if synthetic_rates is not None:  # always k drafts, padded with t
+    drafts = jnp.where(jnp.arange(k) < num[:, None], drafts,
+                       d.tokens[:, None])
+    num = jnp.full_like(num, k)
   num = jnp.where(d.finished, 0, num)
   inputs = jnp.concatenate([d.tokens[:, None], drafts], axis=1)
   logits, cache = lm.apply(weights, inputs,
