@@ -149,8 +149,9 @@ def parser() -> argparse.ArgumentParser:
                       help="tokens per request")
   parser.add_argument("--cache-len", type=int, default=256,
                       help="cached positions per sequence")
-  parser.add_argument("--steps-per-call", type=int, default=1,
-                      help="decode steps per jitted call")
+  parser.add_argument("--steps-per-call", type=int, default=None,
+                      help="decode steps per jitted call (default: "
+                      "ServeLoop's, DEFAULT_STEPS_PER_CALL)")
   parser.add_argument("--spec", nargs="+", default=["none"],
                       help="none | ngram | draft | layers:N | synthetic:R1,R2,..")
   parser.add_argument("--k", type=int, default=4,
@@ -201,7 +202,7 @@ def main(argv=None) -> int:
     compile_s = time.perf_counter() - start
     done, seconds = serve(loop, requests, args.arrivals, live=not args.bench)
     print(f"spec={spec:18s} slots={args.slots} k={args.k} "
-          f"steps/call={args.steps_per_call} warmup {compile_s:.1f} s | "
+          f"steps/call={loop.steps_per_call} warmup {compile_s:.1f} s | "
           + _progress(loop, len(requests), seconds))
     if not args.bench:
       for rid in sorted(done)[:args.show]:

@@ -167,7 +167,8 @@ def test_synthetic_mode_verifies_k_drafts_at_its_rates():
   target = bigram_lm(2, vocab)
   spec = Speculation(NgramDrafter(K), synthetic_rates=RATES)
   loop = ServeLoop(target, slots=64, cache_len=CACHE, config=CONFIG,
-                   admit_batch=64, speculation=spec, return_masks=True)
+                   admit_batch=64, speculation=spec, return_masks=True,
+                   steps_per_call=1)  # an event per step
   loop.warmup(8)
   rs = np.random.default_rng(0)
   settings = [dict(temperature=0.0), dict(temperature=1.0),

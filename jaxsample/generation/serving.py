@@ -16,9 +16,11 @@ Between calls the host reads the emitted tokens, streams them to each
 request (``events``, callbacks), retires finished requests and admits queued
 ones into the freed slots.  With ``overlap`` (the default) each ``step``
 dispatches its programs before it reads the outputs of the previous
-``step``'s, so that host work runs while the device computes: a slot
-freed by a step idles through the next one before its new request is
-admitted, which changes no request's tokens.  A request's tokens depend
+``step``'s, so that host work runs while the device computes: a request
+that ends by its budget hands its slot on as soon as the programs
+dispatched for it will end it (``_release_finishing``), one that stops
+otherwise idles its slot through one more step call; neither changes any
+request's tokens.  A request's tokens depend
 only on its prompt, seed, parameters, budget and stop ids: plain decoding
 gives exactly ``generate``'s tokens for the same key (``seed`` ``s`` is the
 key ``jax.random.PRNGKey(s)``); speculative decoding gives the same tokens
@@ -57,20 +59,33 @@ from jaxsample.generation.requests import (ERROR, Completion, ProcessorLimits,
 from jaxsample.logprobs import MODES, check_num_top
 from jaxsample.params import SamplerConfig
 
-__all__ = ["ServeLoop"]
+__all__ = ["DEFAULT_STEPS_PER_CALL", "ServeLoop"]
 
 MIN_PROMPT = 16
+DEFAULT_STEPS_PER_CALL = 4
+"""Decode steps per jitted call by default: a quarter of the host's
+per-call work (dispatch, reading outputs, events) per step; a request
+that ends mid-call idles its slot for the call's remaining steps
+(``docs/serving.md``, Host and device)."""
 
 
 @dataclasses.dataclass
 class _Active:
-  """Host bookkeeping of a request, queued or in slot ``slot``."""
+  """Host bookkeeping of a request, queued or in slot ``slot``.
+
+  ``promised``: the fewest tokens the programs dispatched for it emit unless
+  it finishes first (1 per admission, 1 per step); at ``budget`` it will
+  have finished once they ran.  ``released``: its slot was handed on
+  (``ServeLoop._release_finishing``) before its last outputs were read.
+  """
 
   request: Request
   budget: int
   completion: Completion
   callback: Callable[[StreamEvent], None] | None
   slot: int = -1
+  promised: int = 0
+  released: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +112,8 @@ class ServeLoop:
     admit_batch: prompts prefilled per admission call (default
       ``min(slots, 8)``).
     steps_per_call: decode (or speculative) steps per jitted call (more
-      amortizes the host round trip; retirement waits for the call's end).
+      amortizes the host round trip; retirement waits for the call's end);
+      default ``DEFAULT_STEPS_PER_CALL``, 1 with grammar masks.
     speculation: a ``Speculation``, or None for plain decoding.
     top_logprobs: the most top logprobs a request may ask for (0 to 20;
       plain decoding only).
@@ -114,7 +130,8 @@ class ServeLoop:
   def __init__(self, model, *, slots: int = 8, cache_len: int | None = None,
                config: SamplerConfig | None = None, return_masks: bool = False,
                max_stop_tokens: int = 4, admit_batch: int | None = None,
-               steps_per_call: int = 1, speculation: Speculation | None = None,
+               steps_per_call: int | None = None,
+               speculation: Speculation | None = None,
                top_logprobs: int = 0, logprobs_mode: str = "raw_logprobs",
                processors: ProcessorLimits | None = None,
                overlap: bool = True):
@@ -122,6 +139,9 @@ class ServeLoop:
     self.cache_len = cache_len or self.lm.max_len
     if not self.cache_len or self.cache_len < 2:
       raise ValueError("cache_len must be >= 2 (or the model needs max_len)")
+    if steps_per_call is None:
+      steps_per_call = (1 if getattr(processors, "bitmask", False) else
+                        DEFAULT_STEPS_PER_CALL)
     if slots < 1 or steps_per_call < 1 or max_stop_tokens < 1:
       raise ValueError("slots, steps_per_call and max_stop_tokens must be >= 1")
     self.slots = slots
@@ -161,6 +181,7 @@ class ServeLoop:
     self.overlap = bool(overlap) and self._open_bitmask is None
     self._queue: collections.deque = collections.deque()
     self._active: list[_Active | None] = [None] * slots
+    self._released = 0  # released requests not finished yet
     self._ids = itertools.count()
     self._serials = itertools.count()
     self._inflight: collections.deque[_InFlight] = collections.deque()
@@ -217,7 +238,8 @@ class ServeLoop:
   @property
   def pending(self) -> int:
     """Requests queued or in a slot."""
-    return len(self._queue) + sum(a is not None for a in self._active)
+    return (len(self._queue) + self._released +
+            sum(a is not None for a in self._active))
 
   def step(self) -> list[StreamEvent]:
     """Admits queued requests into free slots, dispatches one step call if
@@ -228,6 +250,7 @@ class ServeLoop:
     start = time.perf_counter()
     first = next(self._serials)  # serials below it: earlier calls'
     events = []
+    self._release_finishing()
     while self._queue and None in self._active:
       events += self._admit_some()
     bitmask = self._open_bitmask
@@ -238,8 +261,8 @@ class ServeLoop:
                       for a in self._active]
       bitmask = np.stack([bitmask[0] if m is None else m for m in masks])
     if any(a is not None for a in self._active):
-      self._dispatch(self._programs.step, self._active, *self._leaves,
-                     self._rates, bitmask)
+      self._dispatch(self._programs.step, self.steps_per_call, self._active,
+                     *self._leaves, self._rates, bitmask)
       self.stats["step_calls"] += 1
     events += self._read(first if self.overlap else None)
     if not self.pending:  # idle: what is left in flight has no events
@@ -280,8 +303,8 @@ class ServeLoop:
       if width >= last:
         break
       width *= 2
-    self._dispatch(self._programs.step, (None,) * self.slots, *self._leaves,
-                   self._rates, self._open_bitmask)
+    self._dispatch(self._programs.step, 0, (None,) * self.slots,
+                   *self._leaves, self._rates, self._open_bitmask)
     self._read(None)
     self.stats.clear()
 
@@ -295,12 +318,15 @@ class ServeLoop:
         self.weights)
     return shape[0].shape[-1]
 
-  def _dispatch(self, program, owners, *args) -> None:
-    """Dispatches ``program`` (``admit`` or ``step`` of ``self._programs``)
-    on the state and ``args`` and queues its output, rows owned by
-    ``owners``, with its copy to the host started (masks only if an owner
-    asked for them)."""
+  def _dispatch(self, program, steps: int, owners, *args) -> None:
+    """Dispatches ``program`` (``admit`` or ``step`` of ``self._programs``,
+    ``steps`` steps) on the state and ``args`` and queues its output, rows
+    owned by ``owners``, with its copy to the host started (masks only if
+    an owner asked for them)."""
     self._state, out = program(self._state, *args)
+    for active in owners:
+      if active is not None:
+        active.promised += steps
     if out.mask is not None and not any(
         a is not None and a.request.return_masks for a in owners):
       out = dataclasses.replace(out, mask=None)
@@ -372,6 +398,18 @@ class ServeLoop:
       masks.append(words)
     return masks, events
 
+  def _release_finishing(self) -> None:
+    """Frees the slots of requests whose dispatched programs end them (their
+    budget reached: ``_Active.promised``): queued requests enter them in
+    this call (their admission runs after those programs on the device),
+    and no step is dispatched for them.  Their outputs in flight are still
+    theirs (``_InFlight.owners``)."""
+    for slot, active in enumerate(self._active):
+      if active is not None and active.promised >= active.budget:
+        active.released = True
+        self._active[slot] = None
+        self._released += 1
+
   def _admit_some(self) -> list[StreamEvent]:
     free = [s for s, a in enumerate(self._active) if a is None]
     batch = [self._queue.popleft()
@@ -402,7 +440,7 @@ class ServeLoop:
     slot_ids[:len(batch)] = [a.slot for a in batch]
     tokens, lengths, *rest = self._admission_inputs(batch, width, masks)
     prompted = self._programs.prompt(*self._leaves, tokens, lengths)
-    self._dispatch(self._programs.admit,
+    self._dispatch(self._programs.admit, 1,
                    batch + [None] * (self.admit_batch - len(batch)), slot_ids,
                    prompted, lengths, *rest)
 
@@ -412,36 +450,41 @@ class ServeLoop:
     belongs to ``owners[r]``); retires the requests that finished."""
     steps, rows, width = host.tokens.shape
     emitted = np.arange(width) < host.count[..., None]  # [n, R, E]
-    # Each row's emitted values in order, as Python lists (one conversion).
+    # Every row's emitted values in order, in one Python list (one
+    # conversion each); row r's are those in [ends[r] - sizes[r], ends[r]).
     by_row = lambda a: a.transpose(1, 0, 2).reshape(rows, steps * width)
     flags = by_row(emitted)
-    keep = flags.tolist()
-    picked = lambda a: [list(itertools.compress(values, row_keep))
-                        for values, row_keep in zip(by_row(a).tolist(), keep)]
-    tokens, logprobs = picked(host.tokens), picked(host.logprobs)
+    tokens = by_row(host.tokens)[flags].tolist()
+    logprobs = by_row(host.logprobs)[flags].tolist()
+    sizes = flags.sum(axis=1)
+    ends = np.cumsum(sizes).tolist()
     drafted, accepted = host.drafted.sum(0), host.accepted.sum(0)
     self.stats["drafted"] += int(drafted.sum())
     self.stats["accepted"] += int(accepted.sum())
+    finished = host.finished
     events = []
-    busy = np.flatnonzero(flags.any(axis=1) | host.finished)
-    for row in busy.tolist():
+    for row in np.flatnonzero((sizes > 0) | finished).tolist():
       active = owners[row]
       if active is None or active.completion.finish_reason is not None:
         continue  # no request, or one that finished in an earlier output
       active.completion.drafted += int(drafted[row])
       active.completion.accepted += int(accepted[row])
-      fields = self._advance(active, host, row, emitted[:, row], tokens[row],
-                             logprobs[row])
-      if host.finished[row]:
+      start = ends[row] - int(sizes[row])
+      fields = self._advance(active, host, row, emitted[:, row],
+                             tokens[start:ends[row]],
+                             logprobs[start:ends[row]])
+      if finished[row]:
         self._finish(active)
-        self._active[active.slot] = None
+        if active.released:
+          self._released -= 1
+        else:
+          self._active[active.slot] = None
         fields.update(finish_reason=active.completion.finish_reason,
                       completion=active.completion)
-      if fields["token_ids"] or host.finished[row]:
-        event = StreamEvent(active.request.request_id, **fields)
-        events.append(event)
-        if active.callback is not None:
-          active.callback(event)
+      event = StreamEvent(active.request.request_id, **fields)
+      events.append(event)
+      if active.callback is not None:
+        active.callback(event)
     return events
 
   def _advance(self, active: _Active, host: slot_programs.Output, row: int,

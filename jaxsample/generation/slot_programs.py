@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxsample.generation.spec_step import SpecState, spec_step, write_history
 from jaxsample.generation.step import (DecodeState, decode_step, emit,
@@ -41,26 +42,67 @@ from jaxsample.logprobs import TokenLogprobs
 from jaxsample.mask import SamplingMask
 from jaxsample.params import SamplingParams
 
-__all__ = ["Output", "Programs", "admit", "empty_state", "programs", "prompt",
-           "scatter_rows", "step"]
+__all__ = ["Output", "Programs", "admit", "empty_state", "pack", "programs",
+           "prompt", "scatter_rows", "step"]
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Output:
-  """What one program emitted: ``tokens``/``logprobs`` ``[n, R, E]``,
-  ``count``/``drafted``/``accepted`` ``[n, R]`` for ``n`` steps of ``R`` rows
-  of up to ``E`` tokens, ``finished`` ``[R]`` after them, ``mask``
-  ``[n, E, R, ...]`` or None, ``top`` ``[n, R, ...]`` or None (``E = 1``)."""
+  """What one program emitted for ``n`` steps of ``R`` rows of up to ``E``
+  tokens: ``table`` int32 ``[n, R, 2E + 4]`` (``pack``: one array, one copy
+  to the host), ``mask`` ``[n, E, R, ...]`` or None, ``top`` ``[n, R, ...]``
+  or None (``E = 1``).  The properties read a host (numpy) copy's table."""
 
-  tokens: jax.Array
-  logprobs: jax.Array
-  count: jax.Array
-  drafted: jax.Array
-  accepted: jax.Array
-  finished: jax.Array
+  table: jax.Array
   mask: SamplingMask | None
   top: TokenLogprobs | None
+
+  @property
+  def width(self) -> int:
+    return (self.table.shape[-1] - 4) // 2
+
+  @property
+  def tokens(self) -> np.ndarray:
+    """``[n, R, E]`` tokens (the first ``count`` emitted)."""
+    return self.table[..., :self.width]
+
+  @property
+  def logprobs(self) -> np.ndarray:
+    """``[n, R, E]`` fp32 logprobs."""
+    return self.table[..., self.width:2 * self.width].view(np.float32)
+
+  @property
+  def count(self) -> np.ndarray:
+    """``[n, R]`` tokens emitted per step and row."""
+    return self.table[..., -4]
+
+  @property
+  def drafted(self) -> np.ndarray:
+    """``[n, R]`` drafts verified per step and row."""
+    return self.table[..., -3]
+
+  @property
+  def accepted(self) -> np.ndarray:
+    """``[n, R]`` drafts accepted per step and row."""
+    return self.table[..., -2]
+
+  @property
+  def finished(self) -> np.ndarray:
+    """``[R]`` bool: the row's request finished (after the last step)."""
+    return self.table[-1, :, -1].astype(bool)
+
+
+def pack(tokens, logprobs, count, drafted, accepted, finished) -> jax.Array:
+  """``Output.table`` rows ``[..., 2E + 4]`` int32 from ``tokens`` and fp32
+  ``logprobs`` ``[..., E]`` (their bits) and ``count``, ``drafted``,
+  ``accepted``, ``finished`` ``[...]``."""
+  scalars = [a.astype(jnp.int32)[..., None]
+             for a in (count, drafted, accepted, finished)]
+  return jnp.concatenate(
+      [tokens.astype(jnp.int32),
+       jax.lax.bitcast_convert_type(logprobs.astype(jnp.float32), jnp.int32),
+       *scalars], axis=-1)
 
 
 def scatter_rows(full, rows, slot_ids):
@@ -108,12 +150,12 @@ def admit(drafter, config, outputs, state, slot_ids, prompted, lengths,
                             out.valid.astype(jnp.int32))
     fresh = SpecState(fresh, history, own)
   state = scatter_rows(state, fresh, slot_ids)
-  zeros = jnp.zeros(out.tokens.shape, jnp.int32)[None]
+  zeros = jnp.zeros(out.tokens.shape, jnp.int32)
   mask = None if out.mask is None else jax.tree.map(
       lambda a: a[None, None], out.mask)
-  return state, Output(out.tokens[None, :, None], out.logprobs[None, :, None],
-                       out.valid.astype(jnp.int32)[None], zeros, zeros,
-                       (fresh.decode if drafter else fresh).finished, mask,
+  table = pack(out.tokens[:, None], out.logprobs[:, None], out.valid, zeros,
+               zeros, (fresh.decode if drafter else fresh).finished)
+  return state, Output(table[None], mask,
                        jax.tree.map(lambda a: a[None], out.top))
 
 
@@ -132,19 +174,17 @@ def step(lm, drafter, config, outputs, steps, weights, draft_weights,
       zeros = jnp.zeros(out.tokens.shape, jnp.int32)
       mask = None if out.mask is None else jax.tree.map(lambda a: a[None],
                                                         out.mask)
-      return state, (out.tokens[:, None], out.logprobs[:, None],
-                     out.valid.astype(jnp.int32), zeros, zeros, mask, out.top)
+      return state, (pack(out.tokens[:, None], out.logprobs[:, None],
+                          out.valid, zeros, zeros, state.finished), mask,
+                     out.top)
     state, out = spec_step(lm, weights, drafter, draft_weights, state,
                            config=config, return_mask=return_mask,
                            synthetic_rates=synthetic_rates)
-    return state, (out.tokens, out.logprobs, out.count, out.drafted,
-                   out.accepted, out.mask, None)
+    return state, (pack(out.tokens, out.logprobs, out.count, out.drafted,
+                        out.accepted, state.decode.finished), out.mask, None)
 
-  state, (tokens, logprobs, count, drafted, accepted, mask, top) = (
-      jax.lax.scan(one, state, None, length=steps))
-  finished = (state if drafter is None else state.decode).finished
-  return state, Output(tokens, logprobs, count, drafted, accepted, finished,
-                       mask, top)
+  state, (table, mask, top) = jax.lax.scan(one, state, None, length=steps)
+  return state, Output(table, mask, top)
 
 
 @dataclasses.dataclass(frozen=True)
