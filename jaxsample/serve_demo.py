@@ -107,11 +107,12 @@ def acceptance(accepted: int, drafted: int) -> str:
 
 def _progress(loop: ServeLoop, total: int, seconds: float) -> str:
   s = loop.stats
-  host = 1 - s["wait_s"] / s["busy_s"] if s["busy_s"] else 0.0
+  share = lambda key: s[key] / s["busy_s"] if s["busy_s"] else 0.0
   return (f"requests {s['completed']}/{total} | {s['tokens']} tokens | "
           f"{s['tokens'] / max(seconds, 1e-9):8.1f} tok/s | acceptance "
           f"{acceptance(s['accepted'], s['drafted'])} | "
-          f"host {100 * host:.1f}% of loop time")
+          f"host {100 * (1 - share('wait_s')):.1f}% of loop time (in "
+          f"dispatch {100 * share('dispatch_s'):.1f}%)")
 
 
 def serve(loop: ServeLoop, requests: list[Request], arrivals: int,

@@ -15,7 +15,8 @@ serves the stream twice:
   ``_collect``: reading outputs into events) plus ``stats``;
 * profiled: ``cProfile`` of the same stream, top functions by own time.
 
-Counts are per step call (``stats["step_calls"]``).
+Counts are per step call (``stats["step_calls"]``) and per decode step
+(step calls times ``steps_per_call``).
 """
 
 from __future__ import annotations
@@ -95,6 +96,11 @@ def main(argv: list[str]) -> None:
         f"busy_s - {'wait_s' if 'wait_s' in s else 'device_s'} "
         f"{ms(s['busy_s'] - waited)} ms (host share "
         f"{100 * (1 - waited / s['busy_s']):.1f}%)")
+  steps = calls * loop.steps_per_call
+  print(f"per decode step ({loop.steps_per_call} per call): wall "
+        f"{1e3 * wall / steps:.3f} ms, host thread CPU {1e3 * cpu / steps:.3f}"
+        f" ms, busy_s - wait_s {1e3 * (s['busy_s'] - waited) / steps:.3f} ms, "
+        f"dispatch_s {1e3 * s.get('dispatch_s', 0.0) / steps:.3f} ms")
   print("phases, ms per step call:", {k: ms(v) for k, v in
                                       sorted(phases.items())})
   print("stats:", {k: round(v, 3) if isinstance(v, float) else v

@@ -197,11 +197,13 @@ class ServeLoop:
     self.stats = collections.Counter()
     """Counts (``admit_calls``, ``step_calls``, ``tokens``, ``completed``,
     ``drafted``, ``accepted``) and seconds: ``busy_s`` in ``step``
-    altogether and ``wait_s`` of it blocked reading outputs (until the
-    device finished them, and their copy).  ``busy_s - wait_s`` is the
-    host's own work (bookkeeping, inputs, dispatch, events): the device can
-    idle only then, so ``1 - wait_s / busy_s`` bounds its idle share of the
-    loop's time from above (``docs/serving.md``)."""
+    altogether, ``wait_s`` of it blocked reading outputs (until the
+    device finished them, and their copy) and ``dispatch_s`` in the jitted
+    calls.  ``busy_s - wait_s`` is the host's own work (bookkeeping,
+    inputs, dispatch, events): the device can idle only then, so ``1 -
+    wait_s / busy_s`` bounds its idle share of the loop's time from above
+    (``docs/serving.md``); a dispatch that waits for the device (a GPU's
+    ``lax.cond``) counts in ``dispatch_s``."""
 
   # -- requests ------------------------------------------------------------
 
@@ -323,7 +325,9 @@ class ServeLoop:
     ``steps`` steps) on the state and ``args`` and queues its output, rows
     owned by ``owners``, with its copy to the host started (masks only if
     an owner asked for them)."""
+    start = time.perf_counter()
     self._state, out = program(self._state, *args)
+    self.stats["dispatch_s"] += time.perf_counter() - start
     for active in owners:
       if active is not None:
         active.promised += steps
