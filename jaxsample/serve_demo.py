@@ -4,8 +4,8 @@
 loads the embedded Shakespeare model (a random-weight model of the same
 architecture with ``--random`` or when the package has no weights), submits
 ``--requests`` requests with mixed settings (greedy, T = 0.8 + top-p 0.9,
-top-k 20, min-p 0.05) arriving ``--arrivals`` per step, and shows a live
-line: requests done, tokens/s, draft acceptance and the host's share of the
+top-k 20, min-p 0.05) arriving ``--arrivals`` per decode step, and shows a
+live line: requests done, tokens/s, draft acceptance and the host's share of the
 loop's time (not waiting for the device: ``docs/serving.md``).  ``--spec``
 turns on speculative decoding: ``ngram`` (prompt lookup), ``draft`` (the
 packaged draft model, ``jaxsample.models.load_draft``: 2 layers, d_model
@@ -117,13 +117,16 @@ def _progress(loop: ServeLoop, total: int, seconds: float) -> str:
 
 def serve(loop: ServeLoop, requests: list[Request], arrivals: int,
           live: bool) -> tuple[dict, float]:
-  """Feeds ``arrivals`` requests per step; returns completions and seconds."""
+  """Feeds ``arrivals`` requests per decode step (``arrivals *
+  steps_per_call`` before each ``step`` call: the same stream for any
+  number of steps per call); returns completions and seconds."""
   done, queue = {}, list(requests)
+  per_call = arrivals * loop.steps_per_call
   start = time.perf_counter()
   while queue or loop.pending:
-    for request in queue[:arrivals]:
+    for request in queue[:per_call]:
       loop.submit(request)
-    del queue[:arrivals]
+    del queue[:per_call]
     for event in loop.step():
       if event.completion is not None:
         done[event.request_id] = event.completion
@@ -144,7 +147,7 @@ def parser() -> argparse.ArgumentParser:
   parser.add_argument("--requests", type=int, default=32,
                       help="requests in the stream")
   parser.add_argument("--arrivals", type=int, default=4,
-                      help="requests submitted per loop step")
+                      help="requests submitted per decode step")
   parser.add_argument("--slots", type=int, default=8, help="decode slots")
   parser.add_argument("--max-tokens", type=int, default=48,
                       help="tokens per request")

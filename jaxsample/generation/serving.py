@@ -240,8 +240,8 @@ class ServeLoop:
   @property
   def pending(self) -> int:
     """Requests queued or in a slot."""
-    return (len(self._queue) + self._released +
-            sum(a is not None for a in self._active))
+    return (len(self._queue) + self._released + self.slots -
+            self._active.count(None))
 
   def step(self) -> list[StreamEvent]:
     """Admits queued requests into free slots, dispatches one step call if
@@ -256,13 +256,13 @@ class ServeLoop:
     while self._queue and None in self._active:
       events += self._admit_some()
     bitmask = self._open_bitmask
-    if bitmask is not None and any(a is not None for a in self._active):
+    if bitmask is not None and self._active.count(None) < self.slots:
       masks, failed = self._grammar_masks(self._active)
       events += failed
       self._active = [None if a is not None and a.completion.error else a
                       for a in self._active]
       bitmask = np.stack([bitmask[0] if m is None else m for m in masks])
-    if any(a is not None for a in self._active):
+    if self._active.count(None) < self.slots:  # a slot is busy
       self._dispatch(self._programs.step, self.steps_per_call, self._active,
                      *self._leaves, self._rates, bitmask)
       self.stats["step_calls"] += 1
@@ -454,29 +454,28 @@ class ServeLoop:
     belongs to ``owners[r]``); retires the requests that finished."""
     steps, rows, width = host.tokens.shape
     emitted = np.arange(width) < host.count[..., None]  # [n, R, E]
-    # Every row's emitted values in order, in one Python list (one
-    # conversion each); row r's are those in [ends[r] - sizes[r], ends[r]).
-    by_row = lambda a: a.transpose(1, 0, 2).reshape(rows, steps * width)
-    flags = by_row(emitted)
-    tokens = by_row(host.tokens)[flags].tolist()
-    logprobs = by_row(host.logprobs)[flags].tolist()
-    sizes = flags.sum(axis=1)
-    ends = np.cumsum(sizes).tolist()
+    flags = emitted.transpose(1, 0, 2).reshape(rows, steps * width)
+    # The emitted values of row 0, then row 1, .. in one Python list each
+    # (one conversion); row r's are the next sizes[r].
+    emitted_values = lambda a: a.transpose(1, 0, 2).reshape(
+        rows, steps * width)[flags].tolist()
+    tokens, logprobs = emitted_values(host.tokens), emitted_values(
+        host.logprobs)
     drafted, accepted = host.drafted.sum(0), host.accepted.sum(0)
     self.stats["drafted"] += int(drafted.sum())
     self.stats["accepted"] += int(accepted.sum())
-    finished = host.finished
-    events = []
-    for row in np.flatnonzero((sizes > 0) | finished).tolist():
-      active = owners[row]
-      if active is None or active.completion.finish_reason is not None:
-        continue  # no request, or one that finished in an earlier output
-      active.completion.drafted += int(drafted[row])
-      active.completion.accepted += int(accepted[row])
-      start = ends[row] - int(sizes[row])
-      fields = self._advance(active, host, row, emitted[:, row],
-                             tokens[start:ends[row]],
-                             logprobs[start:ends[row]])
+    sizes, finished = flags.sum(axis=1).tolist(), host.finished.tolist()
+    drafted, accepted = drafted.tolist(), accepted.tolist()
+    events, end = [], 0
+    for row, active in enumerate(owners):
+      start, end = end, end + sizes[row]
+      if (active is None or not (sizes[row] or finished[row]) or
+          active.completion.finish_reason is not None):
+        continue  # nothing new, no request, or one finished earlier
+      active.completion.drafted += drafted[row]
+      active.completion.accepted += accepted[row]
+      fields = self._advance(active, host, row, emitted, tokens[start:end],
+                             logprobs[start:end])
       if finished[row]:
         self._finish(active)
         if active.released:
@@ -495,7 +494,7 @@ class ServeLoop:
                emitted: np.ndarray, tokens: list[int],
                logprobs: list[float]) -> dict:
     """Appends row ``row``'s ``tokens`` and ``logprobs`` (where ``emitted``
-    ``[n, E]``) and what else the request asked for to its completion;
+    ``[n, R, E]``) and what else the request asked for to its completion;
     returns them as ``StreamEvent`` fields."""
     request, done = active.request, active.completion
     self.stats["tokens"] += len(tokens)
@@ -510,12 +509,12 @@ class ServeLoop:
                   "rank": int(top.token_ranks[t, row]),
                   "top": list(zip(top.top_ids[t, row, :n].tolist(),
                                   top.top_values[t, row, :n].tolist()))}
-                 for t in np.flatnonzero(emitted[:, 0])]
+                 for t in np.flatnonzero(emitted[:, row, 0])]
       done.top_logprobs += entries
       fields["top_logprobs"] = entries
     if request.return_masks:
       masks, logz = [], []
-      for t, n in enumerate(emitted.sum(axis=1).tolist()):
+      for t, n in enumerate(emitted[:, row].sum(axis=1).tolist()):
         if n:
           step = jax.tree.map(lambda a, t=t, n=n: a[t, :n, row:row + 1],
                               host.mask)
