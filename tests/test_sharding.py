@@ -171,17 +171,6 @@ def test_batch_parallel_kernels_lower_under_check_vma_without_collectives(
     assert collective not in text
 
 
-# One device's xla_search sample (one key, masks) and masks: the references
-# of the vocab-parallel tests below, jitted once for all of them.
-_SEARCH_MASKS = jaxsample.SamplerConfig(implementation="xla_search",
-                                        max_mask_ids=16)
-_MASK_KEY = jax.random.key(6)
-_one_device_sample = jax.jit(lambda x, p: jaxsample.sample(
-    x, p, _MASK_KEY, config=_SEARCH_MASKS, return_mask=True))
-_one_device_masks = jax.jit(lambda x, p: jaxsample.extract_sampling_mask(
-    x, p, config=_SEARCH_MASKS))
-
-
 def test_jit_takes_the_vocab_parallel_path_for_vocab_sharded_logits():
   """Logits split along the vocabulary on a 2x2 Explicit mesh, under plain
   jax.jit: sample (one key, masks), extract_sampling_mask and
@@ -189,7 +178,9 @@ def test_jit_takes_the_vocab_parallel_path_for_vocab_sharded_logits():
   device bit for bit (xla_search); processors are refused by name."""
   x, batches = _mask_inputs()
   params = batches[0]
-  config, key = _SEARCH_MASKS, _MASK_KEY
+  config = jaxsample.SamplerConfig(implementation="xla_search",
+                                   max_mask_ids=16)
+  key = jax.random.key(6)
   target = jnp.stack([x, x[::-1] * 0.5], axis=1)  # [8, k + 1 = 2, 1024]
   draft = jnp.argmax(x, axis=-1)[:, None]
   num, keys = jnp.arange(8) % 2, jax.random.split(key, 8)
@@ -204,10 +195,7 @@ def test_jit_takes_the_vocab_parallel_path_for_vocab_sharded_logits():
                                   return_mask=True))
 
   args = (x, target, target[:, :1] * 0.9, params, keys)
-  # (The one-device sample and masks: the programs the tests below compare
-  # with; the rejection sample alone.)
-  want = (_one_device_sample(x, params), _one_device_masks(x, params),
-          jax.jit(lambda *a: calls(*a)[2])(*args))
+  want = jax.jit(calls)(*args)
   mesh = jax.make_mesh((2, 2), ("b", "v"))
   with jax.set_mesh(mesh):
     specs = (P("b", "v"), P("b", None, "v"), P("b", None, "v"), P("b"),
@@ -383,8 +371,10 @@ def test_vocab_parallel_masks_equal_one_device():
   bit-identical to one device's extract_sampling_mask (xla_search)."""
   x, _ = _vocab_inputs(vocab=1024)
   params = _params(8)
-  config = _SEARCH_MASKS
-  want = _one_device_masks(x, params)
+  config = jaxsample.SamplerConfig(implementation="xla_search",
+                                   max_mask_ids=16)
+  want = jax.jit(lambda x, p: jaxsample.extract_sampling_mask(
+      x, p, config=config))(x, params)
   got = vocab_parallel(lambda x, p: sharded.extract_sampling_mask_sharded(
       x, p, axis_name="v", config=config), (2, 2))(x, params)
   _assert_same(want, got)
@@ -415,7 +405,11 @@ def test_vocab_parallel_sample_masks_equal_one_device():
   compiled program; tokens, logprobs, validity and masks (ids, count,
   logz, lse) bit-identical to one device's sample(return_mask=True)."""
   x, batches = _mask_inputs()
-  config, key, one = _SEARCH_MASKS, _MASK_KEY, _one_device_sample
+  config = jaxsample.SamplerConfig(implementation="xla_search",
+                                   max_mask_ids=16)
+  key = jax.random.key(6)
+  one = jax.jit(lambda x, p: jaxsample.sample(x, p, key, config=config,
+                                              return_mask=True))
   body = sample_vocab_parallel(key, config, (2, 2), return_mask=True)
   for params in batches:
     want = one(x, params)
