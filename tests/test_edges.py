@@ -239,12 +239,14 @@ def test_random_bad_input_xla():
     pytest.param(jnp.float32, id="float32"),
     slow_case(jnp.bfloat16, id="bfloat16")])
 def test_random_bad_input_kernels(dtype):
-  """One shape per dtype (one interpret-mode compile), params traced."""
+  """Params traced; the program of ``test_temperature_sweep_kernels`` (its
+  shape and config, masks returned): one interpret-mode compile per dtype."""
   r = np.random.default_rng(37)
-  batch, vocab = 8, 130
+  batch = sweep_batch(jnp.float32)[0].shape[0]
   for case in range(3):
-    x, params = random_case(r, batch, vocab, dtype)
-    result = _sample(x, params, jax.random.key(case), config="pallas")
+    x, params = random_case(r, batch, VOCAB, dtype)
+    result, _ = _sample(x, params, jax.random.key(case), config=SamplerConfig(
+        implementation="pallas"), return_mask=True)
     check_invariants(x, params, result)
 
 

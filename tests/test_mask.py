@@ -256,8 +256,9 @@ def test_large_kept_sets_follow_the_rebuilt_distribution(name):
 @pytest.mark.parametrize("truncating,impl", [
     (True, "xla"), (False, "xla"), (True, "pallas"), slow_case(False, "pallas")])
 def test_rows_never_exchange_masks(impl, truncating):
-  """Shuffling the batch (per-request keys) permutes tokens and masks alike."""
-  batch, vocab = 16, 256
+  """Shuffling the batch (per-request keys) permutes tokens and masks alike.
+  (``invalid_batch``'s shape: the kernels' program is compiled once.)"""
+  batch, vocab = 8, 64
   x, temps, params = mixed_batch(9, batch, vocab, truncating=truncating)
   x[3, 7] = np.nan  # an invalid row
   keys = jax.random.split(jax.random.key(9), batch)
@@ -333,7 +334,10 @@ def invalid_batch(vocab):
 def test_invalid_rows_keep_nothing(impl):
   vocab = 64
   x, params = invalid_batch(vocab)
-  result, m = sample_with_mask(x, params, jax.random.key(11), impl=impl)
+  # Per-request keys and positions: test_rows_never_exchange_masks's program
+  # (a batch key on the kernels: test_mask_kernels).
+  result, m = sample_with_mask(x, params, jax.random.split(jax.random.key(11), 8),
+                               impl=impl, positions=jnp.arange(8, dtype=jnp.int32))
   np.testing.assert_array_equal(result.valid, [False] * 7 + [True])
   np.testing.assert_array_equal(m.count[:7], 0)
   np.testing.assert_array_equal(m.ids[:7], -1)
@@ -446,11 +450,10 @@ def test_leading_token_axis():
   params = SamplingParams.make(batch, temperature=[1, 0, 1, 1],
                                top_k=[5, 0, 0, 0], top_p=[1, 1, 0.5, 1])
   config = SamplerConfig(max_mask_ids=8)
-  per_step = [jaxsample.extract_sampling_mask(x[:, t], params, config=config)
-              for t in range(steps)]
-  vmapped = jax.vmap(
-      lambda l: jaxsample.extract_sampling_mask(l, params, config=config),
-      in_axes=1)(jnp.asarray(x))
+  # Jitted: two compiles (eager, every op of every call compiled: 305).
+  step = lambda l: jaxsample.extract_sampling_mask(l, params, config=config)
+  per_step = [jax.jit(step)(x[:, t]) for t in range(steps)]
+  vmapped = jax.jit(jax.vmap(step, in_axes=1))(jnp.asarray(x))
   stacked = jax.tree.map(lambda *a: jnp.stack(a), *per_step)
   assert isinstance(vmapped, SamplingMask) and vmapped.ids.shape == (steps, batch, 8)
   assert_masks_equal(to_np(vmapped), to_np(stacked))

@@ -255,11 +255,12 @@ def test_fp64_gumbel_bonus_is_the_fp64_plain_sample(impl):
   target = logits(21, 8, 2, 64)
   params = SamplingParams.make(8, temperature=0.9)
   ks = keys(8, 12)
-  out = run(target, np.zeros((8, 1)), np.zeros(8), params, ks, jit=False,
-            use_fp64_gumbel=True, impl=impl)
+  with jax.enable_x64(True):  # jitted (eager: every op compiled alone)
+    out = run(target, np.zeros((8, 1)), np.zeros(8), params, ks,
+              use_fp64_gumbel=True, impl=impl)
   noise_keys, _ = spec.stream_keys(ks, 8)
   want = run_sample(jnp.asarray(target[:, 0]), params, noise_keys, fp64=True,
-                    jit=False, positions=jnp.zeros(8, jnp.int32))
+                    positions=jnp.zeros(8, jnp.int32))
   np.testing.assert_array_equal(out.tokens[:, 0], want.tokens)
 
 

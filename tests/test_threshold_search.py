@@ -28,12 +28,13 @@ def test_overflowing_rows_take_the_pivot_search():
   """A row with top-k at most ``C / 2`` whose candidates overflow the buffer
   (here: the tie at the threshold) is left incomplete by the buffer and
   finished by the pivot search; rows with a larger top-k take the window
-  searches.  All keep the oracle's set."""
-  vocab = 3000
+  searches.  All keep the oracle's set.  (The shape and config of
+  ``test_large_kept_sets_are_decided_by_the_window_search``: one program.)"""
+  vocab = 20000
   x = np.random.default_rng(4).standard_normal((4, vocab)).astype(np.float32)
-  x[0, :200] = 5.0
-  params = SamplingParams.make(4, top_k=[5, 100, 200, 5], top_p=[1, 1, 0.99, 1])
-  config = SamplerConfig(max_candidates=64)
+  x[0, :300] = 5.0
+  params = SamplingParams.make(4, top_k=[5, 200, 400, 5], top_p=[1, 1, 0.99, 1])
+  config = SamplerConfig(max_candidates=256)
   tr = truncate(x, params, config)
   unfinished = truncate_unfinished(x, params, config)
   np.testing.assert_array_equal(unfinished, [True, True, True, False])
