@@ -173,6 +173,18 @@ def kept_set_batch(vocab):
 SAMPLE_SHAPE = (5, 4096)  # the sampler tests' workhorse shape (shared compiles)
 
 
+def params_by_row(cases, batch: int, r) -> SamplingParams:
+  """``SamplingParams`` of ``batch`` rows, row ``b`` taking the keyword dict
+  ``cases[(b + random) % len(cases)]`` (absent fields at their neutral
+  values): every case appears once ``batch >= len(cases)``."""
+  rows = [cases[(b + int(r.integers(len(cases)))) % len(cases)]
+          for b in range(batch)]
+  field = lambda name, off: [row.get(name, off) for row in rows]
+  return SamplingParams.make(batch, temperature=field("temperature", 1.0),
+                             top_k=field("top_k", 0), top_p=field("top_p", 1.0),
+                             min_p=field("min_p", 0.0))
+
+
 def race(**launch) -> Tuning:
   """A tuning override of the Gumbel race's launch (``tuning.RaceLaunch``)."""
   return Tuning(gumbel=RaceLaunch(**launch))

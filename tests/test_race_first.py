@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cases import assert_tokens_off_boundary
+from cases import assert_tokens_off_boundary, params_by_row
 from conftest import slow_case
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, race_first, reference, rng
@@ -54,12 +54,7 @@ def _params(r) -> SamplingParams:
            dict(top_k=200, top_p=0.99), dict(min_p=1.0),
            dict(top_p=0.7, temperature=0.4), dict(top_k=50, temperature=2.0),
            dict(top_k=2, top_p=0.3, min_p=0.3), dict(top_p=0.999)]
-  rows = [cases[(b + int(r.integers(len(cases)))) % len(cases)]
-          for b in range(BATCH)]
-  field = lambda name, off: [row.get(name, off) for row in rows]
-  return SamplingParams.make(BATCH, temperature=field("temperature", 1.0),
-                             top_k=field("top_k", 0), top_p=field("top_p", 1.0),
-                             min_p=field("min_p", 0.0))
+  return params_by_row(cases, BATCH, r)
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "logprobs", "generator"))

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from cases import params_by_row
 from conftest import FP32_EPS, oracle_keep, slow_case, sort_operands
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, dispatch, reference, rng
@@ -121,12 +122,7 @@ def _mixed_params(batch: int, vocab: int, r) -> SamplingParams:
            dict(top_k=300, top_p=0.7, min_p=0.01), dict(top_p=1e-6),
            dict(min_p=1.0), dict(top_k=2000, min_p=0.2),
            dict(top_p=0.5, temperature=0.3), dict(top_k=64, temperature=2.0)]
-  rows = [cases[(b + int(r.integers(len(cases)))) % len(cases)]
-          for b in range(batch)]
-  field = lambda name, off: [row.get(name, off) for row in rows]
-  return SamplingParams.make(batch, temperature=field("temperature", 1.0),
-                             top_k=field("top_k", 0), top_p=field("top_p", 1.0),
-                             min_p=field("min_p", 0.0))
+  return params_by_row(cases, batch, r)
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "generator", "width"))
