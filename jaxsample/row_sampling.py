@@ -4,7 +4,8 @@ Shared by ``sampling.sample`` (one device, or a batch shard) and
 ``sharded.sample_sharded`` (a truncating batch on ``implementation="xla"``
 samples the gathered vocabulary): canonical params and the rows' noise
 streams in, ``(SampleResult, mask or None)`` out.  Calls that ask for no
-logprobs, no mask and fp32 noise race first (``jaxsample.race_first``).
+logprobs and set ``race_candidates`` (no mask, fp32 noise) race first
+(``jaxsample.race_first``).
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ def sample_rows(logits, params: SamplingParams, streams: rng.RowStreams,
 def races_first(config: SamplerConfig, return_mask: bool) -> bool:
   """Whether ``sample`` takes the race-first route (``jaxsample.race_first``):
   no logprobs asked for, ``race_candidates >= 1``, no mask, fp32 noise, on
-  the kernels or the sort reference.  ``"xla_search"`` keeps its route (its candidates race without
-  drawing the row's noise: on CPU, B = 8, V = 32000, race-first took 1.9x
-  to 3.5x its CPU time on LLM-like rows and top-k 50 + top-p 0.9, and 0.4x
-  on top-p 0.95 over flat rows, ``docs/truncation.md``)."""
+  the kernels or the sort reference.  ``"xla_search"`` keeps its route
+  (its candidates race without drawing the row's noise: on CPU, B = 8, V =
+  32000, race-first took 1.9x to 3.5x its CPU time on LLM-like rows and
+  top-k 50 + top-p 0.9, and 0.4x on top-p 0.95 over flat rows,
+  ``docs/truncation.md``)."""
   return not (config.logprobs or not config.race_candidates or return_mask
               or config.use_fp64_gumbel or
               dispatch.backend(config) == "xla_search")
