@@ -48,6 +48,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxsample import rowwise
+
 __all__ = ["bits_at", "check_positions", "FP32_TINY", "FP64_TINY", "Generator",
            "GENERATORS", "gumbel", "gumbel_noise", "key_words", "mulhi",
            "MulHiLo", "mulhilo", "philox4x32", "PHILOX_LANES", "PHILOX_TILE",
@@ -369,12 +371,12 @@ def gumbel_noise(generator: str, streams: RowStreams, vocab_size: int, *,
 
 
 def _materialized(arrays):
-  """A pytree of arrays, each written to memory on CPU (an optimization
-  barrier per array, which ``jax.shard_map`` allows); as it is elsewhere.
+  """A pytree of arrays, each written to memory on CPU (``rowwise.barrier``:
+  one optimization barrier per array); as it is elsewhere.
   XLA:CPU fuses a generator into its users (the race's row reduction
   ``argmax(y + noise)``, the words' stack), where it runs up to 10x slower
   than as its own loop: B = 8, V = 32000, Philox noise and race took 29 ms
   of CPU time fused, 3.2 ms apart."""
   return lax.platform_dependent(
-      arrays, cpu=lambda a: jax.tree.map(lax.optimization_barrier, a),
+      arrays, cpu=rowwise.barrier,
       default=lambda a: a)
