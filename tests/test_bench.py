@@ -165,6 +165,16 @@ def test_report_writes_json_tables_and_figures(tmp_path):
   again = json.loads((merged / "report.json").read_text())
   assert len(again["rows"]) == 2 * len(doc["rows"]) and len(again["merged"]) == 2
   assert (merged / "sample-V512-float32-plain.png").read_bytes().startswith(PNG_MAGIC)
+  assert doc["complete"] and again["complete"] and again["left_out"] == []
+
+
+def test_report_time_limit_lists_the_cases_it_left_out(tmp_path):
+  out = tmp_path / "cut"  # the bandwidth copy alone outlasts the limit: no case starts
+  assert cli.main([*REPORT_TINY, "--time-limit", "1e-9", "--out", str(out)]) == 0
+  doc = json.loads((out / "report.json").read_text())
+  assert doc["rows"] == [] and not doc["complete"]
+  assert len(doc["left_out"]) == 2 * 2 * 2  # sample and spec, 2 batches, 2 settings
+  assert "**incomplete**: 8 case(s) left out by `--time-limit`" in (out / "report.md").read_text()
 
 
 def test_report_grid_and_options():

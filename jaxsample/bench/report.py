@@ -83,6 +83,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--merge", default="",
                       help="comma-separated report.json files: render their rows into --out "
                       "and time nothing")
+  parser.add_argument("--time-limit", type=float, default=0.0,
+                      help="seconds: start no case after this long (the report lists the cases "
+                      "left out); 0: no limit")
   parser.add_argument("--no-progress", dest="progress", action="store_false")
 
 
@@ -222,26 +225,39 @@ def run(opts: argparse.Namespace, argv: list[str]) -> dict:
   todo = jobs(opts, chosen)
   bar = runner.progress_bar(len(todo), "report", opts.progress)
   write = bar.write if bar is not None else print
-  rows = []
+  rows, left_out, commit = [], [], _git_commit()
+
+  def document(complete: bool) -> dict:
+    return dict(report=1, **runner.describe_device(bandwidth),
+                command=_command(argv), git_commit=commit,
+                elapsed_s=round(time.perf_counter() - start, 1), complete=complete,
+                left_out=left_out, options=vars(opts),
+                peers=dict(names=sorted(chosen), external=sorted(external),
+                           vllm=kernels.describe() if kernels is not None else None,
+                           failures=failures),
+                rows=rows)
+
+  folder = pathlib.Path(opts.out)
+  folder.mkdir(parents=True, exist_ok=True)
   for job in todo:
-    group = job.suite.build(job.args, job.case)
-    group.suite = job.suite.name
-    rows += runner.time_group(group, job.args, bandwidth, write=write, bar=bar,
-                              external=external if job.peers else None)
-    del group
+    if opts.time_limit and time.perf_counter() - start > opts.time_limit:
+      left_out.append(f"{job.suite.name} {job.case}")
+    else:
+      group = job.suite.build(job.args, job.case)
+      group.suite = job.suite.name
+      rows += runner.time_group(group, job.args, bandwidth, write=write, bar=bar,
+                                external=external if job.peers else None)
+      del group
+      # the rows so far, should the process be cut short (``--merge`` reads it)
+      runner.write_json(document(complete=False), folder / "report.json")
     if bar is not None:
       bar.update()
   if bar is not None:
     bar.close()
-  doc = dict(report=1, **runner.describe_device(bandwidth),
-             command=_command(argv),
-             git_commit=_git_commit(), elapsed_s=round(time.perf_counter() - start, 1),
-             options=vars(opts),
-             peers=dict(names=sorted(chosen), external=sorted(external),
-                        vllm=kernels.describe() if kernels is not None else None,
-                        failures=failures),
-             rows=rows)
-  return render(doc, opts.out)
+  if left_out:
+    print(f"# report: --time-limit {opts.time_limit:g} s left out {len(left_out)} of "
+          f"{len(todo)} cases", flush=True)
+  return render(document(complete=not left_out), opts.out)
 
 
 def _record(failures: list, peer: str, filters: dict, rows, error: Exception) -> None:
@@ -284,6 +300,8 @@ def _merged(paths: list[pathlib.Path], argv: list[str]) -> dict:
           file=sys.stderr)
   failures = [f for d in docs for f in (d.get("peers") or {}).get("failures", [])]
   return dict(docs[0], command=_command(argv), elapsed_s=None,
+              complete=all(d.get("complete", True) for d in docs),
+              left_out=[c for d in docs for c in d.get("left_out", [])],
               peers=dict(docs[0].get("peers") or {}, failures=failures),
               rows=[r for d in docs for r in d["rows"]],
               merged=[dict(path=str(p), command=d["command"], device=d["device"],
@@ -369,6 +387,11 @@ def _markdown(doc: dict, figures: dict) -> str:
   lines += [f"- FAILED peer {f['peer']} ({f['dtype']} {f['shape']}, {f['filters']}): "
             f"{f['error'].splitlines()[0][:300]}"
             for f in (doc.get("peers") or {}).get("failures", [])]
+  if not doc.get("complete", True):
+    left = doc.get("left_out", [])
+    lines += [f"- **incomplete**: {len(left)} case(s) left out by `--time-limit`"
+              + (f" (first: {left[0]})" if left else " or by a cut run (the rows written "
+                 "before it)")]
   lines += ["", "Times are device time per call (profiler-summed kernels for JAX ops; "
             "CUDA-graph replays for torch and vLLM), medians over blocks of calls on "
             "rotating inputs; off GPU, wall time.", ""]
