@@ -17,7 +17,8 @@ Raw values of an invalid row (NaN, +inf or no finite logit) are -inf for
 is vLLM's: ``#{i : v_i >= v_token}`` (1 for the top value; tied tokens share
 the largest rank).  The top-n are ``lax.top_k(v, n)`` (smallest id first
 among equal values; computed in two stages over runs of ids,
-``rowwise.top_k``), ranks 1..n.
+``rowwise.top_k``; for ``raw_logprobs`` the runs' keys come from the read
+of the logits that takes the row's max), ranks 1..n.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def mode_values(logits: jax.Array, params: SamplingParams, mode: str, *,
     x = logits.astype(jnp.float32)
     if mode == "raw_logits":
       return x
-    return _raw_logprobs(logits)
+    return _raw_logprobs(logits)[0]
   z = maybe_apply(logits, processors)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(z.shape[1])
@@ -82,20 +83,30 @@ def mode_values(logits: jax.Array, params: SamplingParams, mode: str, *,
   return jnp.where(log_q > -jnp.inf, proc.y, -jnp.inf)
 
 
-def _raw_logprobs(logits: jax.Array) -> jax.Array:
-  """``where(valid, log_softmax(x), -inf)`` with one max of the row: its
-  validity check's (NaN read as +inf: the max is finite iff the row is
-  valid, and then it is ``log_softmax``'s max ``m``).  The values are
-  ``jax.nn.log_softmax``'s expression, ``(x - m) - log(sum(exp(x - m)))``,
-  so its bits (up to the sign of a zero max, which no value shows unless
-  the row's log-sum is 0)."""
+def _raw_logprobs(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``where(valid, log_softmax(x), -inf)`` ``[B, V]`` and its
+  ``rowwise.run_keys``, from one read of the row for both the max and the
+  run keys, then one for the sum.
+
+  The max is the largest run key of the sanitized row (NaN read as +inf:
+  the max is finite iff the row is valid, and then it is ``log_softmax``'s
+  max ``m``).  The values are ``jax.nn.log_softmax``'s expression, ``(x -
+  m) - log(sum(exp(x - m)))``, so its bits (up to the sign of a zero max,
+  which no value shows unless the row's log-sum is 0).  That expression is
+  nondecreasing in ``x`` (each rounding is), so the largest value of a run
+  is the expression at the run's largest logit: the values' run keys come
+  from the logits' run maxima, with no read of the values (an invalid row's
+  are all -inf's, as its values)."""
   x = logits.astype(jnp.float32)
-  top = jnp.max(reference.sanitize(logits), axis=-1, keepdims=True)
+  runs = rowwise.run_keys(reference.sanitize(logits))
+  top = rowwise.key_values(jnp.max(runs, axis=-1, keepdims=True))
   valid = jnp.isfinite(top)
   shift = jnp.where(valid, top, 0.0)
   shifted = jnp.where(valid, x, 0.0) - shift
   log_sum = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
-  return jnp.where(valid, shifted - log_sum, -jnp.inf)
+  values = lambda u: jnp.where(valid, (jnp.where(valid, u, 0.0) - shift)
+                               - log_sum, -jnp.inf)
+  return values(x), rowwise.total_order_keys(values(rowwise.key_values(runs)))
 
 
 def check_num_top(num_top, vocab_size: int) -> int:
@@ -111,10 +122,11 @@ def check_num_top(num_top, vocab_size: int) -> int:
   return num_top
 
 
-def top_logprobs(values: jax.Array, tokens: jax.Array, num_top: int
-                 ) -> TokenLogprobs:
+def top_logprobs(values: jax.Array, tokens: jax.Array, num_top: int, *,
+                 runs: jax.Array | None = None) -> TokenLogprobs:
   """The token's value and rank and the top ``num_top`` of ``values``
-  ``[B, V]`` (``mode_values``; module doc: ranks and ties).
+  ``[B, V]`` (``mode_values``; module doc: ranks and ties); ``runs``:
+  ``rowwise.run_keys(values)`` when the caller has them.
 
   Raises:
     ValueError: ``num_top`` outside ``[0, min(20, V)]`` or tokens that are
@@ -129,7 +141,7 @@ def top_logprobs(values: jax.Array, tokens: jax.Array, num_top: int
   token = jnp.clip(tokens.astype(jnp.int32), 0, vocab - 1)
   token_values = jnp.take_along_axis(values, token[:, None], axis=-1)
   ranks = jnp.sum(values >= token_values, axis=-1, dtype=jnp.int32)
-  top_values, top_ids = rowwise.top_k(values, num_top)
+  top_values, top_ids = rowwise.top_k(values, num_top, runs=runs)
   return TokenLogprobs(token_values[:, 0], ranks, top_ids, top_values)
 
 
@@ -148,5 +160,11 @@ def token_logprobs(logits: jax.Array, params: SamplingParams,
       tokens that are not ``[B]``.
   """
   check_num_top(num_top, jnp.shape(logits)[-1])
-  values = mode_values(logits, params, mode, processors=processors)
-  return top_logprobs(values, tokens, num_top)
+  if mode != "raw_logprobs":
+    return top_logprobs(
+        mode_values(logits, params, mode, processors=processors), tokens,
+        num_top)
+  logits = jnp.asarray(logits)
+  check_logits(logits, params)
+  values, runs = _raw_logprobs(logits)
+  return top_logprobs(values, tokens, num_top, runs=runs)

@@ -10,9 +10,10 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 
-__all__ = ["TOP_K_CHUNK", "barrier", "cond", "manual_cond", "manual_switch",
-           "mark_varying", "only_if", "pack_rows", "switch", "top_k",
-           "total_order_keys", "unpack_rows", "varying_axes", "where_rows"]
+__all__ = ["TOP_K_CHUNK", "barrier", "cond", "key_values", "manual_cond",
+           "manual_switch", "mark_varying", "only_if", "pack_rows", "run_keys",
+           "switch", "top_k", "total_order_keys", "unpack_rows", "varying_axes",
+           "where_rows"]
 
 TOP_K_CHUNK = 128
 """``top_k``'s first stage: the largest key of each run of this many ids."""
@@ -207,13 +208,34 @@ def total_order_keys(values: jax.Array) -> jax.Array:
   return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
 
-def top_k(values: jax.Array, k: int, chunk: int = TOP_K_CHUNK
-          ) -> tuple[jax.Array, jax.Array]:
+def key_values(keys: jax.Array) -> jax.Array:
+  """The fp32 values of ``total_order_keys`` (its inverse on fp32)."""
+  return jax.lax.bitcast_convert_type(keys ^ ((keys >> 31) & 0x7FFFFFFF),
+                                      jnp.float32)
+
+
+def run_keys(values: jax.Array, chunk: int = TOP_K_CHUNK) -> jax.Array:
+  """int32 ``[B, ceil(V / chunk)]``: the largest ``total_order_keys`` of
+  each run of ``chunk`` consecutive ids of ``values`` ``[B, V]`` (one row
+  reduction)."""
+  batch, vocab = values.shape
+  keys = total_order_keys(values)
+  whole = vocab // chunk * chunk
+  runs = jnp.max(keys[:, :whole].reshape(batch, -1, chunk), axis=2)
+  if whole < vocab:
+    runs = jnp.concatenate(
+        [runs, jnp.max(keys[:, whole:], axis=1, keepdims=True)], axis=1)
+  return runs
+
+
+def top_k(values: jax.Array, k: int, chunk: int = TOP_K_CHUNK, *,
+          runs: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """``lax.top_k(values, k)`` of ``[B, V]`` fp32/bf16/fp16 rows, the same
   values and int32 ids, from one read of the row: the largest key
-  (``total_order_keys``) of each run of ``chunk`` consecutive ids, the ``k``
-  runs of the largest keys (lower run first among equal keys), then the top
-  ``k`` of those runs' ``k * chunk`` entries laid out in id order.
+  (``total_order_keys``) of each run of ``chunk`` consecutive ids
+  (``run_keys``, or ``runs`` when the caller has them), the ``k`` runs of
+  the largest keys (lower run first among equal keys), then the top ``k`` of
+  those runs' ``k * chunk`` entries laid out in id order.
 
   Exact, ties included (descending, the smaller id first among equal
   values): if a run holds one of the row's top ``k``, every run ranked
@@ -227,19 +249,16 @@ def top_k(values: jax.Array, k: int, chunk: int = TOP_K_CHUNK
   if vocab <= k * chunk or k == 0 or jnp.dtype(values.dtype).itemsize > 4:
     top, ids = jax.lax.top_k(values, k)
     return top, ids.astype(jnp.int32)
-  keys = total_order_keys(values)
-  whole = vocab // chunk * chunk
-  run_keys = jnp.max(keys[:, :whole].reshape(batch, -1, chunk), axis=2)
-  if whole < vocab:
-    run_keys = jnp.concatenate(
-        [run_keys, jnp.max(keys[:, whole:], axis=1, keepdims=True)], axis=1)
-  runs = jnp.sort(jax.lax.top_k(run_keys, k)[1], axis=1)  # in id order
-  ids = (runs[:, :, None] * chunk
-         + jnp.arange(chunk, dtype=runs.dtype)).reshape(batch, k * chunk)
+  if runs is None:
+    runs = run_keys(values, chunk)
+  best = jnp.sort(jax.lax.top_k(runs, k)[1], axis=1)  # in id order
+  ids = (best[:, :, None] * chunk
+         + jnp.arange(chunk, dtype=best.dtype)).reshape(batch, k * chunk)
   inside = ids < vocab
   ids = jnp.minimum(ids, vocab - 1)
-  candidates = jnp.where(inside, jnp.take_along_axis(keys, ids, axis=1),
-                         jnp.iinfo(jnp.int32).min)
+  candidates = jnp.where(
+      inside, total_order_keys(jnp.take_along_axis(values, ids, axis=1)),
+      jnp.iinfo(jnp.int32).min)
   at = jax.lax.top_k(candidates, k)[1]
   ids = jnp.take_along_axis(ids, at, axis=1).astype(jnp.int32)
   return jnp.take_along_axis(values, ids, axis=1), ids

@@ -255,17 +255,24 @@ def test_raw_top_logprobs_equal_the_dense_log_softmax(dtype):
   token's value and rank and the top-n, bit for bit as one ``log_softmax``
   over the row and ``lax.top_k``; rows with ties, -inf, NaN (invalid) and
   fp32 logits that differ by less than the log-softmax's rounding (values
-  that collapse to ties)."""
+  that collapse to ties), within one run and across runs (larger logits at
+  larger ids: the ties put the smaller ids first), and signed zero maxima.
+  The run keys come from the logits' run maxima (``logprobs._raw_logprobs``).
+  """
   rng = np.random.default_rng(5)
   vocab = 20 * rowwise.TOP_K_CHUNK + 99  # num_top 20 takes the runs
-  logits = rng.normal(size=(4, vocab)).astype(np.float32)
+  logits = rng.normal(size=(6, vocab)).astype(np.float32)
   logits[0] = np.round(logits[0] * 2) / 2
   logits[1, rng.random(vocab) < 0.3] = -np.inf
   logits[2, 7] = np.nan
   logits[3, :64] = 3.0 + np.arange(64, dtype=np.float32) * 2e-7
+  logits[4] = logits[4] * 0.5 - 6.0  # 21 logits 1 ulp apart at 0.25
+  logits[4, 3:21 * 128:128] = 0.25 + np.arange(21) * 2.0**-25  # 1 a run
+  logits[5] = -np.inf
+  logits[5, [5, 300, 2000, 2600]] = 0.0, -0.0, -1.0, -0.0
   logits = jnp.asarray(logits, dtype)
-  tokens = jnp.asarray(rng.integers(0, vocab, 4), jnp.int32)
-  params = js.SamplingParams.make(4)
+  tokens = jnp.asarray(rng.integers(0, vocab, 6), jnp.int32)
+  params = js.SamplingParams.make(6)
   got = jax.jit(logprobs.token_logprobs, static_argnames=("num_top", "mode"))(
       logits, params, tokens, num_top=20, mode="raw_logprobs")
   want = dense_top_logprobs(logits, tokens, 20)
@@ -276,8 +283,11 @@ def test_raw_top_logprobs_equal_the_dense_log_softmax(dtype):
     else:
       np.testing.assert_array_equal(a, b)
   if dtype == jnp.float32:  # the near-equal logits tie after rounding
-    top = np.asarray(got.top_values[3])
-    assert (top[1:] == top[:-1]).any()
+    for row in (3, 4):
+      top = np.asarray(got.top_values[row])
+      assert (top[1:] == top[:-1]).any()
+    # Across runs the ties reverse the logits' order.
+    assert (np.diff(np.asarray(got.top_ids[4])) > 0).any()
 
 
 @pytest.mark.gpu

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from jaxsample import rng
 from jaxsample.generation.lm import LanguageModel
-from jaxsample.logprobs import TokenLogprobs, mode_values, top_logprobs
+from jaxsample.logprobs import TokenLogprobs, token_logprobs
 from jaxsample.mask import SamplingMask
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.processors import LogitsProcessors
@@ -125,9 +125,9 @@ def emit(state: DecodeState, logits: jax.Array, *,
                  config=config, return_mask=return_mask,
                  processors=state.processors)
   result, mask = drawn if return_mask else (drawn, None)
-  top = None if logprob_mode is None else top_logprobs(
-      mode_values(logits, state.params, logprob_mode,
-                  processors=state.processors), result.tokens, num_top)
+  top = None if logprob_mode is None else token_logprobs(
+      logits, state.params, result.tokens, num_top=num_top,
+      mode=logprob_mode, processors=state.processors)
   emitted = ~state.finished & result.valid
   remaining = state.remaining - emitted.astype(jnp.int32)
   stopped = jnp.any(state.stop_tokens == result.tokens[:, None], axis=1)
