@@ -27,12 +27,14 @@ import itertools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxsample.bench.timing import L2_BYTES
 from jaxsample.params import SamplingParams
+from jaxsample.processors import bitmask_width
 
 __all__ = ["Case", "DISTS", "HEADS", "LLM_HEADS", "NAMED", "SETTINGS", "buffer_count", "grid",
-           "make_logits", "rotating_inputs"]
+           "make_logits", "processor_fields", "rotating_inputs"]
 
 DISTS = ("randn", "llm", "randn_x1", "randn_x5", "zipf", "flat", "halves", "heads")
 LLM_HEADS = 8
@@ -159,3 +161,23 @@ NAMED = {
     "smoke": grid((2,), 256, ("float32", "bfloat16"),
                   ("plain", "top_k50+top_p0.9", "top_p0.95", "min_p0.05"), ("randn",), 0.7),
 }
+
+
+def processor_fields(batch: int, vocab: int, history: int = 1024, bias_ids: int = 16,
+                     seed: int | None = None) -> dict[str, dict]:
+  """Issue 40's processors as ``LogitsProcessors`` fields per kind, random but fixed
+  (``seed``, default ``batch``): ``"penalties"`` (repetition 1.1, presence 0.5, frequency
+  0.2 over ``history`` output ids per request), ``"bias"`` (``bias_ids`` ids per request,
+  biases uniform in [-5, 5]) and ``"bitmask"`` (random packed words)."""
+  r = np.random.default_rng(batch if seed is None else seed)
+  ids = lambda n: jnp.asarray(r.integers(0, vocab, (batch, n)), jnp.int32)
+  rows = lambda v: jnp.full((batch,), v, jnp.float32)
+  words = r.integers(-2**31, 2**31, (batch, bitmask_width(vocab)))
+  return {
+      "penalties": dict(repetition_penalty=rows(1.1), presence_penalty=rows(0.5),
+                        frequency_penalty=rows(0.2), output_ids=ids(history),
+                        num_output=jnp.full((batch,), history, jnp.int32)),
+      "bias": dict(bias_ids=ids(bias_ids),
+                   bias_values=jnp.asarray(r.uniform(-5, 5, (batch, bias_ids)), jnp.float32)),
+      "bitmask": dict(bitmask=jnp.asarray(words, jnp.int32)),
+  }

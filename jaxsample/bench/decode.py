@@ -23,6 +23,14 @@ Three tables:
    bytes (the least a sampler that reads the logits once can cost, relative
    to a memory-bound step).
 
+With ``--processors``, instead (default shape Qwen2.5-0.5B): the decode step
+(model forward, ``emit``, cache donated) plain at T = 1, without and with
+issue 40's processors in the decode state (penalties over ``--history``
+1,024-token output histories, a logit bias of 16 ids, a grammar bitmask) and
+top-``--num-top`` (5) raw logprobs of the emitted tokens: step ms of each,
+timed in alternating blocks of ``--steps`` steps (median of ``--rounds``),
+and the processors' share of the processed step, (with - without) / with.
+
 Weights are drawn on the device (normal, std 1/sqrt(fan_in); the LM head and
 embeddings at 2.5/sqrt(d) so logits spread like an LLM's).  ``--tiny`` swaps
 in tiny shapes so the script runs on CPU in a minute.
@@ -44,6 +52,7 @@ from flax import nnx
 
 import jaxsample as js
 from jaxsample import serve_loop
+from jaxsample.bench.cases import processor_fields
 from jaxsample.bench.timing import time_op
 from jaxsample.models import Transformer, TransformerConfig, load_embedded
 
@@ -218,6 +227,70 @@ def sampler_alone(logits, batch, sampler_config, iters):
           for name, fn in fns.items()}
 
 
+def make_emit_step(lm, config: js.SamplerConfig, num_top: int):
+  """Jitted ``(weights, state) -> (state, top)``: the forward pass and
+  ``emit`` (top-``num_top`` raw logprobs as an output, so they are computed;
+  none with 0), the cache donated."""
+  mode = "raw_logprobs" if num_top else None
+
+  def step(weights, state):
+    logits, cache = lm.apply(weights, state.tokens[:, None],
+                             state.positions[:, None], state.cache)
+    small, out = serve_loop.emit(dataclasses.replace(state, cache=None),
+                                 logits[:, 0], config=config, num_top=num_top,
+                                 logprob_mode=mode)
+    return dataclasses.replace(small, cache=cache), out.top
+  return jax.jit(step, donate_argnums=(1,))
+
+
+def bench_processing(name, config, batches, steps, rounds, sampler_config,
+                     history, num_top):
+  """Per batch: step seconds without and with the processors (module doc)."""
+  if (rounds + 1) * steps > config.max_len // 2:
+    raise ValueError(f"--steps x (--rounds + 1) = {(rounds + 1) * steps} "
+                     f"must be at most the cache's free positions, "
+                     f"{config.max_len // 2}: pass fewer --steps or --rounds")
+  lm, weights = random_weights(config)
+  variants = {"without": (make_emit_step(lm, sampler_config, 0), None),
+              "with": (make_emit_step(lm, sampler_config, num_top), history)}
+  rows = []
+  for batch in batches:
+    fields = processor_fields(batch, config.vocab_size, history)
+    states = {}
+    for variant, (_, width) in variants.items():
+      state = start_state(lm, weights, config, batch, config.max_len)
+      states[variant] = state if width is None else dataclasses.replace(
+          state, processors=js.LogitsProcessors(
+              **{k: v for f in fields.values() for k, v in f.items()}))
+    times = {variant: [] for variant in variants}
+    for _ in range(rounds + 1):  # the first round compiles and warms up
+      for variant, (step, _) in variants.items():
+        state = states[variant]
+        start = time.perf_counter()
+        for _ in range(steps):
+          state, top = step(weights, state)
+        jax.block_until_ready((state, top))
+        times[variant].append((time.perf_counter() - start) / steps)
+        states[variant] = state
+    step_s = {v: float(np.median(t[1:])) for v, t in times.items()}
+    added = step_s["with"] - step_s["without"]
+    rows.append({"shape": name, "batch": batch, "history": history,
+                 "num_top": num_top, "step_s": step_s,
+                 "share": added / step_s["with"]})
+    print(json.dumps(rows[-1]), flush=True)
+    del states
+  return rows
+
+
+def report_processing(rows) -> None:
+  print("\n## decode step (ms) without and with issue 40's processors")
+  print("| shape | B | without | with | processors' share of the step |")
+  print("|---|---|---|---|---|")
+  for r in rows:
+    print(f"| {r['shape']} | {r['batch']} | {r['step_s']['without'] * 1e3:.3f} "
+          f"| {r['step_s']['with'] * 1e3:.3f} | {100 * r['share']:.1f}% |")
+
+
 def bench_embedded(batches, new_tokens, sampler_config):
   model, tokenizer = load_embedded()
   prompt = tokenizer.encode("KING LEAR.\nBlow, winds, and crack").ids
@@ -281,17 +354,42 @@ def main(argv=None) -> int:
   parser.add_argument("--new-tokens", type=int, default=128,
                       help="max new tokens per request for the embedded model")
   parser.add_argument("--skip-embedded", action="store_true")
+  parser.add_argument("--processors", action="store_true",
+                      help="time the step with issue 40's processors against "
+                      "the same step without (module doc); default shape "
+                      "qwen2.5-0.5b")
+  parser.add_argument("--history", type=int, default=1024,
+                      help="--processors: output tokens the penalties count")
+  parser.add_argument("--num-top", type=int, default=5,
+                      help="--processors: top-n raw logprobs")
+  parser.add_argument("--rounds", type=int, default=5,
+                      help="--processors: alternating timed blocks per variant")
   parser.add_argument("--json", help="also write the results to this file")
   args = parser.parse_args(argv)
   shapes = TINY_SHAPES if args.tiny else SHAPES
-  shapes = {k: v for k, v in shapes.items()
-            if args.shapes is None or k in args.shapes}
+  chosen = args.shapes
+  if chosen is None and args.processors and not args.tiny:
+    chosen = ["qwen2.5-0.5b"]
+  shapes = {k: v for k, v in shapes.items() if chosen is None or k in chosen}
   batches = (2, 4) if args.tiny else (64, 128)
   embedded_batches = (1, 8) if args.tiny else (1, 8, 64)
   new_tokens = 16 if args.tiny else args.new_tokens
   sampler_config = js.SamplerConfig()
   print(f"jaxsample {js.__version__} on {jax.devices()[0].device_kind} "
         f"({jax.default_backend()}); sampler implementation auto")
+  if args.processors:
+    steps, rounds, history = ((min(args.steps, 4), min(args.rounds, 2),
+                               min(args.history, 16)) if args.tiny else
+                              (args.steps, args.rounds, args.history))
+    rows = [r for name, config in shapes.items() for r in bench_processing(
+        name, config, batches, steps, rounds, sampler_config, history,
+        args.num_top)]
+    report_processing(rows)
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump({"device": jax.devices()[0].device_kind,
+                   "processing": rows}, f, indent=2)
+    return 0
   embedded = [] if args.skip_embedded else bench_embedded(
       embedded_batches, new_tokens, sampler_config)
   rows = []

@@ -434,23 +434,6 @@ def _processing_options(parser):
   parser.add_argument("--num-top", type=int, default=5, help="top-n raw logprobs")
 
 
-def _processors(args, case) -> dict:
-  """Per-request processor fields of the suite's ops, random but fixed."""
-  r = np.random.default_rng(case.batch)
-  ids = lambda n: jnp.asarray(r.integers(0, case.vocab, (case.batch, n)), jnp.int32)
-  rows = lambda v: jnp.full((case.batch,), v, jnp.float32)
-  words = r.integers(-2**31, 2**31, (case.batch, js.processors.bitmask_width(case.vocab)))
-  return {
-      "penalties": dict(repetition_penalty=rows(1.1), presence_penalty=rows(0.5),
-                        frequency_penalty=rows(0.2), output_ids=ids(args.history),
-                        num_output=jnp.full((case.batch,), args.history, jnp.int32)),
-      "bias": dict(bias_ids=ids(args.bias_ids),
-                   bias_values=jnp.asarray(r.uniform(-5, 5, (case.batch, args.bias_ids)),
-                                           jnp.float32)),
-      "bitmask": dict(bitmask=jnp.asarray(words, jnp.int32)),
-  }
-
-
 def _build_processing(args, case) -> Group:
   """The sampler alone, with each processor, with top-n raw logprobs and with
   everything; rows carry ``x_sampler``, their time over the sampler's.  On
@@ -458,7 +441,7 @@ def _build_processing(args, case) -> Group:
   (``SamplerConfig.kernel_bitmask``)."""
   params = case.params()
   config = js.SamplerConfig(implementation=args.implementation)
-  fields = _processors(args, case)
+  fields = cases_lib.processor_fields(case.batch, case.vocab, args.history, args.bias_ids)
 
   def op(processors, num_top=0, config=config):
     @jax.jit
