@@ -249,18 +249,12 @@ def test_top_k_by_runs_equals_lax_top_k(dtype):
     assert got[1].dtype == jnp.int32
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_raw_top_logprobs_equal_the_dense_log_softmax(dtype):
-  """``token_logprobs`` in ``raw_logprobs`` mode over runs of ids: the
-  token's value and rank and the top-n, bit for bit as one ``log_softmax``
-  over the row and ``lax.top_k``; rows with ties, -inf, NaN (invalid) and
+def raw_rows(rng, vocab: int) -> np.ndarray:
+  """fp32 ``[6, vocab]`` logits: rows with ties, -inf, NaN (invalid) and
   fp32 logits that differ by less than the log-softmax's rounding (values
-  that collapse to ties), within one run and across runs (larger logits at
-  larger ids: the ties put the smaller ids first), and signed zero maxima.
-  The run keys come from the logits' run maxima (``logprobs._raw_logprobs``).
-  """
-  rng = np.random.default_rng(5)
-  vocab = 20 * rowwise.TOP_K_CHUNK + 99  # num_top 20 takes the runs
+  that collapse to ties), within one run and across runs (row 4: larger
+  logits at larger ids, so the ties put the smaller ids first), and signed
+  zero maxima."""
   logits = rng.normal(size=(6, vocab)).astype(np.float32)
   logits[0] = np.round(logits[0] * 2) / 2
   logits[1, rng.random(vocab) < 0.3] = -np.inf
@@ -270,24 +264,58 @@ def test_raw_top_logprobs_equal_the_dense_log_softmax(dtype):
   logits[4, 3:21 * 128:128] = 0.25 + np.arange(21) * 2.0**-25  # 1 a run
   logits[5] = -np.inf
   logits[5, [5, 300, 2000, 2600]] = 0.0, -0.0, -1.0, -0.0
-  logits = jnp.asarray(logits, dtype)
-  tokens = jnp.asarray(rng.integers(0, vocab, 6), jnp.int32)
-  params = js.SamplingParams.make(6)
+  return logits
+
+
+def check_raw_top_logprobs(logits, tokens, num_top):
+  """``token_logprobs`` in ``raw_logprobs`` mode: the token's value and rank
+  and the top-n, bit for bit as one ``log_softmax`` over the row and
+  ``lax.top_k`` (``dense_top_logprobs``); returns it."""
+  params = js.SamplingParams.make(logits.shape[0])
   got = jax.jit(logprobs.token_logprobs, static_argnames=("num_top", "mode"))(
-      logits, params, tokens, num_top=20, mode="raw_logprobs")
-  want = dense_top_logprobs(logits, tokens, 20)
+      logits, params, tokens, num_top=num_top, mode="raw_logprobs")
+  want = dense_top_logprobs(logits, tokens, num_top)
   for a, b in zip((got.token_values, got.token_ranks, got.top_ids,
                    got.top_values), want):
     if a.dtype == jnp.float32:
       assert_same_bits(a, b)
     else:
       np.testing.assert_array_equal(a, b)
+  return got
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_raw_top_logprobs_equal_the_dense_log_softmax(dtype):
+  """Raw top-n logprobs over runs of ids (``logprobs._raw_logprobs``: the
+  run keys come from the logits' run maxima) on ``raw_rows``, bit for bit
+  (``check_raw_top_logprobs``)."""
+  rng = np.random.default_rng(5)
+  vocab = 20 * rowwise.TOP_K_CHUNK + 99  # num_top 20 takes the runs
+  logits = jnp.asarray(raw_rows(rng, vocab), dtype)
+  tokens = jnp.asarray(rng.integers(0, vocab, 6), jnp.int32)
+  got = check_raw_top_logprobs(logits, tokens, 20)
   if dtype == jnp.float32:  # the near-equal logits tie after rounding
     for row in (3, 4):
       top = np.asarray(got.top_values[row])
       assert (top[1:] == top[:-1]).any()
     # Across runs the ties reverse the logits' order.
     assert (np.diff(np.asarray(got.top_ids[4])) > 0).any()
+
+
+@pytest.mark.gpu
+def test_raw_top_logprobs_of_tied_rows_on_a_gpu(require_gpu):
+  """``raw_rows`` at V = 151936 on the GPU, fp32 and bf16, top-5 and
+  top-20: bit for bit as one ``log_softmax`` and ``lax.top_k``, the
+  token's value and rank included (XLA:GPU's fusions round the same)."""
+  rng = np.random.default_rng(7)
+  vocab = 151936
+  logits = raw_rows(rng, vocab)
+  tokens = np.asarray(rng.integers(0, vocab, 6), np.int32)
+  tokens[3], tokens[4] = 10, 3 + 5 * 128  # tokens among the near ties
+  for dtype in (jnp.float32, jnp.bfloat16):
+    for num_top in (5, 20):
+      check_raw_top_logprobs(jnp.asarray(logits, dtype), jnp.asarray(tokens),
+                             num_top)
 
 
 @pytest.mark.gpu
