@@ -1,4 +1,5 @@
-import dataclasses, jax, jax.numpy as jnp
+"""The [B, V] operations of the tiny decode step (emit) with sparse processors: JAX_PLATFORMS=cpu PYTHONPATH=. python3 THIS."""
+import dataclasses, re, jax, jax.numpy as jnp
 import jaxsample as js
 from jaxsample import serve_loop
 from jaxsample.bench import decode
@@ -17,6 +18,5 @@ for kinds in (("bias",), ("bias", "penalties"), ("bias", "penalties", "bitmask")
     hlo = jax.jit(step).lower(weights, st).compile().as_text()
     entry = hlo[hlo.index("ENTRY"):]
     big = [l for l in entry.splitlines() if " = " in l and f"[{B},{V}]" in l.split(" = ")[1][:30]]
-    import re
     ops = [(re.search(r"\]\S* ([\w-]+)\(", l) or re.search(r"([\w-]+)\(", l)).group(1) + ":" + (l.split("calls=%")[1].split(",")[0][:28] if "calls=" in l else "") for l in big]
     print(kinds, mode, len(big), ops)
