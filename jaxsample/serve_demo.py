@@ -14,12 +14,18 @@ model's first ``N`` layers as the draft model) or ``synthetic:R1,R2,..``
 (per-position acceptance rates: ``k`` = the number of rates drafts verified
 at every step, n-gram guesses padded with the last token; the cost of real
 verification at a chosen acceptance).
-``--bench`` prints one summary line per ``--spec`` value instead of text.
+``--bench`` prints one summary line per ``--spec`` value instead of text,
+with the device's idle share over ``--idle-window`` step calls of the
+steady state of a second, profiled pass of the same stream
+(``bench.timing.IdleWindow``: a profiler trace; n/a without GPU events).
+``--branch-free`` runs the samplers without data-dependent conds
+(``ServeLoop(branch_free=...)``).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 
@@ -27,12 +33,14 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxsample.bench.timing import IdleWindow
 from jaxsample.generation.drafters import ModelDrafter, NgramDrafter, layer_prefix
 from jaxsample.generation.lm import NnxLM
 from jaxsample.generation.requests import Request, Speculation
 from jaxsample.generation.serving import ServeLoop
 from jaxsample.models import (EMBEDDED_DIR, Transformer, TransformerConfig,
                               load_draft, load_embedded)
+from jaxsample.pallas import tuning
 from jaxsample.params import SamplerConfig
 
 __all__ = ["SETTINGS", "acceptance", "build_loop", "load_target", "main",
@@ -81,7 +89,7 @@ def build_loop(model: Transformer, spec: str, args) -> ServeLoop:
   return ServeLoop(NnxLM.split(model), slots=args.slots,
                    cache_len=args.cache_len, config=config,
                    steps_per_call=args.steps_per_call, speculation=speculation,
-                   overlap=not args.no_overlap)
+                   overlap=not args.no_overlap, branch_free=args.branch_free)
 
 
 def make_requests(tokenizer, vocab: int, args) -> list[Request]:
@@ -115,15 +123,30 @@ def _progress(loop: ServeLoop, total: int, seconds: float) -> str:
           f"dispatch {100 * share('dispatch_s'):.1f}%)")
 
 
+def _idle(idle: IdleWindow | None) -> str:
+  if idle is None or idle.wall_s is None:
+    return ""
+  share = ("n/a (no GPU events)" if idle.idle_share is None else
+           f"{100 * idle.idle_share:.1f}%")
+  return f" | device idle {share} of {1e3 * idle.wall_s:.1f} ms profiled"
+
+
 def serve(loop: ServeLoop, requests: list[Request], arrivals: int,
-          live: bool) -> tuple[dict, float]:
+          live: bool, idle: IdleWindow | None = None,
+          idle_calls: int = 0) -> tuple[dict, float]:
   """Feeds ``arrivals`` requests per decode step (``arrivals *
   steps_per_call`` before each ``step`` call: the same stream for any
-  number of steps per call); returns completions and seconds."""
+  number of steps per call); returns completions and seconds.  With
+  ``idle``, profiles the ``step`` calls ``idle_calls + 1 .. 2 idle_calls``
+  (or to the end) with it."""
   done, queue = {}, list(requests)
   per_call = arrivals * loop.steps_per_call
   start = time.perf_counter()
-  while queue or loop.pending:
+  for call in itertools.count():
+    if not (queue or loop.pending):
+      break
+    if idle is not None and call in (idle_calls, 2 * idle_calls):
+      (idle.start if call == idle_calls else idle.stop)()
     for request in queue[:per_call]:
       loop.submit(request)
     del queue[:per_call]
@@ -134,6 +157,8 @@ def serve(loop: ServeLoop, requests: list[Request], arrivals: int,
       print("\r" + _progress(loop, len(requests),
                              time.perf_counter() - start), end="",
             file=sys.stderr, flush=True)
+  if idle is not None and idle_calls < call <= 2 * idle_calls:
+    idle.stop()
   if live:
     print(file=sys.stderr)
   return done, time.perf_counter() - start
@@ -163,6 +188,13 @@ def parser() -> argparse.ArgumentParser:
                       "one per rate)")
   parser.add_argument("--no-overlap", action="store_true",
                       help="read each step's outputs before the next dispatch")
+  parser.add_argument("--branch-free", action=argparse.BooleanOptionalAction,
+                      default=None, help="samplers without data-dependent "
+                      "conds (default: the loop's, DEFAULT_BRANCH_FREE)")
+  parser.add_argument("--idle-window", type=int, default=16,
+                      help="--bench: step calls profiled (in a second pass) "
+                      "for the device idle share, after as many warm calls "
+                      "(0: none)")
   parser.add_argument("--implementation", default="auto",
                       choices=["auto", "pallas", "xla"])
   parser.add_argument("--bench", action="store_true",
@@ -205,9 +237,17 @@ def main(argv=None) -> int:
     loop.warmup(max(len(r.prompt) for r in requests))
     compile_s = time.perf_counter() - start
     done, seconds = serve(loop, requests, args.arrivals, live=not args.bench)
-    print(f"spec={spec:18s} slots={args.slots} k={args.k} "
-          f"steps/call={loop.steps_per_call} warmup {compile_s:.1f} s | "
-          + _progress(loop, len(requests), seconds))
+    line = (f"spec={spec:18s} slots={args.slots} k={args.k} "
+            f"steps/call={loop.steps_per_call} "
+            f"branch-free={not tuning.conds(loop.config.tuning)} "
+            f"warmup {compile_s:.1f} s | "
+            + _progress(loop, len(requests), seconds))
+    if args.bench and args.idle_window:  # a second pass, profiled
+      idle = IdleWindow()
+      serve(loop, requests, args.arrivals, live=False, idle=idle,
+            idle_calls=args.idle_window)
+      line += _idle(idle)
+    print(line)
     if not args.bench:
       for rid in sorted(done)[:args.show]:
         choice = done[rid].to_openai(tokenizer)

@@ -8,11 +8,15 @@ with the wall-clock time per call (dispatch included, the same median over
 blocks, each block waiting for its last call) alongside.  Off GPU the
 profiler is not started (it has no device plane) and the wall-clock figure
 stands in.
+
+``IdleWindow`` measures the share of a stretch of wall time in which the
+GPU ran nothing (the serving benchmark's device idle share).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import glob
 import statistics
 import tempfile
@@ -22,25 +26,89 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-__all__ = ["L2_BYTES", "measure_bandwidth", "time_op"]
+__all__ = ["IdleWindow", "L2_BYTES", "busy_ns", "measure_bandwidth",
+           "time_op"]
 
 L2_BYTES = 50 * 2**20  # the H100's and H200's L2 (50 MiB)
 
 
-def _device_events(trace_dir: str) -> list[tuple[int, int, str]] | None:
-  """(start_ns, duration_ns, name) of the GPU events of a trace, in time order."""
+def _profile(trace_dir: str):
+  """The ``ProfileData`` of the trace written to ``trace_dir``, or None."""
   files = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
-  if not files:
-    return None
-  data = jax.profiler.ProfileData.from_file(files[0])
-  events = []
-  for plane in data.planes:
-    if not plane.name.startswith("/device:GPU"):
-      continue
-    for line in plane.lines:
-      if line.name.startswith("Stream"):
-        events.extend((e.start_ns, e.duration_ns, e.name) for e in line.events)
-  return sorted(events) or None
+  return jax.profiler.ProfileData.from_file(files[0]) if files else None
+
+
+def _events(data, plane_prefix: str, line_prefix: str = ""):
+  """(start_ns, duration_ns, name) of the events on the lines named
+  ``line_prefix``.. of the planes named ``plane_prefix``..; the planes of
+  one trace share one clock (ns from the trace's start)."""
+  return [(e.start_ns, e.duration_ns, e.name)
+          for plane in data.planes if plane.name.startswith(plane_prefix)
+          for line in plane.lines if line.name.startswith(line_prefix)
+          for e in line.events]
+
+
+def device_events(trace_dir: str) -> list[tuple[int, int, str]] | None:
+  """(start_ns, duration_ns, name) of the GPU events of a trace, in time order."""
+  data = _profile(trace_dir)
+  return (sorted(_events(data, "/device:GPU", "Stream")) or None) if data else None
+
+
+def busy_ns(events, start_ns: int, end_ns: int) -> int:
+  """Nanoseconds of ``[start_ns, end_ns)`` covered by at least one of
+  ``events`` (``(start_ns, duration_ns, name)``): the union of their
+  intervals (streams overlap) clipped to the window."""
+  busy, reach = 0, start_ns
+  for start, duration, _ in sorted(events):
+    begin, end = max(start, reach), min(start + duration, end_ns)
+    if end > begin:
+      busy += end - begin
+      reach = end
+  return busy
+
+
+@dataclasses.dataclass
+class IdleWindow:
+  """A profiled stretch of wall time: ``start()`` begins a JAX profiler
+  trace and a window (a ``TraceAnnotation`` named ``WINDOW``), ``stop()``
+  ends both and sets ``wall_s``, the window's length, and ``busy_s``, the
+  seconds of it in which some GPU op (kernel or copy, any stream) ran, both
+  in the trace's clock; ``busy_s`` stays None when the trace has no GPU
+  events (a CPU run)."""
+
+  WINDOW = "jaxsample_idle_window"
+
+  wall_s: float | None = None
+  busy_s: float | None = None
+  _trace_dir: tempfile.TemporaryDirectory | None = dataclasses.field(
+      default=None, repr=False)
+  _annotation: jax.profiler.TraceAnnotation | None = dataclasses.field(
+      default=None, repr=False)
+
+  def start(self) -> None:
+    self._trace_dir = tempfile.TemporaryDirectory()
+    jax.profiler.start_trace(self._trace_dir.name)
+    self._annotation = jax.profiler.TraceAnnotation(self.WINDOW)
+    self._annotation.__enter__()
+
+  def stop(self) -> None:
+    self._annotation.__exit__(None, None, None)
+    jax.profiler.stop_trace()
+    with self._trace_dir:
+      data = _profile(self._trace_dir.name)
+    (start, length, _), = [e for e in _events(data, "/host:")
+                           if e[2] == self.WINDOW]
+    self.wall_s = length / 1e9
+    events = _events(data, "/device:GPU", "Stream")
+    if events:
+      self.busy_s = busy_ns(events, start, start + length) / 1e9
+
+  @property
+  def idle_share(self) -> float | None:
+    """``1 - busy_s / wall_s``, or None without GPU events."""
+    if self.busy_s is None:
+      return None
+    return 1 - self.busy_s / self.wall_s
 
 
 def time_op(fn: Callable, inputs: list, iters: int, repeats: int) -> dict:
@@ -73,7 +141,7 @@ def time_op(fn: Callable, inputs: list, iters: int, repeats: int) -> dict:
       jax.profiler.start_trace(trace_dir)
       wall_us = timed_calls()
       jax.profiler.stop_trace()
-      events = _device_events(trace_dir)
+      events = device_events(trace_dir)
   else:  # no device plane to read: skip the profiler's start-up
     wall_us = timed_calls()
   result = {"wall_us": wall_us}

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from jaxsample import race_first, reference, rng, rowwise, sampling_mask
 from jaxsample import xla_search
-from jaxsample.pallas import gumbel, threshold
+from jaxsample.pallas import gumbel, threshold, tuning
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.reference import SampleResult
 from jaxsample.sampling_mask import SamplingMask
@@ -131,14 +131,15 @@ def sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   included) and invalid rows; and one branch, taken only when some row
   needs it (``lax.cond``), rows with large kept sets or overflowed
   candidate buffers (``threshold.sample_large``, with their masks; inside
-  it only the mask listing's fallback conds).  Where the caller's ``jit``
-  closes over the params, a batch without truncating rows compiles the
-  Gumbel route alone (``rowwise.cond``); traced params run every route
-  rather than a cond on the batch.  A ``lax.cond`` costs every step the
-  trip of its predicate (6-10 us of a decode loop's step on an H100,
-  ``scripts/measure_host_gaps.py``): less than running the large-set route
-  idle; a cond on the batch would save steps without filters about what it
-  would cost filtered ones (``benchmarks/results/2026-11-24-idle-skips``).
+  it only the mask listing's fallback conds); with
+  ``tuning.Branching(conds=False)`` that route runs every call, no cond.
+  Where the caller's ``jit`` closes over the params, a batch without
+  truncating rows compiles the Gumbel route alone (``rowwise.cond``);
+  traced params run every route rather than a cond on the batch.  A
+  ``lax.cond`` costs every step the trip of its predicate (6-10 us of a
+  decode loop's step on an H100, ``scripts/measure_host_gaps.py``): less
+  than running the large-set route idle; a cond on the batch would save
+  steps without filters about what it would cost filtered ones (``benchmarks/results/2026-11-24-idle-skips``).
 
   The FP64 path finds every kept set's threshold (``threshold.kept_sets``;
   with a mask, also the kept ids by probability) and races the kept set with
@@ -179,11 +180,12 @@ def sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
     unfinished = trunc.unfinished(params)
 
     # The one cond: idle, this route's kernels and XLA glue cost more than
-    # the cond (scripts/measure_host_gaps.py).
+    # the cond (scripts/measure_host_gaps.py); none with Branching(False).
     token, logprob, _, _, count, log_kept, *ordered = rowwise.only_if(
         unfinished, lambda: threshold.sample_large(
             logits, params, trunc, streams, config, unfinished,
-            order_width=width))
+            order_width=width),
+        branch=tuning.conds(config.tuning))
     large = (SampleResult(token, logprob, unfinished),
              _kept_facts(count, log_kept, ordered[0] if ordered else None,
                          trunc, width))
@@ -237,5 +239,6 @@ def _threshold_tokens(logits, params: SamplingParams,
                                      order_width=0, finish_large=False)
   unfinished = trunc.unfinished(params)
   large = rowwise.only_if(unfinished, lambda: threshold.sample_large(
-      logits, params, trunc, streams, config, unfinished, order_width=0))[0]
+      logits, params, trunc, streams, config, unfinished, order_width=0),
+      branch=tuning.conds(config.tuning))[0]
   return jnp.where(trunc.complete, trunc.token, large)
