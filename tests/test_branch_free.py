@@ -16,9 +16,10 @@ from jax.experimental import pallas as pl
 
 from jaxsample import serve_demo
 from jaxsample.bench import timing
+from jaxsample.generation import serving
 from jaxsample.pallas import tuning
 from jaxsample.params import SamplerConfig
-from jaxsample.serve_loop import ServeLoop
+from jaxsample.serve_loop import NgramDrafter, ServeLoop, Speculation
 
 from program_control import program_control
 from test_serving import CACHE, SLOTS, random_requests
@@ -48,6 +49,19 @@ def step_control(loop: ServeLoop):
   # pylint: disable=protected-access
   return program_control(loop._programs.step, loop._state, *loop._leaves,
                          loop._rates, loop._open_bitmask)
+
+
+def assert_same_bits(got, want):
+  """Two ``Completion``s with the same tokens, finish reason, drafts,
+  masks, and logprob and logZ bits (-inf and -0.0 compare as themselves)."""
+  assert got.token_ids == want.token_ids
+  assert (got.finish_reason, got.drafted, got.accepted) == (
+      want.finish_reason, want.drafted, want.accepted)
+  assert got.sampling_mask == want.sampling_mask
+  for field in ("logprobs", "logz"):
+    np.testing.assert_array_equal(
+        np.asarray(getattr(got, field) or [], np.float32).view(np.int32),
+        np.asarray(getattr(want, field) or [], np.float32).view(np.int32))
 
 
 def test_control_ops_lists_conds_and_unknown_trip_whiles():
@@ -97,16 +111,7 @@ def test_outputs_are_bit_identical_in_both_modes(loops):
   assert tuning.conds(loops(False).config.tuning)
   assert sum(len(c.token_ids) for c in runs[True]) > 0
   for plain, free in zip(runs[False], runs[True]):
-    assert free.token_ids == plain.token_ids
-    assert free.finish_reason == plain.finish_reason
-    # bits, not values: -inf and 0.0 compare as themselves
-    np.testing.assert_array_equal(
-        np.asarray(free.logprobs, np.float32).view(np.int32),
-        np.asarray(plain.logprobs, np.float32).view(np.int32))
-    assert free.sampling_mask == plain.sampling_mask
-    np.testing.assert_array_equal(
-        np.asarray(free.logz or [], np.float32).view(np.int32),
-        np.asarray(plain.logz or [], np.float32).view(np.int32))
+    assert_same_bits(free, plain)
   conds = step_control(loops(False))
   assert conds and all(op.kind == "conditional" and "only_if" in op.source
                        for op in conds), conds
@@ -139,3 +144,38 @@ def test_serve_bench_profiles_a_window_of_calls():
     assert idle.busy_s is None and idle.idle_share is None
     # pylint: disable-next=protected-access
     assert "device idle n/a" in serve_demo._idle(idle)
+
+
+@pytest.mark.kernels
+@pytest.mark.slow
+def test_speculative_outputs_are_bit_identical_in_both_modes():
+  """Speculative decoding (n-gram drafts, masks): the same outputs in both
+  modes, and no data-dependent control in the branch-free step."""
+  model = tiny_transformer(seed=0, vocab=32, max_len=CACHE, layers=1)
+  make = lambda free: ServeLoop(
+      model, slots=SLOTS, cache_len=CACHE, config=CONFIG, return_masks=True,
+      speculation=Speculation(NgramDrafter(2)), branch_free=free)
+  requests = [dataclasses.replace(r, return_masks=bool(i % 2)) for i, r in
+              enumerate(random_requests(np.random.default_rng(7), 8))]
+  loops = {free: make(free) for free in (False, True)}
+  runs = {free: loop.run(requests) for free, loop in loops.items()}
+  assert sum(c.drafted for c in runs[True]) > 0
+  for plain, free in zip(runs[False], runs[True]):
+    assert_same_bits(free, plain)
+  assert step_control(loops[True]) == []
+
+
+def test_branch_free_option_sets_the_config_tuning():
+  """None keeps a config's own ``branching`` (else the default); a bool sets
+  it and keeps the other tuning; anything else is refused by name."""
+  base = SamplerConfig(tuning=tuning.Tuning(stats=tuning.StatsLaunch(
+      num_warps=8)))
+  free = serving.branch_free_config(base, True)
+  assert free.tuning.stats == base.tuning.stats
+  assert not tuning.conds(free.tuning)
+  assert serving.branch_free_config(free, None) == free
+  assert tuning.conds(serving.branch_free_config(free, False).tuning)
+  assert tuning.conds(serving.branch_free_config(base, None).tuning) == (
+      not serving.DEFAULT_BRANCH_FREE)
+  with pytest.raises(ValueError, match="branch_free must be"):
+    serving.branch_free_config(base, "yes")

@@ -80,6 +80,9 @@ def branch_free_config(config: SamplerConfig, branch_free: bool | None
   """``config`` with ``tuning.Branching(conds=not branch_free)``; for
   ``branch_free`` None, ``config`` if its ``tuning`` sets ``branching``,
   else as for ``DEFAULT_BRANCH_FREE``."""
+  if branch_free not in (None, True, False):
+    raise ValueError(f"branch_free must be True, False or None; got "
+                     f"{branch_free!r}")
   tuning = config.tuning or Tuning()
   if branch_free is None:
     if tuning.branching is not None:
@@ -148,9 +151,9 @@ class ServeLoop:
       own programs.  Grammar masks (``ProcessorLimits(bitmask=True)``) turn
       it off: a ``bitmask_fn`` needs every token before the next step.
     branch_free: run the samplers (``config``'s and a ``ModelDrafter``'s)
-      without data-dependent ``lax.cond``s: every route's kernels run each
-      step, skipping the rows of other routes (``tuning.Branching``; the
-      same outputs bit for bit).  On a GPU a cond's predicate is copied to
+      and the verifier without data-dependent ``lax.cond``s: every route's
+      kernels run each step, skipping the rows of other routes
+      (``tuning.Branching``; the same outputs bit for bit).  On a GPU a cond's predicate is copied to
       the host before the rest can be dispatched, so the host cannot run
       ahead of the device.  None: ``config``'s ``tuning.branching`` if set,
       else ``DEFAULT_BRANCH_FREE`` (``branch_free_config``).

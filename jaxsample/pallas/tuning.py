@@ -234,7 +234,7 @@ class Branching:
       and overflowed candidate buffers, ``threshold.sample_large``; the
       mask listing's whole-row fallback; the speculative verifier's kept
       floors) run behind a ``lax.cond`` that skips them when no row needs
-      them.  False: every route runs on every call, its kernels skipping
+      them (the FP64 path keeps its cond).  False: every route runs on every call, its kernels skipping
       the rows that do not take it (the same results, bit for bit): no
       data-dependent ``conditional`` in the program, so a GPU's host does
       not wait for a predicate's copy before it can dispatch the rest
