@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib.metadata
+import importlib.util
 import math
 import os
 import re
@@ -43,24 +44,49 @@ if ((os.environ.get("JAX_PLATFORMS") == "cpu" or not _GPU_PLUGIN) and
   os.environ["XLA_FLAGS"] = " ".join(
       filter(None, (os.environ.get("XLA_FLAGS"), LLVM_FAST_COMPILE)))
 
-# One persistent compilation cache for the whole run, shared by the
-# pytest-xdist workers (the controller imports this file first and the
-# workers inherit its environment): tests that build the same program (the
-# same shapes and config through different jitted callables, or in another
-# worker) load the executable instead of compiling it again.  XLA's
+# The persistent compilation cache: a program that another test, worker or
+# earlier run already compiled is loaded instead of compiled again (XLA's
 # compile is most of an interpret-mode kernel's first call; tracing and
-# lowering are still paid.  The directory is removed when the run ends
-# (``pytest_unconfigure``); JAXSAMPLE_TEST_JAX_CACHE names one to keep.
-if "JAXSAMPLE_TEST_JAX_CACHE" not in os.environ:
-  os.environ["JAXSAMPLE_TEST_JAX_CACHE"] = tempfile.mkdtemp(
-      prefix="jaxsample-test-compiles-")
-  _OWN_CACHE = os.environ["JAXSAMPLE_TEST_JAX_CACHE"]
-else:
-  _OWN_CACHE = None  # the caller's, or the controller's (a worker)
-jax.config.update("jax_compilation_cache_dir",
-                  os.environ["JAXSAMPLE_TEST_JAX_CACHE"])
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+# lowering are still paid).  JAXSAMPLE_TEST_JAX_CACHE picks it:
+#   DIR          kept across runs (``scripts/dev test`` passes
+#                ${XDG_CACHE_HOME:-~/.cache}/jaxsample/test-compiles), at most
+#                JAXSAMPLE_TEST_JAX_CACHE_MB megabytes: JAX's LRU cache evicts
+#                the least recently used entries (needs ``filelock``);
+#   tmp (unset)  one for this run, removed when the run ends; the
+#                pytest-xdist workers share it (the controller imports this
+#                file first and the workers inherit _RUN_CACHE_VAR);
+#   off          none.
+# JAX's key (jax/_src/cache_key.py ``get``) hashes the program's StableHLO
+# (debug info stripped), the jaxlib version, the backend's platform version,
+# XLA_FLAGS and the compile options: an entry that the code or the stack no
+# longer produces is never loaded, only evicted.
+CACHE_MB_DEFAULT = 2048
+_RUN_CACHE_VAR = "JAXSAMPLE_TEST_RUN_CACHE"
+_CACHE = os.environ.get("JAXSAMPLE_TEST_JAX_CACHE") or "tmp"
+_OWN_CACHE = None  # a per-run cache this process made (the controller's)
+if _CACHE == "tmp" and _RUN_CACHE_VAR in os.environ:  # a worker
+  _CACHE = os.environ[_RUN_CACHE_VAR]
+elif _CACHE == "tmp":
+  _CACHE = _OWN_CACHE = tempfile.mkdtemp(prefix="jaxsample-test-compiles-")
+  os.environ[_RUN_CACHE_VAR] = _CACHE
+elif _CACHE != "off":
+  _CACHE_MB = os.environ.get("JAXSAMPLE_TEST_JAX_CACHE_MB",
+                             str(CACHE_MB_DEFAULT))
+  if not _CACHE_MB.isdigit() or int(_CACHE_MB) < 1:
+    raise ValueError(f"JAXSAMPLE_TEST_JAX_CACHE_MB must be a whole number of "
+                     f"megabytes >= 1; got {_CACHE_MB!r} (unset it for "
+                     f"{CACHE_MB_DEFAULT})")
+  if importlib.util.find_spec("filelock") is None:
+    raise ImportError(f"JAXSAMPLE_TEST_JAX_CACHE={_CACHE} keeps a capped "
+                      "cache, which needs the filelock package: install the "
+                      "test extra (pip install -e '.[test]'), or set "
+                      "JAXSAMPLE_TEST_JAX_CACHE=tmp")
+  jax.config.update("jax_compilation_cache_max_size",
+                    int(_CACHE_MB) * 2**20)
+if _CACHE != "off":
+  jax.config.update("jax_compilation_cache_dir", _CACHE)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
