@@ -85,7 +85,9 @@ elif _CACHE != "off":
                     int(_CACHE_MB) * 2**20)
 if _CACHE != "off":
   jax.config.update("jax_compilation_cache_dir", _CACHE)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  # 0.1 s, not 0.5: warm, test_mask.py took 39.1 CPU-s against 47.4
+  # (benchmarks/results/2026-11-27n-cpu-suite-warm/threshold/).
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 import jax.numpy as jnp  # noqa: E402
