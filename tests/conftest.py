@@ -60,7 +60,7 @@ if ((os.environ.get("JAX_PLATFORMS") == "cpu" or not _GPU_PLUGIN) and
 # (debug info stripped), the jaxlib version, the backend's platform version,
 # XLA_FLAGS and the compile options: an entry that the code or the stack no
 # longer produces is never loaded, only evicted.
-CACHE_MB_DEFAULT = 2048
+CACHE_MB_DEFAULT = 1024
 _RUN_CACHE_VAR = "JAXSAMPLE_TEST_RUN_CACHE"
 _CACHE = os.environ.get("JAXSAMPLE_TEST_JAX_CACHE") or "tmp"
 _OWN_CACHE = None  # a per-run cache this process made (the controller's)
