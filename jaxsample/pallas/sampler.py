@@ -168,24 +168,15 @@ def sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
 
   def any_batch():
     """Every row, by its route (rows skip the kernels of other routes)."""
-    trunc = threshold.sample_truncated(
-        logits, params, streams, config, order_width=width,
-        finish_large=False)
+    trunc, unfinished, large_outputs = _threshold_route(
+        logits, params, streams, config, width)
     done = trunc.complete
     rows = (SampleResult(trunc.token, trunc.logprob, done),
             _kept_facts(trunc.count, trunc.log_kept, trunc.ordered_ids, trunc,
                         width))
     # invalid rows: the argmax, as without a filter
     plain = ~truncating | ~jnp.isfinite(trunc.row_max)
-    unfinished = trunc.unfinished(params)
-
-    # The one cond: idle, this route's kernels and XLA glue cost more than
-    # the cond (scripts/measure_host_gaps.py); none with Branching(False).
-    token, logprob, _, _, count, log_kept, *ordered = rowwise.only_if(
-        unfinished, lambda: threshold.sample_large(
-            logits, params, trunc, streams, config, unfinished,
-            order_width=width),
-        branch=tuning.conds(config.tuning))
+    token, logprob, _, _, count, log_kept, *ordered = large_outputs
     large = (SampleResult(token, logprob, unfinished),
              _kept_facts(count, log_kept, ordered[0] if ordered else None,
                          trunc, width))
@@ -235,10 +226,23 @@ def _threshold_tokens(logits, params: SamplingParams,
                           jnp.where(rows, params.top_k, 0),
                           jnp.where(rows, params.top_p, 1.0),
                           jnp.where(rows, params.min_p, 0.0))
+  trunc, _, large_outputs = _threshold_route(logits, params, streams, config,
+                                             width=0)
+  return jnp.where(trunc.complete, trunc.token, large_outputs[0])
+
+
+def _threshold_route(logits, params: SamplingParams, streams: rng.RowStreams,
+                     config: SamplerConfig, width: int):
+  """The threshold kernels' two stages: ``threshold.sample_truncated`` for
+  every truncating row, then ``threshold.sample_large`` for the rows it
+  leaves unfinished (large kept sets, overflowed buffers), behind the one
+  cond (idle, that route's kernels and XLA glue cost more than the cond,
+  ``scripts/measure_host_gaps.py``; none under ``Branching(conds=False)``).
+  Returns ``(trunc, unfinished, sample_large's outputs)``."""
   trunc = threshold.sample_truncated(logits, params, streams, config,
-                                     order_width=0, finish_large=False)
+                                     order_width=width, finish_large=False)
   unfinished = trunc.unfinished(params)
-  large = rowwise.only_if(unfinished, lambda: threshold.sample_large(
-      logits, params, trunc, streams, config, unfinished, order_width=0),
-      branch=tuning.conds(config.tuning))[0]
-  return jnp.where(trunc.complete, trunc.token, large)
+  large_outputs = rowwise.only_if(unfinished, lambda: threshold.sample_large(
+      logits, params, trunc, streams, config, unfinished, order_width=width),
+      branch=tuning.conds(config.tuning))
+  return trunc, unfinished, large_outputs
