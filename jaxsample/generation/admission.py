@@ -17,7 +17,8 @@ from jaxsample.processors import (MAX_BIAS, LogitsProcessors, bitmask_width,
                                   neutral_field)
 
 __all__ = ["SEED_LIMIT", "RequestRules", "admission_inputs",
-           "pack_host_bitmask", "request_from_fields", "slot_processors"]
+           "pack_host_bitmask", "request_from_fields", "slot_processors",
+           "stop_end"]
 
 SEED_LIMIT = 2**32
 _FIELDS = tuple(f.name for f in dataclasses.fields(Request))
@@ -31,6 +32,29 @@ def _is_int(value) -> bool:
 def _is_real(value) -> bool:
   return isinstance(value, (int, float, np.integer, np.floating)) and (
       not isinstance(value, (bool, np.bool_))) and math.isfinite(value)
+
+
+def _is_sequence(value) -> bool:
+  return isinstance(value, (Sequence, np.ndarray)) and not isinstance(
+      value, (str, bytes))
+
+
+def _show(value) -> str:
+  """``repr(value)``, shortened to 60 characters."""
+  text = repr(value)
+  return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _ids(name: str, value, what: str | None = None) -> np.ndarray:
+  """``value``, a token id or a sequence of them, as int64 ``[n]``; else
+  ``ValueError`` naming ``name`` (and saying ``what`` it must be)."""
+  if _is_int(value):
+    return np.asarray([value], np.int64)
+  if _is_sequence(value) and all(map(_is_int, value)):
+    return np.asarray(value, np.int64).reshape(-1)
+  raise ValueError(f"{name}: {what or 'must be a token id or a list of them'}"
+                   f" (ints; encode text with the tokenizer); got "
+                   f"{_show(value)}")
 
 
 def request_from_fields(fields: Mapping) -> Request:
@@ -63,35 +87,46 @@ class RequestRules:
       raise ValueError(f"{name} has token id {int(bad[0])} outside the "
                        f"vocabulary [0, {self.vocab_size})")
 
-  def check(self, request: Request) -> tuple[Request, int]:
-    """Validates ``request`` (``ServeLoop.submit``'s rules); returns it
-    canonical (id lists as sorted tuples, ``logit_bias`` as ``{int:
-    float}``) and its budget: ``max_tokens`` capped so the sequence fits
-    the cache."""
-    prompt = np.asarray(request.prompt)
-    if prompt.ndim != 1 or prompt.size == 0 or not (
-        np.issubdtype(prompt.dtype, np.integer)):
-      raise ValueError(f"prompt must be a non-empty sequence of token ids; got "
-                       f"{request.prompt!r}")
+  def check(self, request: Request
+            ) -> tuple[Request, int, tuple[tuple[int, ...], ...]]:
+    """Validates every field of ``request`` (``ServeLoop.submit``'s rules;
+    ``ValueError`` naming the field); returns it canonical (``prompt`` a
+    tuple of ints, ``stop`` its single stop ids and other id lists as
+    sorted tuples, settings as Python numbers, ``logit_bias`` as ``{int:
+    float}``), its budget (``max_tokens`` capped so the sequence fits the
+    cache) and its multi-token stop sequences."""
+    prompt = _ids("prompt", request.prompt)
+    if prompt.size == 0:
+      raise ValueError("prompt must be a non-empty list of token ids")
     if prompt.size >= self.cache_len:
       raise ValueError(f"prompt has {prompt.size} tokens; at most "
                        f"{self.cache_len - 1} fit the cache (cache_len "
                        f"{self.cache_len})")
     self.check_ids("prompt", prompt)
-    stop = np.asarray(request.stop, np.int64).reshape(-1)
-    if stop.size > self.max_stop_tokens:
-      raise ValueError(f"stop has {stop.size} ids; this loop takes at most "
-                       f"{self.max_stop_tokens} (max_stop_tokens)")
-    self.check_ids("stop", stop)
+    stop, sequences = self._check_stop(request.stop)
     budget = request.max_tokens
-    if not _is_int(budget) or budget < 0:
-      raise ValueError(f"max_tokens must be an int >= 0; got {budget!r}")
+    if not _is_int(budget) or budget < 1:
+      raise ValueError(f"max_tokens must be an int >= 1; got {_show(budget)}")
     seed = request.seed
-    if not _is_int(seed) or not 0 <= seed < SEED_LIMIT:
-      raise ValueError(f"seed must be an int in [0, 2^32); got {seed!r}")
+    if seed is not None and (not _is_int(seed) or not 0 <= seed < SEED_LIMIT):
+      raise ValueError(f"seed must be an int in [0, 2^32) or None (a fresh "
+                       f"one); got {_show(seed)}")
     rid = "new" if request.request_id is None else request.request_id
+    changes = {"prompt": tuple(prompt.tolist()), "stop": stop,
+               "max_tokens": int(budget),
+               "seed": None if seed is None else int(seed)}
     for name in ("temperature", "top_k", "top_p", "min_p"):
-      check_setting(name, rid, getattr(request, name))
+      value = getattr(request, name)
+      if not (isinstance(value, (int, float, np.integer, np.floating)) and
+              not isinstance(value, (bool, np.bool_))):
+        raise ValueError(f"{name} must be a number; got {_show(value)}")
+      check_setting(name, rid, value)
+      changes[name] = int(value) if name == "top_k" else float(value)
+    for name in ("logprobs", "return_masks"):
+      if not isinstance(getattr(request, name), (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False; got "
+                         f"{_show(getattr(request, name))}")
+      changes[name] = bool(getattr(request, name))
     if request.return_masks and not self.return_masks:
       raise ValueError("return_masks needs a ServeLoop built with "
                        "return_masks=True")
@@ -99,9 +134,35 @@ class RequestRules:
     if not _is_int(top) or not 0 <= top <= self.top_logprobs:
       raise ValueError(f"top_logprobs must be an int in [0, "
                        f"{self.top_logprobs}] (the loop's top_logprobs); got "
-                       f"{top!r}")
-    request = self._check_processors(request)
-    return request, min(int(budget), self.cache_len - prompt.size)
+                       f"{_show(top)}")
+    changes["top_logprobs"] = int(top)
+    request = self._check_processors(dataclasses.replace(request, **changes))
+    return (request, min(int(budget), self.cache_len - prompt.size),
+            sequences)
+
+  def _check_stop(self, stop) -> tuple[tuple[int, ...],
+                                       tuple[tuple[int, ...], ...]]:
+    """``stop`` (a token id, or a list of ids and id lists) as its sorted
+    single stop ids and its sorted multi-token sequences."""
+    items = [stop] if _is_int(stop) else stop
+    if not _is_sequence(items):
+      raise ValueError(f"stop must be a token id or a list of token ids and "
+                       f"lists of them (stop sequences); got {_show(stop)}")
+    singles, sequences = set(), set()
+    for item in items:
+      ids = _ids("stop", item, "each stop must be a token id or a list of "
+                               "them")
+      if ids.size == 0:
+        raise ValueError("stop has an empty stop sequence; drop it")
+      self.check_ids("stop", ids)
+      (singles.add(int(ids[0])) if ids.size == 1 else
+       sequences.add(tuple(ids.tolist())))
+    if len(singles) > self.max_stop_tokens:
+      raise ValueError(f"stop has {len(singles)} single stop ids; this loop "
+                       f"takes at most {self.max_stop_tokens} "
+                       f"(max_stop_tokens; longer stop sequences are not "
+                       f"counted)")
+    return tuple(sorted(singles)), tuple(sorted(sequences))
 
   def _check_processors(self, request: Request) -> Request:
     used = request.processors_used()
@@ -145,13 +206,10 @@ class RequestRules:
 
   def _check_id_list(self, name: str, ids, limit: int) -> tuple[int, ...]:
     self._need(limit, name, f"{name}=N")
-    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(
-        ids, (Sequence, np.ndarray)) or not all(map(_is_int, ids)):
-      raise ValueError(f"{name} must be a sequence of token ids; got {ids!r}")
-    if name == "allowed_token_ids" and len(ids) == 0:
+    unique = np.unique(_ids(name, ids))
+    if name == "allowed_token_ids" and unique.size == 0:
       raise ValueError("allowed_token_ids must list at least one id (None "
                        "allows every id)")
-    unique = np.unique(np.asarray(ids, np.int64))
     self.check_ids(name, unique)
     if unique.size > limit:
       raise ValueError(f"{name} has {unique.size} ids; this loop takes at "
@@ -179,6 +237,23 @@ class RequestRules:
       raise ValueError(f"logit_bias has {len(pairs)} entries; this loop takes "
                        f"at most {limit} (ProcessorLimits.logit_bias)")
     return pairs
+
+
+def stop_end(tokens: Sequence[int], new: int,
+             sequences: Sequence[tuple[int, ...]], min_tokens: int
+             ) -> int | None:
+  """The output length at which a multi-token stop sequence first ends
+  within the last ``new`` of ``tokens`` (the output so far), or None.  A
+  match counts only past ``min_tokens`` tokens (its last token is token
+  ``min_tokens + 1`` or later, as single stop ids are held back); the
+  output is then cut after it (its tokens are kept, as a stop id is)."""
+  for end in range(max(len(tokens) - new + 1, min_tokens + 1),
+                   len(tokens) + 1):
+    for sequence in sequences:
+      if end >= len(sequence) and tuple(
+          tokens[end - len(sequence):end]) == sequence:
+        return end
+  return None
 
 
 def admission_inputs(batch: Sequence[tuple[Request, int]], rows: int,

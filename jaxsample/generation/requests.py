@@ -5,14 +5,18 @@ settings (``docs/serving.md``)."""
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["ERROR", "PROCESSOR_DEFAULTS", "Completion", "ProcessorLimits",
+__all__ = ["ABORT", "ERROR", "PROCESSOR_DEFAULTS", "Completion", "ProcessorLimits",
            "Request", "Speculation", "StreamEvent"]
 
 ERROR = "error"
-"""The finish reason of a request whose ``bitmask_fn`` failed."""
+"""The finish reason of a request that failed after ``submit`` accepted it
+(its ``bitmask_fn`` or callback raised, ...): ``Completion.error`` says why."""
+ABORT = "abort"
+"""The finish reason of a request ended by ``ServeLoop.abort``."""
 
 PROCESSOR_DEFAULTS = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
                       "frequency_penalty": 0.0, "logit_bias": None,
@@ -25,10 +29,15 @@ PROCESSOR_DEFAULTS = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
 class Request:
   """One generation request (validated by ``ServeLoop.submit``).
 
-  ``seed`` in ``[0, 2^32)`` is the key ``jax.random.PRNGKey(seed)``; the
-  request's tokens depend only on it, ``prompt`` and the settings.  Generation
-  stops after a token of ``stop`` or after ``max_tokens`` tokens (capped so
-  the sequence fits the cache).  ``logprobs`` / ``top_logprobs`` /
+  ``seed`` in ``[0, 2^32)`` is the key ``jax.random.PRNGKey(seed)``; None
+  draws a fresh one at ``submit`` (``Completion.seed`` records it).  The
+  request's tokens depend only on the seed, ``prompt`` and the settings.
+  Generation stops after ``max_tokens`` tokens (capped so the sequence fits
+  the cache) or after a match of ``stop``: a token id, or a list whose
+  items are token ids (each a stop token) or lists of ids (multi-token stop
+  sequences); the stop's tokens end the output.  A bare int where a list of
+  ids is expected (``prompt``, ``stop``, ``allowed_token_ids``,
+  ``banned_token_ids``) is one id.  ``logprobs`` / ``top_logprobs`` /
   ``return_masks`` choose what the outputs carry (``top_logprobs`` up to the
   loop's ``top_logprobs``; masks need a loop built with
   ``return_masks=True``).
@@ -52,8 +61,8 @@ class Request:
   top_k: int = 0
   top_p: float = 1.0
   min_p: float = 0.0
-  seed: int = 0
-  stop: Sequence[int] = ()
+  seed: int | None = None
+  stop: int | Sequence[int | Sequence[int]] = ()
   logprobs: bool = True
   top_logprobs: int = 0
   return_masks: bool = False
@@ -75,14 +84,16 @@ class Request:
 
 def _is_off(value, off) -> bool:
   """Whether a processor field's ``value`` means off: its default, an empty
-  ``logit_bias`` or an empty ``banned_token_ids``."""
+  ``logit_bias`` or an empty ``banned_token_ids`` (anything else, of any
+  type, is checked as a setting)."""
   if value is None:
     return True
   if off is None:
     return isinstance(value, Mapping) and not value
   if isinstance(off, tuple):
-    return len(value) == 0
-  return value == off
+    return isinstance(value, (tuple, list)) and not value
+  return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and value == off)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +127,9 @@ class Completion:
   by the request's verification steps (0 without speculation);
   ``acceptance_rate`` is their ratio (None when nothing was drafted).
   ``error`` says why a request finished with ``finish_reason`` ``"error"``
-  (its ``bitmask_fn`` raised or returned a wrong shape), else None.
+  (its ``bitmask_fn`` or callback raised, ...), else None.  ``seed`` is the
+  request's seed (drawn at ``submit`` if it gave none): passing it back
+  reproduces the tokens.
   """
 
   request_id: Any
@@ -130,6 +143,7 @@ class Completion:
   drafted: int = 0
   accepted: int = 0
   error: str | None = None
+  seed: int | None = None
 
   @property
   def acceptance_rate(self) -> float | None:

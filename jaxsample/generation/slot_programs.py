@@ -92,6 +92,19 @@ class Output:
     """``[R]`` bool: the row's request finished (after the last step)."""
     return self.table[-1, :, -1].astype(bool)
 
+  def emitted(self) -> tuple[np.ndarray, list[int], list[int], list[float]]:
+    """``(emitted, sizes, tokens, logprobs)``: ``emitted`` bool ``[n, R,
+    E]`` (the entries emitted), ``sizes[r]`` row ``r``'s count, and the
+    emitted tokens and logprobs of row 0, then row 1, .. each in one list
+    (one conversion; row ``r``'s are the next ``sizes[r]``)."""
+    steps, rows, width = self.tokens.shape
+    emitted = np.arange(width) < self.count[..., None]
+    flags = emitted.transpose(1, 0, 2).reshape(rows, steps * width)
+    values = lambda a: a.transpose(1, 0, 2).reshape(
+        rows, steps * width)[flags].tolist()
+    return (emitted, flags.sum(axis=1).tolist(), values(self.tokens),
+            values(self.logprobs))
+
 
 def pack(tokens, logprobs, count, drafted, accepted, finished) -> jax.Array:
   """``Output.table`` rows ``[..., 2E + 4]`` int32 from ``tokens`` and fp32
