@@ -243,7 +243,8 @@ class ServeLoop:
         below 1, a bad seed, invalid sampling settings, masks or processors
         the loop was not built for, a processor setting out of range or
         over the loop's ``ProcessorLimits``, a callback that is not
-        callable, or the ``request_id`` of a request still pending.
+        callable, or the ``request_id`` of a request still queued or
+        running.
         Nothing is queued and nothing in flight changes.
     """
     if isinstance(request, Mapping):
@@ -262,8 +263,8 @@ class ServeLoop:
       raise ValueError(f"request_id must be hashable; got "
                        f"{type(rid).__name__}") from None
     if live:
-      raise ValueError(f"request_id {rid!r} is still pending; give each "
-                       f"live request its own id (or None for a fresh one)")
+      raise ValueError(f"request_id {rid!r} belongs to a request still queued "
+                       f"or running; give each its own id (None: a fresh one)")
     while rid is None or rid in self._live:  # a fresh id no live one has
       rid = next(self._ids)
     seed = secrets.randbits(32) if request.seed is None else request.seed
@@ -293,9 +294,10 @@ class ServeLoop:
 
   @property
   def pending(self) -> int:
-    """Requests queued or in a slot."""
-    return (len(self._queue) + self._released + self.slots -
-            self._active.count(None))
+    """Requests queued, in a slot, or aborted with their final event not
+    given yet."""
+    return (len(self._queue) + self._released + len(self._ended) +
+            self.slots - self._active.count(None))
 
   def step(self) -> list[StreamEvent]:
     """Admits queued requests into free slots, dispatches one step call if
@@ -327,7 +329,7 @@ class ServeLoop:
 
   def events(self) -> Iterator[StreamEvent]:
     """Steps until nothing is pending, yielding every event in order."""
-    while self.pending or self._ended:
+    while self.pending:
       yield from self.step()
 
   def run(self, requests: Sequence[Request]) -> list[Completion]:
