@@ -177,7 +177,7 @@ def test_a_failing_admission_ends_its_request_alone(model, monkeypatch):
   real = serving.admission_inputs
 
   def admission_inputs(batch, *args):
-    if any(r.request_id == "broken" for r, _ in batch):
+    if any(r.request_id == "broken" for r, *_ in batch):
       raise OverflowError("no room")
     return real(batch, *args)
 
@@ -273,3 +273,30 @@ def test_stop_forms_and_multi_token_sequences(model):
     assert got.token_ids == tokens[:end] == streamed
     assert got.finish_reason == ("length" if end is None else "stop")
     assert len(got.logprobs) == len(got.token_ids)
+
+
+def test_n_samples_share_one_prefill(model):
+  """``n = 3`` samples admitted together run their prompt through the model
+  once; sample 0 is the ``n = 1`` request of the same seed, the others
+  differ from it, the same seed and ``n`` replay all three, and ``abort``
+  ends every sample."""
+  loop = make_loop(model)
+  request = Request(prompt=[7, 3, 3], max_tokens=10, temperature=1.0, seed=9)
+  samples = loop.run([dataclasses.replace(request, n=3),
+                      dataclasses.replace(request, prompt=[4])])
+  assert loop.stats["prefills"] == 2 and loop.stats["admit_calls"] == 1
+  assert [(c.request_id, c.index) for c in samples] == [(0, 0), (0, 1),
+                                                        (0, 2), (1, 0)]
+  assert samples[0].token_ids == loop.run([request])[0].token_ids
+  assert len({tuple(c.token_ids) for c in samples[:3]}) == 3
+  again = loop.run([dataclasses.replace(request, n=3)])
+  assert [c.token_ids for c in again] == [c.token_ids for c in samples[:3]]
+  assert samples[2].to_openai()["index"] == 2
+  rid = loop.submit(dataclasses.replace(request, n=2, max_tokens=20))
+  loop.step()
+  assert loop.abort(rid)
+  finals = [e for e in loop.events() if e.completion]
+  assert [(e.index, e.finish_reason) for e in finals] == [(0, "abort"),
+                                                          (1, "abort")]
+  with pytest.raises(ValueError, match="n must be an int >= 1"):
+    loop.submit(dataclasses.replace(request, n=0))

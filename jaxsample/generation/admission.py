@@ -16,9 +16,9 @@ from jaxsample.params import SamplingParams, check_setting
 from jaxsample.processors import (MAX_BIAS, LogitsProcessors, bitmask_width,
                                   neutral_field)
 
-__all__ = ["SEED_LIMIT", "RequestRules", "admission_inputs",
-           "pack_host_bitmask", "request_from_fields", "slot_processors",
-           "stop_end"]
+__all__ = ["SEED_LIMIT", "RequestRules", "admission_inputs", "check_limits",
+           "pack_host_bitmask", "request_from_fields", "share_prompts",
+           "slot_processors", "stop_end"]
 
 SEED_LIMIT = 2**32
 _FIELDS = tuple(f.name for f in dataclasses.fields(Request))
@@ -69,6 +69,25 @@ def request_from_fields(fields: Mapping) -> Request:
   return Request(**fields)
 
 
+def check_limits(limits, speculation, steps_per_call: int
+                 ) -> ProcessorLimits | None:
+  """``ServeLoop``'s ``processors`` argument, checked against its
+  ``speculation`` and ``steps_per_call``."""
+  if limits is None:
+    return None
+  if not isinstance(limits, ProcessorLimits):
+    raise ValueError(f"processors must be a ProcessorLimits or None; got "
+                     f"{type(limits).__name__}")
+  if limits.bitmask and speculation is not None:
+    raise ValueError("ProcessorLimits(bitmask=True) needs plain decoding "
+                     "(speculation=None): each drafted position would need "
+                     "its own grammar mask")
+  if limits.bitmask and steps_per_call != 1:
+    raise ValueError("ProcessorLimits(bitmask=True) needs steps_per_call=1 "
+                     "(the host computes every step's masks)")
+  return limits
+
+
 @dataclasses.dataclass(frozen=True)
 class RequestRules:
   """What a loop accepts: ``check`` validates a request against it."""
@@ -112,6 +131,11 @@ class RequestRules:
       raise ValueError(f"seed must be an int in [0, 2^32) or None (a fresh "
                        f"one); got {_show(seed)}")
     rid = "new" if request.request_id is None else request.request_id
+    try:
+      hash(rid)
+    except TypeError:
+      raise ValueError(f"request_id must be hashable; got "
+                       f"{type(rid).__name__}") from None
     changes = {"prompt": tuple(prompt.tolist()), "stop": stop,
                "max_tokens": int(budget),
                "seed": None if seed is None else int(seed)}
@@ -136,6 +160,10 @@ class RequestRules:
                        f"{self.top_logprobs}] (the loop's top_logprobs); got "
                        f"{_show(top)}")
     changes["top_logprobs"] = int(top)
+    if not _is_int(request.n) or request.n < 1:
+      raise ValueError(f"n must be an int >= 1 (samples of the prompt); got "
+                       f"{_show(request.n)}")
+    changes["n"] = int(request.n)
     request = self._check_processors(dataclasses.replace(request, **changes))
     return (request, min(int(budget), self.cache_len - prompt.size),
             sequences)
@@ -256,11 +284,12 @@ def stop_end(tokens: Sequence[int], new: int,
   return None
 
 
-def admission_inputs(batch: Sequence[tuple[Request, int]], rows: int,
+def admission_inputs(batch: Sequence[tuple[Request, int, int]], rows: int,
                      width: int, max_stop_tokens: int):
-  """The admission program's inputs for ``(request, budget)`` pairs in
-  ``rows`` rows (the rest padding) with prompts in ``width`` columns:
-  ``(tokens, lengths, params, keys, stop_ids, budgets)``."""
+  """The admission program's inputs for ``(request, budget, sample index)``
+  triples in ``rows`` rows (the rest padding) with prompts in ``width``
+  columns: ``(tokens, lengths, params, keys, stop_ids, budgets)``; sample
+  ``i``'s key is ``[i, seed]``."""
   tokens = np.zeros((rows, width), np.int32)
   lengths = np.ones(rows, np.int32)
   fields = {"temperature": np.zeros(rows, np.float32),
@@ -270,16 +299,35 @@ def admission_inputs(batch: Sequence[tuple[Request, int]], rows: int,
   keys = np.zeros((rows, 2), np.uint32)
   stop_ids = np.full((rows, max_stop_tokens), -1, np.int32)
   budgets = np.zeros(rows, np.int32)
-  for row, (request, budget) in enumerate(batch):
+  for row, (request, budget, index) in enumerate(batch):
     tokens[row, :len(request.prompt)] = request.prompt
     lengths[row] = len(request.prompt)
     for name, values in fields.items():
       # top_k beyond int32 means off, as does the clipped value.
       values[row] = np.clip(getattr(request, name), -2**31 + 1, 2**31 - 1)
-    keys[row, 1] = request.seed
+    keys[row] = index, request.seed
     stop_ids[row, :len(request.stop)] = request.stop
     budgets[row] = budget
   return (tokens, lengths, SamplingParams(**fields), keys, stop_ids, budgets)
+
+
+def share_prompts(groups: Sequence, tokens: np.ndarray, lengths: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The prompt program's rows for admission rows ``tokens`` ``[A, W]`` and
+  ``lengths`` ``[A]`` whose first ``len(groups)`` rows hold samples
+  (``groups[j]``: the request of row ``j``; one request's rows hold its
+  prompt): ``(prompt tokens, prompt lengths, sources)``, each request's
+  prompt once in the first rows (the rest padding), ``sources[j]`` row
+  ``j``'s prompt row."""
+  rank = {}
+  sources = np.arange(len(lengths), dtype=np.int32)  # padding: any row
+  for row, group in enumerate(groups):
+    sources[row] = rank.setdefault(group, len(rank))
+  firsts = [groups.index(group) for group in rank]
+  prompts, prompt_lengths = np.zeros_like(tokens), np.ones_like(lengths)
+  prompts[:len(firsts)] = tokens[firsts]
+  prompt_lengths[:len(firsts)] = lengths[firsts]
+  return prompts, prompt_lengths, sources
 
 
 def slot_processors(limits: ProcessorLimits | None,

@@ -37,7 +37,10 @@ class Request:
   items are token ids (each a stop token) or lists of ids (multi-token stop
   sequences); the stop's tokens end the output.  A bare int where a list of
   ids is expected (``prompt``, ``stop``, ``allowed_token_ids``,
-  ``banned_token_ids``) is one id.  ``logprobs`` / ``top_logprobs`` /
+  ``banned_token_ids``) is one id.  ``n`` samples share the request id,
+  prompt and settings; sample ``i`` (``index``) uses the raw key ``[i,
+  seed]`` (sample 0: ``PRNGKey(seed)``); samples admitted together share
+  one prefill.  ``logprobs`` / ``top_logprobs`` /
   ``return_masks`` choose what the outputs carry (``top_logprobs`` up to the
   loop's ``top_logprobs``; masks need a loop built with
   ``return_masks=True``).
@@ -75,6 +78,7 @@ class Request:
   banned_token_ids: Sequence[int] = ()
   min_tokens: int = 0
   bitmask_fn: Callable[[list[int]], Any] | None = None
+  n: int = 1
 
   def processors_used(self) -> list[str]:
     """The processor fields set to something other than off."""
@@ -106,7 +110,8 @@ class StreamEvent:
   asked for ``top_logprobs``; ``sampling_mask`` and
   ``logz`` (one entry per new token: the kept ids, or None where nothing was
   truncated; ``SamplingMask.to_lists``) are None unless it asked for masks.
-  ``completion`` is set on the final event.
+  ``completion`` is set on the final event.  ``index``: the sample of the
+  request (``Request.n``).
   """
 
   request_id: Any
@@ -117,6 +122,7 @@ class StreamEvent:
   logz: list[float] | None = None
   finish_reason: str | None = None
   completion: "Completion | None" = None
+  index: int = 0
 
 
 @dataclasses.dataclass
@@ -129,7 +135,7 @@ class Completion:
   ``error`` says why a request finished with ``finish_reason`` ``"error"``
   (its ``bitmask_fn`` or callback raised, ...), else None.  ``seed`` is the
   request's seed (drawn at ``submit`` if it gave none): passing it back
-  reproduces the tokens.
+  reproduces the tokens; ``index`` the sample (``Request.n``).
   """
 
   request_id: Any
@@ -144,18 +150,20 @@ class Completion:
   accepted: int = 0
   error: str | None = None
   seed: int | None = None
+  index: int = 0
 
   @property
   def acceptance_rate(self) -> float | None:
     return self.accepted / self.drafted if self.drafted else None
 
   def to_openai(self, tokenizer=None) -> dict:
-    """An OpenAI-like choice: ``token_ids``, ``text`` (with a tokenizer that
-    has ``decode``), ``logprobs``, ``sampling_mask``, ``logz`` (when asked),
-    ``error`` (when set), ``finish_reason`` and ``usage`` (with speculation
-    statistics)."""
-    choice = {"id": self.request_id, "token_ids": list(self.token_ids),
-              "finish_reason": self.finish_reason}
+    """An OpenAI-like choice: ``id``, ``index``, ``token_ids``, ``text``
+    (with a tokenizer that has ``decode``), ``logprobs``, ``sampling_mask``,
+    ``logz`` (when asked), ``error`` (when set), ``finish_reason``,
+    ``seed`` and ``usage`` (with speculation statistics)."""
+    choice = {"id": self.request_id, "index": self.index,
+              "token_ids": list(self.token_ids),
+              "finish_reason": self.finish_reason, "seed": self.seed}
     if tokenizer is not None:
       choice["text"] = tokenizer.decode(self.token_ids)
     for name in ("logprobs", "top_logprobs", "sampling_mask", "logz",

@@ -50,9 +50,9 @@ import numpy as np
 
 from jaxsample.generation import slot_programs
 from jaxsample.generation.admission import (RequestRules, admission_inputs,
-                                            pack_host_bitmask,
+                                            check_limits, pack_host_bitmask,
                                             request_from_fields,
-                                            slot_processors)
+                                            share_prompts, slot_processors)
 from jaxsample.generation.drafters import ModelDrafter
 from jaxsample.generation.generate import bucket
 from jaxsample.generation.lm import as_language_model
@@ -189,7 +189,7 @@ class ServeLoop:
       raise ValueError("top_logprobs needs plain decoding (speculation=None)")
     self._outputs = (self.return_masks, self.top_logprobs,
                      logprobs_mode if top_logprobs else None)
-    self.processors = self._check_limits(processors)
+    self.processors = check_limits(processors, speculation, steps_per_call)
     self._rules = RequestRules(self.vocab_size, self.cache_len,
                                max_stop_tokens, self.top_logprobs,
                                self.return_masks, processors)
@@ -199,7 +199,7 @@ class ServeLoop:
     self._open_bitmask = None if neutral is None else neutral.bitmask
     self.overlap = bool(overlap) and self._open_bitmask is None
     self._queue: collections.deque = collections.deque()
-    self._live: dict = {}  # request_id: Tracked, queued or in a slot
+    self._live: dict = {}  # request_id: its unfinished samples (Tracked)
     self._ended: list[Tracked] = []  # aborted; final events not yet given
     self._active: list[Tracked | None] = [None] * slots
     self._released = 0  # released requests not finished yet
@@ -216,8 +216,9 @@ class ServeLoop:
         self.lm, self.weights, slots, max_stop_tokens, self._state_len,
         self.drafter, self._draft_weights, neutral)
     self.stats = collections.Counter()
-    """Counts (``admit_calls``, ``step_calls``, ``tokens``, ``completed``,
-    ``drafted``, ``accepted``) and seconds: ``busy_s`` in ``step``
+    """Counts (``admit_calls``, ``prefills``: prompts run through the
+    model, ``step_calls``, ``tokens``, ``completed``, ``drafted``,
+    ``accepted``) and seconds: ``busy_s`` in ``step``
     altogether, ``wait_s`` of it blocked reading outputs (until the
     device finished them, and their copy) and ``dispatch_s`` in the jitted
     calls.  ``busy_s - wait_s`` is the host's own work (bookkeeping,
@@ -257,40 +258,35 @@ class ServeLoop:
                        f"got {type(callback).__name__}")
     request, budget, sequences = self._rules.check(request)
     rid = request.request_id
-    try:
-      live = rid in self._live
-    except TypeError:
-      raise ValueError(f"request_id must be hashable; got "
-                       f"{type(rid).__name__}") from None
-    if live:
+    if rid in self._live:
       raise ValueError(f"request_id {rid!r} belongs to a request still queued "
                        f"or running; give each its own id (None: a fresh one)")
     while rid is None or rid in self._live:  # a fresh id no live one has
       rid = next(self._ids)
     seed = secrets.randbits(32) if request.seed is None else request.seed
     request = dataclasses.replace(request, request_id=rid, seed=seed)
-    active = Tracked.start(request, budget, callback, sequences)
-    self._queue.append(active)
-    self._live[rid] = active
+    samples = [Tracked.start(request, budget, callback, i, sequences)
+               for i in range(request.n)]
+    self._queue.extend(samples)
+    self._live[rid] = samples
     return rid
 
   def abort(self, request_id) -> bool:
-    """Ends the pending request ``request_id`` (queued or in a slot) with
-    finish reason ``"abort"`` and frees its slot; its final event (no new
-    tokens: those in flight are dropped) comes from the next ``step``.
-    Returns whether such a request was pending."""
+    """Ends the pending request ``request_id`` (its samples queued or in a
+    slot) with finish reason ``"abort"`` and frees their slots; their final
+    events (no new tokens: those in flight are dropped) come from the next
+    ``step``.  Returns whether such a request was pending."""
     try:
-      active = self._live.get(request_id)
+      samples = list(self._live.get(request_id, ()))
     except TypeError:  # unhashable: no request has it
       return False
-    if active is None:
-      return False
-    if active.slot < 0:
-      self._queue.remove(active)
-    self._finish(active, ABORT)
-    self._free(active)
-    self._ended.append(active)
-    return True
+    for active in samples:
+      if active.slot < 0:
+        self._queue.remove(active)
+      self._finish(active, ABORT)
+      self._free(active)
+      self._ended.append(active)
+    return bool(samples)
 
   @property
   def pending(self) -> int:
@@ -334,11 +330,14 @@ class ServeLoop:
 
   def run(self, requests: Sequence[Request]) -> list[Completion]:
     """Submits ``requests``, runs them to completion and returns their
-    ``Completion``s in request order."""
+    ``Completion``s in request order (a request's ``n`` samples by
+    index)."""
     ids = [self.submit(r) for r in requests]
-    done = {e.request_id: e.completion for e in self.events()
-            if e.completion is not None}
-    return [done[i] for i in ids]
+    done = collections.defaultdict(dict)
+    for event in self.events():
+      if event.completion is not None:
+        done[event.request_id][event.index] = event.completion
+    return [c for i in ids for _, c in sorted(done[i].items())]
 
   def warmup(self, max_prompt_len: int | None = None) -> None:
     """Compiles the step, the admission and the prompt program of every
@@ -406,21 +405,6 @@ class ServeLoop:
       events += self._collect(host, done.owners)
     return events
 
-  def _check_limits(self, limits) -> ProcessorLimits | None:
-    if limits is None:
-      return None
-    if not isinstance(limits, ProcessorLimits):
-      raise ValueError(f"processors must be a ProcessorLimits or None; got "
-                       f"{type(limits).__name__}")
-    if limits.bitmask and self.speculation is not None:
-      raise ValueError("ProcessorLimits(bitmask=True) needs plain decoding "
-                       "(speculation=None): each drafted position would need "
-                       "its own grammar mask")
-    if limits.bitmask and self.steps_per_call != 1:
-      raise ValueError("ProcessorLimits(bitmask=True) needs steps_per_call=1 "
-                       "(the host computes every step's masks)")
-    return limits
-
   def _slot_processors(self, requests, rows: int, bitmasks=()):
     return slot_processors(self.processors, requests, rows,
                            history=self.cache_len,
@@ -431,7 +415,7 @@ class ServeLoop:
                         bitmasks=()):
     requests = [a.request for a in batch]
     return admission_inputs(
-        [(a.request, a.budget) for a in batch], self.admit_batch, width,
+        [(a.request, a.budget, a.index) for a in batch], self.admit_batch, width,
         self.max_stop_tokens) + (
             self._slot_processors(requests, self.admit_batch, bitmasks),)
 
@@ -518,10 +502,13 @@ class ServeLoop:
     slot_ids = np.full(self.admit_batch, self.slots, np.int32)
     slot_ids[:len(batch)] = [a.slot for a in batch]
     tokens, lengths, *rest = inputs
-    prompted = self._programs.prompt(*self._leaves, tokens, lengths)
+    prompts, prompt_lengths, sources = share_prompts(
+        [id(a.request) for a in batch], tokens, lengths)
+    self.stats["prefills"] += len(set(sources[:len(batch)].tolist()))
+    prompted = self._programs.prompt(*self._leaves, prompts, prompt_lengths)
     self._dispatch(self._programs.admit, 1,
                    batch + [None] * (self.admit_batch - len(batch)), slot_ids,
-                   prompted, lengths, *rest)
+                   sources, prompted, lengths, *rest)
 
   def _collect(self, host: slot_programs.Output,
                owners: Sequence[Tracked | None]) -> list[StreamEvent]:
@@ -554,15 +541,18 @@ class ServeLoop:
       except Exception as error:  # pylint: disable=broad-exception-caught
         events.append(self._fail(active, "reading its outputs", error))
         continue
-      events.append(self._emit(active, StreamEvent(active.request.request_id,
-                                                   **fields)))
+      events.append(self._emit(active, StreamEvent(
+          active.request.request_id, index=active.index, **fields)))
     return events
 
   def _finish(self, active: Tracked, reason: str | None = None) -> None:
     """Sets the request's finish reason: ``reason``, else ``generate``'s
     rule for its last token."""
     active.completion.finish_reason = reason or active.reason_by_rule()
-    self._live.pop(active.request.request_id, None)
+    samples = self._live[active.request.request_id]
+    samples.remove(active)
+    if not samples:
+      del self._live[active.request.request_id]
     self.stats["completed"] += 1
 
   def _free(self, active: Tracked) -> None:

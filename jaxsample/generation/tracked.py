@@ -20,7 +20,8 @@ __all__ = ["Tracked"]
 class Tracked:
   """Host bookkeeping of a request, queued or in slot ``slot``.
 
-  ``sequences``: its multi-token stop sequences (matched on the host).
+  ``index``: the sample (``Request.n``).  ``sequences``: its multi-token
+  stop sequences (matched on the host).
   ``promised``: the fewest tokens the programs dispatched for it emit unless
   it finishes first (1 per admission, 1 per step); at ``budget`` it will
   have finished once they ran.  ``released``: its slot was handed on
@@ -31,22 +32,24 @@ class Tracked:
   budget: int
   completion: Completion
   callback: Callable[[StreamEvent], None] | None
+  index: int = 0
   sequences: tuple[tuple[int, ...], ...] = ()
   slot: int = -1
   promised: int = 0
   released: bool = False
 
   @classmethod
-  def start(cls, request: Request, budget: int, callback,
+  def start(cls, request: Request, budget: int, callback, index: int,
             sequences: tuple[tuple[int, ...], ...]) -> "Tracked":
-    """A checked ``request`` (id and seed set) with an empty completion."""
+    """Sample ``index`` of a checked ``request`` (id and seed set) with an
+    empty completion."""
     return cls(request, budget, Completion(
         request.request_id, len(request.prompt), [],
         [] if request.logprobs else None,
         [] if request.return_masks else None,
         [] if request.return_masks else None,
-        [] if request.top_logprobs else None, seed=request.seed),
-               callback, sequences)
+        [] if request.top_logprobs else None, seed=request.seed,
+        index=index), callback, index, sequences)
 
   def reason_by_rule(self) -> str:
     """The finish reason by ``generate``'s rule for the last token: a stop
@@ -60,7 +63,7 @@ class Tracked:
     """The finished request's final event without new tokens."""
     return StreamEvent(self.request.request_id, [],
                        finish_reason=self.completion.finish_reason,
-                       completion=self.completion)
+                       completion=self.completion, index=self.index)
 
   def advance(self, host, row: int, emitted: np.ndarray, tokens: list[int],
               logprobs: list[float]) -> dict:
