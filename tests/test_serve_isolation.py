@@ -98,7 +98,8 @@ def raising_callback(after: int):
 
 def test_200_mixed_requests_leave_the_good_ones_untouched(model):
   """200 requests arriving over the steps: 120 good ones (the issue's
-  ``stop: 7`` and ``banned_token_ids: 5`` forms among them), 40 malformed
+  ``stop: 7`` and ``banned_token_ids: 5`` forms and fresh seeds among
+  them; the run alone replays the recorded seeds), 40 malformed
   (every ``MALFORMED`` kind and duplicate live ids: refused at submit
   naming the field), 20 whose callback raises (end with ``"error"``) and
   20 aborted while queued or running (``"abort"``).  The good ones' tokens
@@ -116,6 +117,8 @@ def test_200_mixed_requests_leave_the_good_ones_untouched(model):
       kind, rid = kinds[nxt], f"r{nxt}"
       fields = good_request(rs, rid)
       if kind == "good":
+        if rs.random() < 0.2:  # a fresh seed, replayed below
+          del fields["seed"]
         good.append(fields)
         loop.submit(fields)
       elif kind == "bad":
@@ -157,7 +160,8 @@ def test_200_mixed_requests_leave_the_good_ones_untouched(model):
   for rid in aborts:
     assert done[rid].finish_reason == "abort"
     assert len(done[rid].token_ids) < CACHE - 9
-  alone = make_loop(model).run([Request(**g) for g in good])
+  alone = make_loop(model).run([
+      Request(**dict(g, seed=done[g["request_id"]].seed)) for g in good])
   for fields, expected in zip(good, alone):
     got = done[fields["request_id"]]
     assert got.error is None and expected.error is None

@@ -33,6 +33,12 @@ which every emitted token extends, so a request gets exactly what the decode
 step gives it alone with those processors.  A request's ``bitmask_fn`` runs
 on the host before each of its tokens (before admission for the first);
 its words are the step's ``bitmask`` argument.
+
+No request harms another: ``submit`` refuses a malformed request
+(``ValueError`` naming the field); a request that fails later (its
+``bitmask_fn``, its callback, its admission rows or outputs) ends alone
+with finish reason ``"error"``, as an aborted one with ``"abort"``, its
+slot freed (``docs/serving.md``, Bad requests and failures).
 """
 
 from __future__ import annotations
