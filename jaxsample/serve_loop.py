@@ -12,7 +12,7 @@
   optional ``Speculation`` (``NgramDrafter``, ``ModelDrafter``) and
   per-request logits processors (``ProcessorLimits``)
   (``jaxsample.generation.serving``, ``requests``, ``admission``,
-  ``slot_programs``, ``drafters``, ``spec_step``; user
+  ``tracked``, ``slot_programs``, ``drafters``, ``spec_step``; user
   guide: ``docs/serving.md``).
 * The model contract (``LanguageModel``, ``NnxLM``, ``FunctionLM``):
   ``jaxsample.generation.lm``; user guide: ``docs/generation.md``.

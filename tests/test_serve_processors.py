@@ -155,7 +155,8 @@ class SoloDecoder:
 
 
 BASE = [Request(prompt=[3, 1, 4, 1, 5], max_tokens=10, seed=11, request_id="a"),
-        Request(prompt=[2, 7], max_tokens=8, temperature=0.0, request_id="b"),
+        Request(prompt=[2, 7], max_tokens=8, temperature=0.0, seed=0,
+                request_id="b"),
         Request(prompt=[9, 9, 2], max_tokens=9, seed=12, temperature=0.8,
                 top_k=5, request_id="c"),
         Request(prompt=[6], max_tokens=7, seed=13, temperature=1.2,

@@ -44,7 +44,7 @@ def random_requests(rs, count, *, max_prompt=12, max_tokens=8):
     prompt = rs.integers(0, 32, rs.integers(1, max_prompt + 1)).tolist()
     stop = rs.integers(0, 32, rs.integers(0, 3)).tolist()
     requests.append(Request(
-        prompt=prompt, max_tokens=int(rs.integers(0, max_tokens + 1)),
+        prompt=prompt, max_tokens=int(rs.integers(1, max_tokens + 1)),
         seed=int(rs.integers(0, 2**32)), stop=stop, request_id=i,
         **SETTINGS[rs.integers(len(SETTINGS))]))
   return requests

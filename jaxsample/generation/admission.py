@@ -16,8 +16,9 @@ from jaxsample.params import SamplingParams, check_setting
 from jaxsample.processors import (MAX_BIAS, LogitsProcessors, bitmask_width,
                                   neutral_field)
 
-__all__ = ["SEED_LIMIT", "RequestRules", "admission_inputs",
-           "pack_host_bitmask", "request_from_fields", "slot_processors"]
+__all__ = ["SEED_LIMIT", "RequestRules", "admission_inputs", "check_limits",
+           "pack_host_bitmask", "request_from_fields", "share_prompts",
+           "slot_processors", "stop_end"]
 
 SEED_LIMIT = 2**32
 _FIELDS = tuple(f.name for f in dataclasses.fields(Request))
@@ -33,6 +34,29 @@ def _is_real(value) -> bool:
       not isinstance(value, (bool, np.bool_))) and math.isfinite(value)
 
 
+def _is_sequence(value) -> bool:
+  return isinstance(value, (Sequence, np.ndarray)) and not isinstance(
+      value, (str, bytes))
+
+
+def _show(value) -> str:
+  """``repr(value)``, shortened to 60 characters."""
+  text = repr(value)
+  return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _ids(name: str, value, what: str | None = None) -> np.ndarray:
+  """``value``, a token id or a sequence of them, as int64 ``[n]``; else
+  ``ValueError`` naming ``name`` (and saying ``what`` it must be)."""
+  if _is_int(value):
+    return np.asarray([value], np.int64)
+  if _is_sequence(value) and all(map(_is_int, value)):
+    return np.asarray(value, np.int64).reshape(-1)
+  raise ValueError(f"{name}: {what or 'must be a token id or a list of them'}"
+                   f" (ints; encode text with the tokenizer); got "
+                   f"{_show(value)}")
+
+
 def request_from_fields(fields: Mapping) -> Request:
   """A ``Request`` from a mapping of its fields (a JSON body), or
   ``ValueError`` naming the fields ``Request`` does not have."""
@@ -43,6 +67,25 @@ def request_from_fields(fields: Mapping) -> Request:
   if "prompt" not in fields:
     raise ValueError("prompt is required (a non-empty sequence of token ids)")
   return Request(**fields)
+
+
+def check_limits(limits, speculation, steps_per_call: int
+                 ) -> ProcessorLimits | None:
+  """``ServeLoop``'s ``processors`` argument, checked against its
+  ``speculation`` and ``steps_per_call``."""
+  if limits is None:
+    return None
+  if not isinstance(limits, ProcessorLimits):
+    raise ValueError(f"processors must be a ProcessorLimits or None; got "
+                     f"{type(limits).__name__}")
+  if limits.bitmask and speculation is not None:
+    raise ValueError("ProcessorLimits(bitmask=True) needs plain decoding "
+                     "(speculation=None): each drafted position would need "
+                     "its own grammar mask")
+  if limits.bitmask and steps_per_call != 1:
+    raise ValueError("ProcessorLimits(bitmask=True) needs steps_per_call=1 "
+                     "(the host computes every step's masks)")
+  return limits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,35 +106,51 @@ class RequestRules:
       raise ValueError(f"{name} has token id {int(bad[0])} outside the "
                        f"vocabulary [0, {self.vocab_size})")
 
-  def check(self, request: Request) -> tuple[Request, int]:
-    """Validates ``request`` (``ServeLoop.submit``'s rules); returns it
-    canonical (id lists as sorted tuples, ``logit_bias`` as ``{int:
-    float}``) and its budget: ``max_tokens`` capped so the sequence fits
-    the cache."""
-    prompt = np.asarray(request.prompt)
-    if prompt.ndim != 1 or prompt.size == 0 or not (
-        np.issubdtype(prompt.dtype, np.integer)):
-      raise ValueError(f"prompt must be a non-empty sequence of token ids; got "
-                       f"{request.prompt!r}")
+  def check(self, request: Request
+            ) -> tuple[Request, int, tuple[tuple[int, ...], ...]]:
+    """Validates every field of ``request`` (``ServeLoop.submit``'s rules;
+    ``ValueError`` naming the field); returns it canonical (``prompt`` a
+    tuple of ints, ``stop`` its single stop ids and other id lists as
+    sorted tuples, settings as Python numbers, ``logit_bias`` as ``{int:
+    float}``), its budget (``max_tokens`` capped so the sequence fits the
+    cache) and its multi-token stop sequences."""
+    prompt = _ids("prompt", request.prompt)
+    if prompt.size == 0:
+      raise ValueError("prompt must be a non-empty list of token ids")
     if prompt.size >= self.cache_len:
       raise ValueError(f"prompt has {prompt.size} tokens; at most "
                        f"{self.cache_len - 1} fit the cache (cache_len "
                        f"{self.cache_len})")
     self.check_ids("prompt", prompt)
-    stop = np.asarray(request.stop, np.int64).reshape(-1)
-    if stop.size > self.max_stop_tokens:
-      raise ValueError(f"stop has {stop.size} ids; this loop takes at most "
-                       f"{self.max_stop_tokens} (max_stop_tokens)")
-    self.check_ids("stop", stop)
+    stop, sequences = self._check_stop(request.stop)
     budget = request.max_tokens
-    if not _is_int(budget) or budget < 0:
-      raise ValueError(f"max_tokens must be an int >= 0; got {budget!r}")
+    if not _is_int(budget) or budget < 1:
+      raise ValueError(f"max_tokens must be an int >= 1; got {_show(budget)}")
     seed = request.seed
-    if not _is_int(seed) or not 0 <= seed < SEED_LIMIT:
-      raise ValueError(f"seed must be an int in [0, 2^32); got {seed!r}")
+    if seed is not None and (not _is_int(seed) or not 0 <= seed < SEED_LIMIT):
+      raise ValueError(f"seed must be an int in [0, 2^32) or None (a fresh "
+                       f"one); got {_show(seed)}")
     rid = "new" if request.request_id is None else request.request_id
+    try:
+      hash(rid)
+    except TypeError:
+      raise ValueError(f"request_id must be hashable; got "
+                       f"{type(rid).__name__}") from None
+    changes = {"prompt": tuple(prompt.tolist()), "stop": stop,
+               "max_tokens": int(budget),
+               "seed": None if seed is None else int(seed)}
     for name in ("temperature", "top_k", "top_p", "min_p"):
-      check_setting(name, rid, getattr(request, name))
+      value = getattr(request, name)
+      if not (isinstance(value, (int, float, np.integer, np.floating)) and
+              not isinstance(value, (bool, np.bool_))):
+        raise ValueError(f"{name} must be a number; got {_show(value)}")
+      check_setting(name, rid, value)
+      changes[name] = int(value) if name == "top_k" else float(value)
+    for name in ("logprobs", "return_masks"):
+      if not isinstance(getattr(request, name), (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False; got "
+                         f"{_show(getattr(request, name))}")
+      changes[name] = bool(getattr(request, name))
     if request.return_masks and not self.return_masks:
       raise ValueError("return_masks needs a ServeLoop built with "
                        "return_masks=True")
@@ -99,9 +158,39 @@ class RequestRules:
     if not _is_int(top) or not 0 <= top <= self.top_logprobs:
       raise ValueError(f"top_logprobs must be an int in [0, "
                        f"{self.top_logprobs}] (the loop's top_logprobs); got "
-                       f"{top!r}")
-    request = self._check_processors(request)
-    return request, min(int(budget), self.cache_len - prompt.size)
+                       f"{_show(top)}")
+    changes["top_logprobs"] = int(top)
+    if not _is_int(request.n) or request.n < 1:
+      raise ValueError(f"n must be an int >= 1 (samples of the prompt); got "
+                       f"{_show(request.n)}")
+    changes["n"] = int(request.n)
+    request = self._check_processors(dataclasses.replace(request, **changes))
+    return (request, min(int(budget), self.cache_len - prompt.size),
+            sequences)
+
+  def _check_stop(self, stop) -> tuple[tuple[int, ...],
+                                       tuple[tuple[int, ...], ...]]:
+    """``stop`` (a token id, or a list of ids and id lists) as its sorted
+    single stop ids and its sorted multi-token sequences."""
+    items = [stop] if _is_int(stop) else stop
+    if not _is_sequence(items):
+      raise ValueError(f"stop must be a token id or a list of token ids and "
+                       f"lists of them (stop sequences); got {_show(stop)}")
+    singles, sequences = set(), set()
+    for item in items:
+      ids = _ids("stop", item, "each stop must be a token id or a list of "
+                               "them")
+      if ids.size == 0:
+        raise ValueError("stop has an empty stop sequence; drop it")
+      self.check_ids("stop", ids)
+      (singles.add(int(ids[0])) if ids.size == 1 else
+       sequences.add(tuple(ids.tolist())))
+    if len(singles) > self.max_stop_tokens:
+      raise ValueError(f"stop has {len(singles)} single stop ids; this loop "
+                       f"takes at most {self.max_stop_tokens} "
+                       f"(max_stop_tokens; longer stop sequences are not "
+                       f"counted)")
+    return tuple(sorted(singles)), tuple(sorted(sequences))
 
   def _check_processors(self, request: Request) -> Request:
     used = request.processors_used()
@@ -145,13 +234,10 @@ class RequestRules:
 
   def _check_id_list(self, name: str, ids, limit: int) -> tuple[int, ...]:
     self._need(limit, name, f"{name}=N")
-    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(
-        ids, (Sequence, np.ndarray)) or not all(map(_is_int, ids)):
-      raise ValueError(f"{name} must be a sequence of token ids; got {ids!r}")
-    if name == "allowed_token_ids" and len(ids) == 0:
+    unique = np.unique(_ids(name, ids))
+    if name == "allowed_token_ids" and unique.size == 0:
       raise ValueError("allowed_token_ids must list at least one id (None "
                        "allows every id)")
-    unique = np.unique(np.asarray(ids, np.int64))
     self.check_ids(name, unique)
     if unique.size > limit:
       raise ValueError(f"{name} has {unique.size} ids; this loop takes at "
@@ -181,11 +267,29 @@ class RequestRules:
     return pairs
 
 
-def admission_inputs(batch: Sequence[tuple[Request, int]], rows: int,
+def stop_end(tokens: Sequence[int], new: int,
+             sequences: Sequence[tuple[int, ...]], min_tokens: int
+             ) -> int | None:
+  """The output length at which a multi-token stop sequence first ends
+  within the last ``new`` of ``tokens`` (the output so far), or None.  A
+  match counts only past ``min_tokens`` tokens (its last token is token
+  ``min_tokens + 1`` or later, as single stop ids are held back); the
+  output is then cut after it (its tokens are kept, as a stop id is)."""
+  for end in range(max(len(tokens) - new + 1, min_tokens + 1),
+                   len(tokens) + 1):
+    for sequence in sequences:
+      if end >= len(sequence) and tuple(
+          tokens[end - len(sequence):end]) == sequence:
+        return end
+  return None
+
+
+def admission_inputs(batch: Sequence[tuple[Request, int, int]], rows: int,
                      width: int, max_stop_tokens: int):
-  """The admission program's inputs for ``(request, budget)`` pairs in
-  ``rows`` rows (the rest padding) with prompts in ``width`` columns:
-  ``(tokens, lengths, params, keys, stop_ids, budgets)``."""
+  """The admission program's inputs for ``(request, budget, sample index)``
+  triples in ``rows`` rows (the rest padding) with prompts in ``width``
+  columns: ``(tokens, lengths, params, keys, stop_ids, budgets)``; sample
+  ``i``'s key is ``[i, seed]``."""
   tokens = np.zeros((rows, width), np.int32)
   lengths = np.ones(rows, np.int32)
   fields = {"temperature": np.zeros(rows, np.float32),
@@ -195,16 +299,35 @@ def admission_inputs(batch: Sequence[tuple[Request, int]], rows: int,
   keys = np.zeros((rows, 2), np.uint32)
   stop_ids = np.full((rows, max_stop_tokens), -1, np.int32)
   budgets = np.zeros(rows, np.int32)
-  for row, (request, budget) in enumerate(batch):
+  for row, (request, budget, index) in enumerate(batch):
     tokens[row, :len(request.prompt)] = request.prompt
     lengths[row] = len(request.prompt)
     for name, values in fields.items():
       # top_k beyond int32 means off, as does the clipped value.
       values[row] = np.clip(getattr(request, name), -2**31 + 1, 2**31 - 1)
-    keys[row, 1] = request.seed
+    keys[row] = index, request.seed
     stop_ids[row, :len(request.stop)] = request.stop
     budgets[row] = budget
   return (tokens, lengths, SamplingParams(**fields), keys, stop_ids, budgets)
+
+
+def share_prompts(groups: Sequence, tokens: np.ndarray, lengths: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The prompt program's rows for admission rows ``tokens`` ``[A, W]`` and
+  ``lengths`` ``[A]`` whose first ``len(groups)`` rows hold samples
+  (``groups[j]``: the request of row ``j``; one request's rows hold its
+  prompt): ``(prompt tokens, prompt lengths, sources)``, each request's
+  prompt once in the first rows (the rest padding), ``sources[j]`` row
+  ``j``'s prompt row."""
+  rank = {}
+  sources = np.arange(len(lengths), dtype=np.int32)  # padding: any row
+  for row, group in enumerate(groups):
+    sources[row] = rank.setdefault(group, len(rank))
+  firsts = [groups.index(group) for group in rank]
+  prompts, prompt_lengths = np.zeros_like(tokens), np.ones_like(lengths)
+  prompts[:len(firsts)] = tokens[firsts]
+  prompt_lengths[:len(firsts)] = lengths[firsts]
+  return prompts, prompt_lengths, sources
 
 
 def slot_processors(limits: ProcessorLimits | None,

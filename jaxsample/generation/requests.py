@@ -5,14 +5,18 @@ settings (``docs/serving.md``)."""
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["ERROR", "PROCESSOR_DEFAULTS", "Completion", "ProcessorLimits",
+__all__ = ["ABORT", "ERROR", "PROCESSOR_DEFAULTS", "Completion", "ProcessorLimits",
            "Request", "Speculation", "StreamEvent"]
 
 ERROR = "error"
-"""The finish reason of a request whose ``bitmask_fn`` failed."""
+"""The finish reason of a request that failed after ``submit`` accepted it
+(its ``bitmask_fn`` or callback raised, ...): ``Completion.error`` says why."""
+ABORT = "abort"
+"""The finish reason of a request ended by ``ServeLoop.abort``."""
 
 PROCESSOR_DEFAULTS = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
                       "frequency_penalty": 0.0, "logit_bias": None,
@@ -25,10 +29,18 @@ PROCESSOR_DEFAULTS = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
 class Request:
   """One generation request (validated by ``ServeLoop.submit``).
 
-  ``seed`` in ``[0, 2^32)`` is the key ``jax.random.PRNGKey(seed)``; the
-  request's tokens depend only on it, ``prompt`` and the settings.  Generation
-  stops after a token of ``stop`` or after ``max_tokens`` tokens (capped so
-  the sequence fits the cache).  ``logprobs`` / ``top_logprobs`` /
+  ``seed`` in ``[0, 2^32)`` is the key ``jax.random.PRNGKey(seed)``; None
+  draws a fresh one at ``submit`` (``Completion.seed`` records it).  The
+  request's tokens depend only on the seed, ``prompt`` and the settings.
+  Generation stops after ``max_tokens`` tokens (capped so the sequence fits
+  the cache) or after a match of ``stop``: a token id, or a list whose
+  items are token ids (each a stop token) or lists of ids (multi-token stop
+  sequences); the stop's tokens end the output.  A bare int where a list of
+  ids is expected (``prompt``, ``stop``, ``allowed_token_ids``,
+  ``banned_token_ids``) is one id.  ``n`` samples share the request id,
+  prompt and settings; sample ``i`` (``index``) uses the raw key ``[i,
+  seed]`` (sample 0: ``PRNGKey(seed)``); samples admitted together share
+  one prefill.  ``logprobs`` / ``top_logprobs`` /
   ``return_masks`` choose what the outputs carry (``top_logprobs`` up to the
   loop's ``top_logprobs``; masks need a loop built with
   ``return_masks=True``).
@@ -52,8 +64,8 @@ class Request:
   top_k: int = 0
   top_p: float = 1.0
   min_p: float = 0.0
-  seed: int = 0
-  stop: Sequence[int] = ()
+  seed: int | None = None
+  stop: int | Sequence[int | Sequence[int]] = ()
   logprobs: bool = True
   top_logprobs: int = 0
   return_masks: bool = False
@@ -66,6 +78,7 @@ class Request:
   banned_token_ids: Sequence[int] = ()
   min_tokens: int = 0
   bitmask_fn: Callable[[list[int]], Any] | None = None
+  n: int = 1
 
   def processors_used(self) -> list[str]:
     """The processor fields set to something other than off."""
@@ -75,14 +88,16 @@ class Request:
 
 def _is_off(value, off) -> bool:
   """Whether a processor field's ``value`` means off: its default, an empty
-  ``logit_bias`` or an empty ``banned_token_ids``."""
+  ``logit_bias`` or an empty ``banned_token_ids`` (anything else, of any
+  type, is checked as a setting)."""
   if value is None:
     return True
   if off is None:
     return isinstance(value, Mapping) and not value
   if isinstance(off, tuple):
-    return len(value) == 0
-  return value == off
+    return isinstance(value, (tuple, list)) and not value
+  return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and value == off)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +110,8 @@ class StreamEvent:
   asked for ``top_logprobs``; ``sampling_mask`` and
   ``logz`` (one entry per new token: the kept ids, or None where nothing was
   truncated; ``SamplingMask.to_lists``) are None unless it asked for masks.
-  ``completion`` is set on the final event.
+  ``completion`` is set on the final event.  ``index``: the sample of the
+  request (``Request.n``).
   """
 
   request_id: Any
@@ -106,6 +122,7 @@ class StreamEvent:
   logz: list[float] | None = None
   finish_reason: str | None = None
   completion: "Completion | None" = None
+  index: int = 0
 
 
 @dataclasses.dataclass
@@ -116,7 +133,9 @@ class Completion:
   by the request's verification steps (0 without speculation);
   ``acceptance_rate`` is their ratio (None when nothing was drafted).
   ``error`` says why a request finished with ``finish_reason`` ``"error"``
-  (its ``bitmask_fn`` raised or returned a wrong shape), else None.
+  (its ``bitmask_fn`` or callback raised, ...), else None.  ``seed`` is the
+  request's seed (drawn at ``submit`` if it gave none): passing it back
+  reproduces the tokens; ``index`` the sample (``Request.n``).
   """
 
   request_id: Any
@@ -130,18 +149,21 @@ class Completion:
   drafted: int = 0
   accepted: int = 0
   error: str | None = None
+  seed: int | None = None
+  index: int = 0
 
   @property
   def acceptance_rate(self) -> float | None:
     return self.accepted / self.drafted if self.drafted else None
 
   def to_openai(self, tokenizer=None) -> dict:
-    """An OpenAI-like choice: ``token_ids``, ``text`` (with a tokenizer that
-    has ``decode``), ``logprobs``, ``sampling_mask``, ``logz`` (when asked),
-    ``error`` (when set), ``finish_reason`` and ``usage`` (with speculation
-    statistics)."""
-    choice = {"id": self.request_id, "token_ids": list(self.token_ids),
-              "finish_reason": self.finish_reason}
+    """An OpenAI-like choice: ``id``, ``index``, ``token_ids``, ``text``
+    (with a tokenizer that has ``decode``), ``logprobs``, ``sampling_mask``,
+    ``logz`` (when asked), ``error`` (when set), ``finish_reason``,
+    ``seed`` and ``usage`` (with speculation statistics)."""
+    choice = {"id": self.request_id, "index": self.index,
+              "token_ids": list(self.token_ids),
+              "finish_reason": self.finish_reason, "seed": self.seed}
     if tokenizer is not None:
       choice["text"] = tokenizer.decode(self.token_ids)
     for name in ("logprobs", "top_logprobs", "sampling_mask", "logz",

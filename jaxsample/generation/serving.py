@@ -33,6 +33,12 @@ which every emitted token extends, so a request gets exactly what the decode
 step gives it alone with those processors.  A request's ``bitmask_fn`` runs
 on the host before each of its tokens (before admission for the first);
 its words are the step's ``bitmask`` argument.
+
+No request harms another: ``submit`` refuses a malformed request
+(``ValueError`` naming the field); a request that fails later (its
+``bitmask_fn``, its callback, its admission rows or outputs) ends alone
+with finish reason ``"error"``, as an aborted one with ``"abort"``, its
+slot freed (``docs/serving.md``, Bad requests and failures).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
@@ -49,14 +56,16 @@ import numpy as np
 
 from jaxsample.generation import slot_programs
 from jaxsample.generation.admission import (RequestRules, admission_inputs,
-                                            pack_host_bitmask,
+                                            check_limits, pack_host_bitmask,
                                             request_from_fields,
-                                            slot_processors)
+                                            share_prompts, slot_processors)
 from jaxsample.generation.drafters import ModelDrafter
-from jaxsample.generation.generate import FINISH_REASONS, bucket
+from jaxsample.generation.generate import bucket
 from jaxsample.generation.lm import as_language_model
-from jaxsample.generation.requests import (ERROR, Completion, ProcessorLimits,
-                                           Request, Speculation, StreamEvent)
+from jaxsample.generation.requests import (ABORT, ERROR, Completion,
+                                           ProcessorLimits, Request,
+                                           Speculation, StreamEvent)
+from jaxsample.generation.tracked import Tracked
 from jaxsample.logprobs import MODES, check_num_top
 from jaxsample.pallas.tuning import Branching, Tuning, conds
 from jaxsample.params import SamplerConfig
@@ -94,25 +103,6 @@ def branch_free_config(config: SamplerConfig, branch_free: bool | None
       tuning, branching=Branching(conds=not branch_free)))
 
 
-@dataclasses.dataclass
-class _Active:
-  """Host bookkeeping of a request, queued or in slot ``slot``.
-
-  ``promised``: the fewest tokens the programs dispatched for it emit unless
-  it finishes first (1 per admission, 1 per step); at ``budget`` it will
-  have finished once they ran.  ``released``: its slot was handed on
-  (``ServeLoop._release_finishing``) before its last outputs were read.
-  """
-
-  request: Request
-  budget: int
-  completion: Completion
-  callback: Callable[[StreamEvent], None] | None
-  slot: int = -1
-  promised: int = 0
-  released: bool = False
-
-
 @dataclasses.dataclass(frozen=True)
 class _InFlight:
   """A dispatched program's output (its host copy under way), not yet read:
@@ -120,7 +110,7 @@ class _InFlight:
 
   serial: int
   output: slot_programs.Output
-  owners: tuple[_Active | None, ...]
+  owners: tuple[Tracked | None, ...]
 
 
 class ServeLoop:
@@ -205,7 +195,7 @@ class ServeLoop:
       raise ValueError("top_logprobs needs plain decoding (speculation=None)")
     self._outputs = (self.return_masks, self.top_logprobs,
                      logprobs_mode if top_logprobs else None)
-    self.processors = self._check_limits(processors)
+    self.processors = check_limits(processors, speculation, steps_per_call)
     self._rules = RequestRules(self.vocab_size, self.cache_len,
                                max_stop_tokens, self.top_logprobs,
                                self.return_masks, processors)
@@ -215,7 +205,9 @@ class ServeLoop:
     self._open_bitmask = None if neutral is None else neutral.bitmask
     self.overlap = bool(overlap) and self._open_bitmask is None
     self._queue: collections.deque = collections.deque()
-    self._active: list[_Active | None] = [None] * slots
+    self._live: dict = {}  # request_id: its unfinished samples (Tracked)
+    self._ended: list[Tracked] = []  # aborted; final events not yet given
+    self._active: list[Tracked | None] = [None] * slots
     self._released = 0  # released requests not finished yet
     self._ids = itertools.count()
     self._serials = itertools.count()
@@ -230,8 +222,9 @@ class ServeLoop:
         self.lm, self.weights, slots, max_stop_tokens, self._state_len,
         self.drafter, self._draft_weights, neutral)
     self.stats = collections.Counter()
-    """Counts (``admit_calls``, ``step_calls``, ``tokens``, ``completed``,
-    ``drafted``, ``accepted``) and seconds: ``busy_s`` in ``step``
+    """Counts (``admit_calls``, ``prefills``: prompts run through the
+    model, ``step_calls``, ``tokens``, ``completed``, ``drafted``,
+    ``accepted``) and seconds: ``busy_s`` in ``step``
     altogether, ``wait_s`` of it blocked reading outputs (until the
     device finished them, and their copy) and ``dispatch_s`` in the jitted
     calls.  ``busy_s - wait_s`` is the host's own work (bookkeeping,
@@ -246,37 +239,67 @@ class ServeLoop:
              callback: Callable[[StreamEvent], None] | None = None):
     """Validates ``request`` (a ``Request`` or a mapping of its fields, as
     a JSON body) and queues it; returns its id (``request_id`` or a fresh
-    int).  ``callback`` gets each of its ``StreamEvent``s.
+    int).  A request without a seed gets a fresh one (``Completion.seed``).
+    ``callback`` gets each of its ``StreamEvent``s; if it raises, the
+    request ends with finish reason ``"error"`` (not calling it again).
 
     Raises:
-      ValueError: naming the field, for an unknown field, an empty prompt,
-        a prompt of ``cache_len`` tokens or more, ids outside the
-        vocabulary, unknown or too many stop ids, a bad budget or seed,
-        invalid sampling settings, masks or processors the loop was not
-        built for, or a processor setting out of range or over the loop's
-        ``ProcessorLimits``.  Nothing in flight changes.
+      ValueError: naming the field, for an unknown field, a field of the
+        wrong type, an empty prompt, a prompt of ``cache_len`` tokens or
+        more, ids outside the vocabulary, too many stop ids, a budget
+        below 1, a bad seed, invalid sampling settings, masks or processors
+        the loop was not built for, a processor setting out of range or
+        over the loop's ``ProcessorLimits``, a callback that is not
+        callable, or the ``request_id`` of a request still queued or
+        running.
+        Nothing is queued and nothing in flight changes.
     """
     if isinstance(request, Mapping):
       request = request_from_fields(request)
     if not isinstance(request, Request):
       raise ValueError(f"request must be a Request or a mapping of its "
                        f"fields; got {type(request).__name__}")
-    request, budget = self._rules.check(request)
-    if request.request_id is None:
-      request = dataclasses.replace(request, request_id=next(self._ids))
-    self._queue.append(_Active(request, budget, Completion(
-        request.request_id, len(request.prompt), [],
-        [] if request.logprobs else None,
-        [] if request.return_masks else None,
-        [] if request.return_masks else None,
-        [] if request.top_logprobs else None), callback))
-    return request.request_id
+    if callback is not None and not callable(callback):
+      raise ValueError(f"callback must be callable (StreamEvent -> None); "
+                       f"got {type(callback).__name__}")
+    request, budget, sequences = self._rules.check(request)
+    rid = request.request_id
+    if rid in self._live:
+      raise ValueError(f"request_id {rid!r} belongs to a request still queued "
+                       f"or running; give each its own id (None: a fresh one)")
+    while rid is None or rid in self._live:  # a fresh id no live one has
+      rid = next(self._ids)
+    seed = secrets.randbits(32) if request.seed is None else request.seed
+    request = dataclasses.replace(request, request_id=rid, seed=seed)
+    samples = [Tracked.start(request, budget, callback, i, sequences)
+               for i in range(request.n)]
+    self._queue.extend(samples)
+    self._live[rid] = samples
+    return rid
+
+  def abort(self, request_id) -> bool:
+    """Ends the pending request ``request_id`` (its samples queued or in a
+    slot) with finish reason ``"abort"`` and frees their slots; their final
+    events (no new tokens: those in flight are dropped) come from the next
+    ``step``.  Returns whether such a request was pending."""
+    try:
+      samples = list(self._live.get(request_id, ()))
+    except TypeError:  # unhashable: no request has it
+      return False
+    for active in samples:
+      if active.slot < 0:
+        self._queue.remove(active)
+      self._finish(active, ABORT)
+      self._free(active)
+      self._ended.append(active)
+    return bool(samples)
 
   @property
   def pending(self) -> int:
-    """Requests queued or in a slot."""
-    return (len(self._queue) + self._released + self.slots -
-            self._active.count(None))
+    """Requests queued, in a slot, or aborted with their final event not
+    given yet."""
+    return (len(self._queue) + self._released + len(self._ended) +
+            self.slots - self._active.count(None))
 
   def step(self) -> list[StreamEvent]:
     """Admits queued requests into free slots, dispatches one step call if
@@ -286,7 +309,8 @@ class ServeLoop:
     in flight."""
     start = time.perf_counter()
     first = next(self._serials)  # serials below it: earlier calls'
-    events = []
+    ended, self._ended = self._ended, []
+    events = [self._emit(a, a.final_event()) for a in ended]
     self._release_finishing()
     while self._queue and None in self._active:
       events += self._admit_some()
@@ -294,8 +318,6 @@ class ServeLoop:
     if bitmask is not None and self._active.count(None) < self.slots:
       masks, failed = self._grammar_masks(self._active)
       events += failed
-      self._active = [None if a is not None and a.completion.error else a
-                      for a in self._active]
       bitmask = np.stack([bitmask[0] if m is None else m for m in masks])
     if self._active.count(None) < self.slots:  # a slot is busy
       self._dispatch(self._programs.step, self.steps_per_call, self._active,
@@ -314,11 +336,14 @@ class ServeLoop:
 
   def run(self, requests: Sequence[Request]) -> list[Completion]:
     """Submits ``requests``, runs them to completion and returns their
-    ``Completion``s in request order."""
+    ``Completion``s in request order (a request's ``n`` samples by
+    index)."""
     ids = [self.submit(r) for r in requests]
-    done = {e.request_id: e.completion for e in self.events()
-            if e.completion is not None}
-    return [done[i] for i in ids]
+    done = collections.defaultdict(dict)
+    for event in self.events():
+      if event.completion is not None:
+        done[event.request_id][event.index] = event.completion
+    return [c for i in ids for _, c in sorted(done[i].items())]
 
   def warmup(self, max_prompt_len: int | None = None) -> None:
     """Compiles the step, the admission and the prompt program of every
@@ -336,7 +361,7 @@ class ServeLoop:
     width = MIN_PROMPT
     while True:
       width = min(width, last)
-      self._admit([], [], width)
+      self._admit([], self._admission_inputs([], width), width)
       if width >= last:
         break
       width *= 2
@@ -386,32 +411,17 @@ class ServeLoop:
       events += self._collect(host, done.owners)
     return events
 
-  def _check_limits(self, limits) -> ProcessorLimits | None:
-    if limits is None:
-      return None
-    if not isinstance(limits, ProcessorLimits):
-      raise ValueError(f"processors must be a ProcessorLimits or None; got "
-                       f"{type(limits).__name__}")
-    if limits.bitmask and self.speculation is not None:
-      raise ValueError("ProcessorLimits(bitmask=True) needs plain decoding "
-                       "(speculation=None): each drafted position would need "
-                       "its own grammar mask")
-    if limits.bitmask and self.steps_per_call != 1:
-      raise ValueError("ProcessorLimits(bitmask=True) needs steps_per_call=1 "
-                       "(the host computes every step's masks)")
-    return limits
-
   def _slot_processors(self, requests, rows: int, bitmasks=()):
     return slot_processors(self.processors, requests, rows,
                            history=self.cache_len,
                            stop_width=self.max_stop_tokens,
                            vocab_size=self.vocab_size, bitmasks=bitmasks)
 
-  def _admission_inputs(self, batch: list[_Active], width: int,
+  def _admission_inputs(self, batch: list[Tracked], width: int,
                         bitmasks=()):
     requests = [a.request for a in batch]
     return admission_inputs(
-        [(a.request, a.budget) for a in batch], self.admit_batch, width,
+        [(a.request, a.budget, a.index) for a in batch], self.admit_batch, width,
         self.max_stop_tokens) + (
             self._slot_processors(requests, self.admit_batch, bitmasks),)
 
@@ -419,8 +429,8 @@ class ServeLoop:
     """Each request's bitmask words for its next token (``bitmask_fn`` of
     its tokens so far; None for None entries and requests without one).
     A request whose ``bitmask_fn`` raises or returns a wrong shape ends
-    with finish reason ``ERROR`` (``Completion.error`` says why; the caller
-    frees it): the returned events are theirs."""
+    with finish reason ``ERROR`` (``_fail``): the returned events are
+    theirs."""
     masks, events = [], []
     for active in actives:
       words = None
@@ -431,15 +441,13 @@ class ServeLoop:
                                     self.vocab_size)
         except Exception as error:  # pylint: disable=broad-exception-caught
           # The request's own callback failed: it ends that request alone.
-          active.completion.error = (f"bitmask_fn failed: "
-                                     f"{type(error).__name__}: {error}")
-          events.append(self._end(active, ERROR))
+          events.append(self._fail(active, "bitmask_fn", error))
       masks.append(words)
     return masks, events
 
   def _release_finishing(self) -> None:
     """Frees the slots of requests whose dispatched programs end them (their
-    budget reached: ``_Active.promised``): queued requests enter them in
+    budget reached: ``Tracked.promised``): queued requests enter them in
     this call (their admission runs after those programs on the device),
     and no step is dispatched for them.  Their outputs in flight are still
     theirs (``_InFlight.owners``)."""
@@ -453,53 +461,70 @@ class ServeLoop:
     free = [s for s, a in enumerate(self._active) if a is None]
     batch = [self._queue.popleft()
              for _ in range(min(len(free), self.admit_batch, len(self._queue)))]
-    masks, events = [], []
+    masks, events = [None] * len(batch), []
     if self._open_bitmask is not None:
       masks, events = self._grammar_masks(batch)
+    inputs = None
+    while inputs is None:
       masks = [m for m, a in zip(masks, batch) if not a.completion.error]
       batch = [a for a in batch if not a.completion.error]
       if not batch:
         return events
-    width = min(bucket(max(len(a.request.prompt) for a in batch), MIN_PROMPT),
-                self.cache_len)
+      width = min(bucket(max(len(a.request.prompt) for a in batch),
+                         MIN_PROMPT), self.cache_len)
+      try:
+        inputs = self._admission_inputs(batch, width, masks)
+      except Exception:  # pylint: disable=broad-exception-caught
+        events += self._fail_inadmissible(batch, masks, width)
     for active, slot in zip(batch, free):
       active.slot = slot
       self._active[slot] = active
-    self._admit(batch, masks, width)
+    self._admit(batch, inputs, width)
     self.stats["admit_calls"] += 1
     if not self.overlap:  # grammar masks: the next need the first tokens
       events += self._read(None)
     return events
 
-  def _admit(self, batch: list[_Active], masks, width: int) -> None:
-    """Dispatches the admission of ``batch`` (slots set) with grammar
-    ``masks``, prompts in ``width`` columns (the ``prompt`` program of that
-    width, then ``admit``)."""
+  def _fail_inadmissible(self, batch: list[Tracked], masks,
+                         width: int) -> list[StreamEvent]:
+    """Ends with ``ERROR`` each request of ``batch`` whose admission inputs
+    (``_admission_inputs`` alone) cannot be built; returns their events.
+    Raises if none fails alone (the batch's failure is the loop's)."""
+    events = []
+    for active, mask in zip(batch, masks):
+      try:
+        self._admission_inputs([active], width, [mask])
+      except Exception as error:  # pylint: disable=broad-exception-caught
+        events.append(self._fail(active, "admission", error))
+    if not events:
+      raise RuntimeError("admission failed for the batch but for none of its "
+                         "requests alone")
+    return events
+
+  def _admit(self, batch: list[Tracked], inputs, width: int) -> None:
+    """Dispatches the admission of ``batch`` (slots set) with its
+    ``_admission_inputs``, prompts in ``width`` columns (the ``prompt``
+    program of that width, then ``admit``)."""
     slot_ids = np.full(self.admit_batch, self.slots, np.int32)
     slot_ids[:len(batch)] = [a.slot for a in batch]
-    tokens, lengths, *rest = self._admission_inputs(batch, width, masks)
-    prompted = self._programs.prompt(*self._leaves, tokens, lengths)
+    tokens, lengths, *rest = inputs
+    prompts, prompt_lengths, sources = share_prompts(
+        [id(a.request) for a in batch], tokens, lengths)
+    self.stats["prefills"] += len(set(sources[:len(batch)].tolist()))
+    prompted = self._programs.prompt(*self._leaves, prompts, prompt_lengths)
     self._dispatch(self._programs.admit, 1,
                    batch + [None] * (self.admit_batch - len(batch)), slot_ids,
-                   prompted, lengths, *rest)
+                   sources, prompted, lengths, *rest)
 
   def _collect(self, host: slot_programs.Output,
-               owners: Sequence[_Active | None]) -> list[StreamEvent]:
+               owners: Sequence[Tracked | None]) -> list[StreamEvent]:
     """Events of the rows of ``host`` (an ``Output`` on the host; row ``r``
     belongs to ``owners[r]``); retires the requests that finished."""
-    steps, rows, width = host.tokens.shape
-    emitted = np.arange(width) < host.count[..., None]  # [n, R, E]
-    flags = emitted.transpose(1, 0, 2).reshape(rows, steps * width)
-    # The emitted values of row 0, then row 1, .. in one Python list each
-    # (one conversion); row r's are the next sizes[r].
-    emitted_values = lambda a: a.transpose(1, 0, 2).reshape(
-        rows, steps * width)[flags].tolist()
-    tokens, logprobs = emitted_values(host.tokens), emitted_values(
-        host.logprobs)
+    emitted, sizes, tokens, logprobs = host.emitted()
     drafted, accepted = host.drafted.sum(0), host.accepted.sum(0)
     self.stats["drafted"] += int(drafted.sum())
     self.stats["accepted"] += int(accepted.sum())
-    sizes, finished = flags.sum(axis=1).tolist(), host.finished.tolist()
+    finished = host.finished.tolist()
     drafted, accepted = drafted.tolist(), accepted.tolist()
     events, end = [], 0
     for row, active in enumerate(owners):
@@ -507,81 +532,71 @@ class ServeLoop:
       if (active is None or not (sizes[row] or finished[row]) or
           active.completion.finish_reason is not None):
         continue  # nothing new, no request, or one finished earlier
-      active.completion.drafted += drafted[row]
-      active.completion.accepted += accepted[row]
-      fields = self._advance(active, host, row, emitted, tokens[start:end],
-                             logprobs[start:end])
-      if finished[row]:
-        self._finish(active)
-        if active.released:
-          self._released -= 1
-        else:
-          self._active[active.slot] = None
-        fields.update(finish_reason=active.completion.finish_reason,
-                      completion=active.completion)
-      event = StreamEvent(active.request.request_id, **fields)
-      events.append(event)
-      if active.callback is not None:
-        active.callback(event)
+      try:
+        active.completion.drafted += drafted[row]
+        active.completion.accepted += accepted[row]
+        fields = active.advance(host, row, emitted, tokens[start:end],
+                                logprobs[start:end])
+        reason = active.cut_at_stop(fields)
+        self.stats["tokens"] += len(fields["token_ids"])
+        if finished[row] or reason:
+          self._finish(active, reason)
+          self._free(active)
+          fields.update(finish_reason=active.completion.finish_reason,
+                        completion=active.completion)
+      except Exception as error:  # pylint: disable=broad-exception-caught
+        events.append(self._fail(active, "reading its outputs", error))
+        continue
+      events.append(self._emit(active, StreamEvent(
+          active.request.request_id, index=active.index, **fields)))
     return events
 
-  def _advance(self, active: _Active, host: slot_programs.Output, row: int,
-               emitted: np.ndarray, tokens: list[int],
-               logprobs: list[float]) -> dict:
-    """Appends row ``row``'s ``tokens`` and ``logprobs`` (where ``emitted``
-    ``[n, R, E]``) and what else the request asked for to its completion;
-    returns them as ``StreamEvent`` fields."""
-    request, done = active.request, active.completion
-    self.stats["tokens"] += len(tokens)
-    done.token_ids += tokens
-    fields = {"token_ids": tokens}
-    if request.logprobs:
-      done.logprobs += logprobs
-      fields["logprobs"] = logprobs
-    if request.top_logprobs:
-      n, top = request.top_logprobs, host.top
-      entries = [{"logprob": float(top.token_values[t, row]),
-                  "rank": int(top.token_ranks[t, row]),
-                  "top": list(zip(top.top_ids[t, row, :n].tolist(),
-                                  top.top_values[t, row, :n].tolist()))}
-                 for t in np.flatnonzero(emitted[:, row, 0])]
-      done.top_logprobs += entries
-      fields["top_logprobs"] = entries
-    if request.return_masks:
-      masks, logz = [], []
-      for t, n in enumerate(emitted[:, row].sum(axis=1).tolist()):
-        if n:
-          step = jax.tree.map(lambda a, t=t, n=n: a[t, :n, row:row + 1],
-                              host.mask)
-          for ids, value in step.to_lists(num_tokens=np.array([n]))[0]:
-            masks.append(ids)
-            logz.append(value)
-      done.sampling_mask += masks
-      done.logz += logz
-      fields.update(sampling_mask=masks, logz=logz)
-    return fields
-
-  def _finish(self, active: _Active, reason: str | None = None) -> None:
+  def _finish(self, active: Tracked, reason: str | None = None) -> None:
     """Sets the request's finish reason: ``reason``, else ``generate``'s
     rule for its last token."""
-    done, request = active.completion, active.request
-    ids = done.token_ids
-    if reason is None:
-      if ids and ids[-1] in set(request.stop):
-        reason = FINISH_REASONS[0]
-      elif len(ids) >= active.budget:
-        reason = FINISH_REASONS[1]
-      else:
-        reason = FINISH_REASONS[2]
-    done.finish_reason = reason
+    active.completion.finish_reason = reason or active.reason_by_rule()
+    samples = self._live[active.request.request_id]
+    samples.remove(active)
+    if not samples:
+      del self._live[active.request.request_id]
     self.stats["completed"] += 1
 
-  def _end(self, active: _Active, reason: str) -> StreamEvent:
-    """Finishes a request outside a program's output (no new tokens): its
-    final event, also given to its callback."""
-    self._finish(active, reason)
-    event = StreamEvent(active.request.request_id, [], finish_reason=reason,
-                        completion=active.completion)
-    if active.callback is not None:
+  def _free(self, active: Tracked) -> None:
+    """Hands on the slot of a request that finished (nothing for a queued
+    one); its device row, if it still runs, has no owner: its outputs are
+    dropped until a new request's admission overwrites it."""
+    if active.released:
+      active.released = False
+      self._released -= 1
+    elif active.slot >= 0 and self._active[active.slot] is active:
+      self._active[active.slot] = None
+
+  def _emit(self, active: Tracked, event: StreamEvent) -> StreamEvent:
+    """Gives ``event`` to the request's callback; returns the event to
+    stream: ``event``, or if the callback raised, the request's final
+    ``ERROR`` event (``_fail``, with ``event``'s tokens)."""
+    if active.callback is None:
+      return event
+    try:
       active.callback(event)
+    except Exception as error:  # pylint: disable=broad-exception-caught
+      active.callback = None  # not called again
+      return self._fail(active, "callback", error, event)
     return event
+
+  def _fail(self, active: Tracked, what: str, error: Exception,
+            event: StreamEvent | None = None) -> StreamEvent:
+    """Ends the request alone with finish reason ``ERROR`` (also one that
+    just finished otherwise, on its final event's callback) and
+    ``Completion.error`` saying that ``what`` failed with ``error`` (the
+    first failure's); frees its slot.  Returns its final event (``event``'s
+    tokens, if given), given to its callback."""
+    done = active.completion
+    done.error = done.error or f"{what} failed: {type(error).__name__}: {error}"
+    if done.finish_reason is None:
+      self._finish(active, ERROR)
+      self._free(active)
+    done.finish_reason = ERROR
+    final = dataclasses.replace(event or active.final_event(),
+                                finish_reason=ERROR, completion=done)
+    return self._emit(active, final)

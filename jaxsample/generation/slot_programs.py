@@ -7,8 +7,9 @@ builds it with every slot finished (free).
 * ``prompt``: runs a batch of prompts through the model on a fresh cache
   (and the drafter's prefill): the only program compiled per prompt width,
   and the only one without the sampler;
-* ``admit``: samples each prompt's first token from ``prompt``'s logits and
-  scatters the rows into the chosen slots;
+* ``admit``: samples each sample's first token from its prompt's logits
+  (the ``n`` samples of a request share one prompt row) and scatters the
+  rows into the chosen slots;
 * ``step``: ``steps`` decode (or speculative) steps of every slot in a
   ``lax.scan``.
 
@@ -92,6 +93,19 @@ class Output:
     """``[R]`` bool: the row's request finished (after the last step)."""
     return self.table[-1, :, -1].astype(bool)
 
+  def emitted(self) -> tuple[np.ndarray, list[int], list[int], list[float]]:
+    """``(emitted, sizes, tokens, logprobs)``: ``emitted`` bool ``[n, R,
+    E]`` (the entries emitted), ``sizes[r]`` row ``r``'s count, and the
+    emitted tokens and logprobs of row 0, then row 1, .. each in one list
+    (one conversion; row ``r``'s are the next ``sizes[r]``)."""
+    steps, rows, width = self.tokens.shape
+    emitted = np.arange(width) < self.count[..., None]
+    flags = emitted.transpose(1, 0, 2).reshape(rows, steps * width)
+    values = lambda a: a.transpose(1, 0, 2).reshape(
+        rows, steps * width)[flags].tolist()
+    return (emitted, flags.sum(axis=1).tolist(), values(self.tokens),
+            values(self.logprobs))
+
 
 def pack(tokens, logprobs, count, drafted, accepted, finished) -> jax.Array:
   """``Output.table`` rows ``[..., 2E + 4]`` int32 from ``tokens`` and fp32
@@ -131,14 +145,16 @@ def prompt(lm, drafter, cache_len, weights, draft_weights, tokens, lengths):
   return last, cache, logits, history, own
 
 
-def admit(drafter, config, outputs, state, slot_ids, prompted, lengths,
-          params, keys, stop_ids, budgets, processors):
-  """Samples the first tokens of ``prompt``'s output ``prompted`` (rows
-  with ``lengths``, ``params``, ``keys``, ``stop_ids``, ``budgets`` and
-  ``processors``) and writes the rows into ``state`` at ``slot_ids``
+def admit(drafter, config, outputs, state, slot_ids, sources, prompted,
+          lengths, params, keys, stop_ids, budgets, processors):
+  """Samples the first tokens of ``prompt``'s output ``prompted``, row
+  ``j`` from its row ``sources[j]`` (samples of one prompt share it), with
+  ``lengths``, ``params``, ``keys``, ``stop_ids``, ``budgets`` and
+  ``processors`` and writes the rows into ``state`` at ``slot_ids``
   (entries ``>= slots`` dropped)."""
   return_mask, num_top, mode = outputs
-  last, cache, logits, history, own = prompted
+  last, cache, logits, history, own = jax.tree.map(lambda a: a[sources],
+                                                   prompted)
   prompts = DecodeState(
       tokens=last, positions=lengths - 1, keys=keys, params=params,
       finished=budgets <= 0, stop_tokens=stop_ids, remaining=budgets,
@@ -191,8 +207,8 @@ def step(lm, drafter, config, outputs, steps, weights, draft_weights,
 class Programs:
   """The programs jitted for one setup (``programs``), called as
   ``prompt(weight_leaves, draft_leaves, tokens, lengths)``,
-  ``admit(state, slot_ids, prompted, lengths, params, keys, stop_ids,
-  budgets, processors)`` and ``step(state, weight_leaves, draft_leaves,
+  ``admit(state, slot_ids, sources, prompted, lengths, params, keys,
+  stop_ids, budgets, processors)`` and ``step(state, weight_leaves, draft_leaves,
   synthetic_rates, bitmask)``; ``state`` is donated."""
 
   prompt: Callable
