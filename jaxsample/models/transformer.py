@@ -282,9 +282,8 @@ class Transformer(nnx.Module):
 
 def fill_params(model: nnx.Module, load: Any) -> nnx.Module:
   """Sets every ``nnx.Param`` of ``model`` (an ``nnx.eval_shape`` skeleton)
-  to ``load(name, shape_dtype)``, ``name`` the dotted NNX path (e.g.
-  ``blocks.0.attention.query.kernel``), one parameter at a time; returns
-  ``model``."""
+  to ``load(name, shape_dtype)``, ``name`` its ``param_name``, one
+  parameter at a time; returns ``model``."""
   state = nnx.state(model, nnx.Param)
   flat, treedef = jax.tree_util.tree_flatten_with_path(state)
   leaves = [load(param_name(path), leaf) for path, leaf in flat]
@@ -293,5 +292,7 @@ def fill_params(model: nnx.Module, load: Any) -> nnx.Module:
 
 
 def param_name(path) -> str:
-  """The dotted name of a state path (``blocks.0.mlp.up.kernel``)."""
+  """The dotted name of a state path: the module path, then the Variable's
+  ``.value`` (``blocks.0.mlp.up.kernel..value``, the names of the embedded
+  models' files)."""
   return ".".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
