@@ -16,8 +16,11 @@ import json
 import math
 import pathlib
 
+import jax
 import ml_dtypes
 import numpy as np
+
+from jaxsample import serve_loop
 
 LLAMA = dict(architectures=["LlamaForCausalLM"], model_type="llama",
              vocab_size=96, hidden_size=32, num_hidden_layers=2,
@@ -174,3 +177,33 @@ def reference_greedy(config: dict, w: dict, prompt, n: int) -> list[int]:
   for _ in range(n):
     ids.append(int(np.argmax(reference_logits(config, w, ids)[-1])))
   return ids[len(prompt):]
+
+
+def prefill_and_decode(model, prompts, continuations, cache_len: int):
+  """jaxsample's logits ``([B, 16, V] prefill, [B, N, V] decode)``: a
+  left-aligned prefill of ``prompts`` (``max(16, longest)`` columns), then one decode step per column of
+  ``continuations`` ``[B, N]``, through the KV cache."""
+  lm, weights = serve_loop.NnxLM.split(model)
+  forward = jax.jit(lm.apply)
+  batch, width = len(prompts), max(16, max(map(len, prompts)))
+  tokens = np.zeros((batch, width), np.int32)
+  for b, p in enumerate(prompts):
+    tokens[b, :len(p)] = p
+  cache = lm.init_cache(weights, batch, cache_len)
+  positions = np.broadcast_to(np.arange(width, dtype=np.int32), tokens.shape)
+  prefill, cache = forward(weights, tokens, positions, cache)
+  steps = []
+  lengths = np.array([len(p) for p in prompts], np.int32)
+  continuations = np.asarray(continuations, np.int32)
+  for t in range(continuations.shape[1]):
+    logits, cache = forward(weights, continuations[:, t:t + 1],
+                            (lengths + t)[:, None], cache)
+    steps.append(np.asarray(logits[:, 0]))
+  return np.asarray(prefill), np.stack(steps, 1)
+
+
+def check_close(got, ref, tol: float, what: str) -> None:
+  """Asserts ``max |got - ref| <= tol * max(1, max |ref|)``."""
+  bound = tol * max(1.0, float(np.abs(ref).max()))
+  err = float(np.abs(np.asarray(got, np.float64) - ref).max())
+  assert err <= bound, f"{what}: max |diff| {err:.3g} > {bound:.3g}"

@@ -16,8 +16,9 @@ from jaxsample import serve_loop
 from jaxsample.models import load_pretrained
 from jaxsample.models.hf import hf_names, read_config
 
-from hf_folders import (LLAMA, QWEN2, hf_weights, reference_greedy,
-                        reference_logits, write_folder)
+from hf_folders import (LLAMA, QWEN2, check_close, hf_weights,
+                        prefill_and_decode, reference_greedy, reference_logits,
+                        write_folder)
 
 PROMPTS = [[3, 17, 5, 60, 2], [9, 1, 44, 7, 7, 30, 12, 8, 50, 4, 19], [33, 6]]
 CACHE = 64
@@ -42,38 +43,6 @@ def folders(tmp_path_factory):
   return out
 
 
-@jax.jit
-def _forward(lm, weights, tokens, positions, cache):
-  return lm.apply(weights, tokens, positions, cache)
-
-
-def _prefill_and_decode(model, prompts, continuations):
-  """Logits of a left-aligned prefill of ``prompts`` and of one decode step
-  per column of ``continuations`` ``[B, N]``, through the KV cache."""
-  lm, weights = serve_loop.NnxLM.split(model)
-  forward = jax.jit(lm.apply)
-  batch, width = len(prompts), 16
-  tokens = np.zeros((batch, width), np.int32)
-  for b, p in enumerate(prompts):
-    tokens[b, :len(p)] = p
-  cache = lm.init_cache(weights, batch, CACHE)
-  positions = np.broadcast_to(np.arange(width, dtype=np.int32), tokens.shape)
-  prefill, cache = forward(weights, tokens, positions, cache)
-  steps = []
-  lengths = np.array([len(p) for p in prompts], np.int32)
-  for t in range(continuations.shape[1]):
-    logits, cache = forward(weights, continuations[:, t:t + 1],
-                            (lengths + t)[:, None], cache)
-    steps.append(np.asarray(logits[:, 0]))
-  return np.asarray(prefill), np.stack(steps, 1)
-
-
-def _check_close(got, ref, tol, what):
-  bound = tol * max(1.0, np.abs(ref).max())
-  err = np.abs(got - ref).max()
-  assert err <= bound, f"{what}: max |diff| {err:.3g} > {bound:.3g}"
-
-
 @pytest.mark.parametrize("name,dtype,tol", [
     ("llama", None, FP32_TOL), ("qwen2", None, FP32_TOL),
     ("llama-bf16", "float32", FP32_TOL), ("qwen2-bf16", None, BF16_TOL)])
@@ -85,12 +54,12 @@ def test_logits_match_reference(folders, name, dtype, tol):
   rng = np.random.default_rng(7)
   continuations = rng.integers(0, config["vocab_size"], (len(PROMPTS), 5),
                                dtype=np.int32)
-  prefill, decode = _prefill_and_decode(model, PROMPTS, continuations)
+  prefill, decode = prefill_and_decode(model, PROMPTS, continuations, CACHE)
   for b, prompt in enumerate(PROMPTS):
     ref = reference_logits(config, weights, prompt + list(continuations[b]))
     n = len(prompt)
-    _check_close(prefill[b, :n], ref[:n], tol, f"{name} prefill row {b}")
-    _check_close(decode[b], ref[n:], tol, f"{name} decode row {b}")
+    check_close(prefill[b, :n], ref[:n], tol, f"{name} prefill row {b}")
+    check_close(decode[b], ref[n:], tol, f"{name} decode row {b}")
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2"])

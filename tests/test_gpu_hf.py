@@ -1,0 +1,126 @@
+"""``load_pretrained`` against transformers on checkpoints that transformers
+itself writes (``save_pretrained``): small random-weight ``LlamaForCausalLM``
+and ``Qwen2ForCausalLM`` in several configs (GQA ratios, tied and untied
+heads, llama3 RoPE scaling on and off, fp32 and bf16).
+
+Per prompt (lengths 5, 17, 33): jaxsample generates 64 greedy tokens
+(``generate``, one batch); transformers (eager attention, on the CPU) runs
+the prompt plus those tokens in one forward.  Checked:
+
+* fp32: the prefill and decode logits within ``FP32_TOL`` relative
+  (``|jax - hf| <= 1e-4 * max(1, max |hf|)``) and the 64 tokens equal to
+  transformers' own ``generate(do_sample=False)``;
+* bf16: the logits within ``BF16_TOL`` relative, and each greedy token's hf
+  logit within ``BF16_TOL * max(1, max |hf|)`` of hf's best (bf16 rounding
+  may flip near-ties, after which the sequences legitimately part).
+
+Needs torch and transformers (skips naming them otherwise); runs on the GPU
+machine (``gpu`` marker) at full fp32 matmul precision.
+"""
+
+import numpy as np
+import pytest
+
+import jax
+import jaxsample as js
+from jaxsample import serve_loop
+from jaxsample.models import load_pretrained
+
+from hf_folders import check_close, prefill_and_decode
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu",
+                                                      "full_precision")]
+
+FP32_TOL, BF16_TOL = 1e-4, 6e-2
+NEW = 64
+PROMPT_LENGTHS = (5, 17, 33)
+LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+              high_freq_factor=4.0, original_max_position_embeddings=32)
+# name: (architecture, config kwargs, dtype)
+CASES = {
+    "llama-gqa4-untied-llama3-fp32": ("llama", dict(
+        num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False,
+        rope_scaling=LLAMA3, rope_theta=500000.0), "float32"),
+    "llama-mha-tied-fp32": ("llama", dict(
+        num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True,
+        rope_theta=10000.0), "float32"),
+    "llama-gqa8-untied-llama3-bf16": ("llama", dict(
+        num_attention_heads=8, num_key_value_heads=1, tie_word_embeddings=False,
+        rope_scaling=LLAMA3, rope_theta=500000.0), "bfloat16"),
+    "qwen2-gqa2-tied-fp32": ("qwen2", dict(
+        num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=True,
+        rope_theta=1000000.0), "float32"),
+    "qwen2-gqa4-untied-fp32": ("qwen2", dict(
+        num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False,
+        rope_theta=1000000.0), "float32"),
+    "qwen2-gqa2-tied-bf16": ("qwen2", dict(
+        num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=True,
+        rope_theta=1000000.0), "bfloat16"),
+}
+
+
+def _hf_model(arch, kwargs, dtype, path):
+  """Writes a random transformers model into ``path``; returns it (eval)."""
+  torch = pytest.importorskip("torch", reason="the transformers comparison "
+                              "needs torch")
+  transformers = pytest.importorskip("transformers", reason="the "
+                                     "comparison needs transformers")
+  config_class, model_class = {
+      "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+      "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[arch]
+  config = config_class(vocab_size=512, hidden_size=128, intermediate_size=256,
+                        num_hidden_layers=3, max_position_embeddings=256,
+                        rms_norm_eps=1e-6, attn_implementation="eager",
+                        **kwargs)
+  torch.manual_seed(0)
+  model = model_class(config)
+  with torch.no_grad():  # weights that spread the logits (no near-ties)
+    for name, p in model.named_parameters():
+      if "norm" in name:
+        p.copy_(1 + 0.1 * torch.randn_like(p))
+      elif "embed" in name:
+        p.normal_(0.0, 1.0)
+      elif name.endswith("bias"):
+        p.normal_(0.0, 0.5)
+      else:
+        p.normal_(0.0, p.shape[1] ** -0.5)
+  model = model.to(getattr(torch, dtype)).eval()
+  model.save_pretrained(path)
+  return torch, model
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_transformers(name, tmp_path):
+  arch, kwargs, dtype = CASES[name]
+  torch, hf = _hf_model(arch, kwargs, dtype, tmp_path)
+  model = load_pretrained(tmp_path)
+  assert model.config.dtype == dtype
+  rng = np.random.default_rng(1)
+  prompts = [rng.integers(0, 512, n).tolist() for n in PROMPT_LENGTHS]
+  out = serve_loop.generate(
+      model, prompts, params=js.SamplingParams.make(3, temperature=0.0),
+      keys=jax.random.split(jax.random.key(0), 3), max_new_tokens=NEW,
+      cache_len=128)
+  tokens = np.asarray(out.tokens)[:, :NEW]
+  prefill, decode = prefill_and_decode(model, prompts, tokens[:, :-1], 128)
+  tol = FP32_TOL if dtype == "float32" else BF16_TOL
+  for b, prompt in enumerate(prompts):
+    n = len(prompt)
+    seq = torch.tensor([prompt + tokens[b].tolist()])
+    with torch.no_grad():
+      ref = hf(seq).logits[0].float().numpy().astype(np.float64)
+    check_close(prefill[b, :n], ref[:n], tol, f"{name} prefill, prompt {b}")
+    check_close(decode[b], ref[n:n + NEW - 1], tol, f"{name} decode, prompt {b}")
+    steps = ref[n - 1:n - 1 + NEW]
+    if dtype == "float32":
+      with torch.no_grad():
+        hf_tokens = hf.generate(torch.tensor([prompt]), do_sample=False,
+                                max_new_tokens=NEW, min_new_tokens=NEW,
+                                pad_token_id=0)[0, n:].tolist()
+      assert tokens[b].tolist() == hf_tokens, f"{name}, prompt {b}"
+    else:
+      chosen = steps[np.arange(NEW), tokens[b]]
+      gap = steps.max(axis=1) - chosen
+      bound = BF16_TOL * max(1.0, np.abs(steps).max())
+      assert gap.max() <= bound, (f"{name}, prompt {b}: a greedy token "
+                                  f"{gap.max():.3g} below hf's best")
