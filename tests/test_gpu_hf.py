@@ -122,3 +122,23 @@ def test_matches_transformers(name, tmp_path):
     assert gap.max() <= bound, (
         f"{name}, prompt {b}: greedy token {int(gap.argmax())} is "
         f"{gap.max():.3g} below transformers' argmax (bound {bound:.3g})")
+
+
+def test_bench_suite_tiny(tmp_path):
+  """``python -m jaxsample.bench hf --tiny`` writes a row per shape and
+  batch with both frameworks' figures."""
+  import json
+
+  pytest.importorskip("torch", reason="the hf suite needs torch")
+  pytest.importorskip("transformers", reason="the hf suite needs transformers")
+  from jaxsample.bench import cli
+  out = tmp_path / "hf.json"
+  assert cli.main(["hf", "--tiny", "--batch", "1,2", "--new-tokens", "4",
+                   "--prompt-len", "8", "--out", str(out)]) == 0
+  rows = json.loads(out.read_text())
+  assert [(r["shape"], r["batch"]) for r in rows] == [
+      ("tiny-llama", 1), ("tiny-llama", 2), ("tiny-qwen2", 1), ("tiny-qwen2", 2)]
+  for row in rows:
+    assert row["jaxsample_tok_s"] > 0 and row["transformers_tok_s"] > 0
+    assert row["jaxsample_peak_gib"] > 0 and row["transformers_peak_gib"] > 0
+    assert 0 < row["sampler_share"]

@@ -81,3 +81,22 @@ def test_cache_and_logits_split_the_batch(tmp_path):
   tokens = np.zeros((4, 3), np.int32)
   logits, _ = model(tokens, np.broadcast_to(np.arange(3), (4, 3)), cache)
   assert logits.sharding.spec[0] == "data"
+
+
+def test_docs_sharding_block_runs(tmp_path):
+  """docs/checkpoints.md's block, with ``path`` set to a tiny folder."""
+  import pathlib
+  import re
+  write_folder(tmp_path, QWEN2_4KV, hf_weights(QWEN2_4KV))
+  docs = (pathlib.Path(__file__).resolve().parents[1] / "docs" /
+          "checkpoints.md").read_text()
+  section = re.search(r"^## Several devices\n(.*?)^## ", docs, re.S | re.M)
+  code = re.search(r"```python\n(.*?)```", section.group(1), re.S).group(1)
+  code, count = re.subn(r'^path = ".*?"', f'path = "{tmp_path}"', code,
+                        flags=re.M)
+  assert count == 1
+  scope = {}
+  exec(compile(code, "docs/checkpoints.md", "exec"), scope)
+  kernel = scope["model"].blocks[0].mlp.up.kernel[...]
+  assert kernel.sharding.spec == P(None, "model")
+  assert len(kernel.sharding.device_set) == len(jax.devices())

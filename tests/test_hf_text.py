@@ -5,6 +5,7 @@ streamed deltas that never split a UTF-8 character, stop strings."""
 
 import json
 
+import numpy as np
 import pytest
 
 from jaxsample import generate as generate_cli
@@ -177,3 +178,23 @@ def test_repetition_penalty_default_applies(folder, generator):
     generator.defaults = saved
   assert plain[0] == _expected(folder, generator, "hello world", 12)
   assert penalized != plain, "a 5x repetition penalty changed nothing"
+
+
+def test_readme_section_runs_with_a_folder(folder, capsys):
+  """README's "Generate with your checkpoint" blocks, pasted with ``path``
+  set to a tiny folder."""
+  import pathlib
+  import re
+  readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+  section = re.search(r"^## Generate with your checkpoint\n(.*?)^## ", readme,
+                      re.S | re.M).group(1)
+  code = "\n".join(re.findall(r"```python\n(.*?)```", section, re.S))
+  code, count = re.subn(r'^path = ".*?"', f'path = "{folder[0]}"', code,
+                        flags=re.M)
+  assert count == 1, "the section no longer sets path = \"...\" on one line"
+  scope = {}
+  exec(compile(code, "README.md:checkpoint", "exec"), scope)
+  printed = capsys.readouterr().out
+  assert printed.endswith("]\n") and printed.count("[") >= 2  # two lists
+  assert np.asarray(scope["out"].tokens).shape[0] == 2
+  assert scope["gen"].defaults.eos_token_ids == (1, 3)

@@ -16,13 +16,16 @@ T = 1, top-k 50 and top-p 0.9 and no stop token (every request generates
   in the warm-up; transformers' ``generate(do_sample=True)`` with its
   default cache and attention);
 * time to first token: the same call with one new token;
-* memory: peak device bytes of each framework's allocator in this process
-  (JAX's ``peak_bytes_in_use``, torch's ``max_memory_allocated``): weights,
-  cache and work space;
+* memory: peak device bytes of each framework's allocator (JAX's
+  ``peak_bytes_in_use``, torch's ``max_memory_allocated``): weights, cache
+  and work space.  Each shape runs in its own process and the batch sizes
+  in increasing order, so JAX's peak (which cannot be reset) is that of the
+  row's batch;
 * the sampler's share of jaxsample's decode step: ``js.sample`` alone on
   ``[B, V]`` fp32 logits (device time, ``timing.time_op``) over the step
   time ``(generate wall - first-token time) / (new - 1)``.
 
+B = 1 runs ``generate``'s smallest slot bucket, 8 slots (``docs/generation.md``).
 Needs torch and transformers; sets ``XLA_PYTHON_CLIENT_PREALLOCATE=false``
 (unless set) so that JAX and torch share the GPU.  ``--quick`` generates 32
 tokens instead of 256; ``--tiny`` swaps in tiny shapes (runs on CPU).
@@ -35,6 +38,8 @@ import json
 import math
 import os
 import pathlib
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -72,8 +77,8 @@ TOP_K, TOP_P = 50, 0.9
 
 def add_options(parser: argparse.ArgumentParser) -> None:
   """The suite's options (``python -m jaxsample.bench hf --help``)."""
-  parser.add_argument("--shapes", default=",".join(SHAPES),
-                      help=f"comma-separated, of {list(SHAPES)}")
+  parser.add_argument("--shapes", help=f"comma-separated, of {list(SHAPES)} "
+                      f"(with --tiny: {list(TINY_SHAPES)}); default all")
   parser.add_argument("--batch", default="1,8,64", help="batch sizes")
   parser.add_argument("--prompt-len", type=int, default=128)
   parser.add_argument("--new-tokens", type=int, default=256)
@@ -208,7 +213,7 @@ def bench_shape(name, arch, fields, opts, root) -> list[dict]:
   cache_len = 1 << (opts.prompt_len + new - 1).bit_length()
   rng = np.random.default_rng(0)
   rows = []
-  for batch in map(int, opts.batch.split(",")):
+  for batch in sorted(map(int, opts.batch.split(","))):
     prompts = rng.integers(0, fields["vocab_size"], (batch, opts.prompt_len))
     js_s, js_first = time_jaxsample(model, prompts, new, cache_len)
     js_peak = _peak_bytes()
@@ -247,17 +252,32 @@ def _format(row: dict) -> str:
           f"the {row['step_us'] / 1e3:.2f} ms step")
 
 
+def _in_child(name: str, opts: argparse.Namespace, out: pathlib.Path) -> list:
+  """The rows of shape ``name``, measured by a fresh process."""
+  argv = [sys.executable, "-m", "jaxsample.bench", "hf", "--shapes", name,
+          "--batch", opts.batch, "--prompt-len", str(opts.prompt_len),
+          "--new-tokens", str(opts.new_tokens), "--out", str(out)]
+  argv += ["--quick"] * opts.quick + ["--tiny"] * opts.tiny
+  argv += ["--dir", opts.dir] if opts.dir else []
+  subprocess.run(argv, check=True)
+  return json.loads(out.read_text())
+
+
 def main(opts: argparse.Namespace) -> int:
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  _import_torch()
   shapes = TINY_SHAPES if opts.tiny else SHAPES
-  names = list(shapes) if opts.tiny else opts.shapes.split(",")
+  names = opts.shapes.split(",") if opts.shapes else list(shapes)
   unknown = [n for n in names if n not in shapes]
   if unknown:
     raise SystemExit(f"--shapes: unknown {unknown}; expected {list(shapes)}")
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
-    for name in names:
-      rows += bench_shape(name, *shapes[name], opts, opts.dir or tmp)
+    if len(names) > 1:  # one process per shape: per-shape peak memory
+      for name in names:
+        rows += _in_child(name, opts, pathlib.Path(tmp) / f"{name}.json")
+    else:
+      rows = bench_shape(names[0], *shapes[names[0]], opts, opts.dir or tmp)
   if opts.out:
     pathlib.Path(opts.out).write_text(json.dumps(rows, indent=1) + "\n")
   return 0
