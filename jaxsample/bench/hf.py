@@ -15,15 +15,17 @@ T = 1, top-k 50 and top-p 0.9 and no stop token (every request generates
   call of the same shapes (jaxsample's ``generate``, jitted: its compile is
   in the warm-up; transformers' ``generate(do_sample=True)`` with its
   default cache and attention);
-* time to first token: the same call with one new token;
+* time to first token: transformers' call with one new token; jaxsample's
+  from one program: ``T(new) - (new - 1) x step``, the step from the
+  difference of two calls (``time_jaxsample``);
 * memory: peak device bytes of each framework's allocator (JAX's
   ``peak_bytes_in_use``, torch's ``max_memory_allocated``): weights, cache
   and work space.  Each shape runs in its own process and the batch sizes
   in increasing order, so JAX's peak (which cannot be reset) is that of the
   row's batch;
 * the sampler's share of jaxsample's decode step: ``js.sample`` alone on
-  ``[B, V]`` fp32 logits (device time, ``timing.time_op``) over the step
-  time ``(generate wall - first-token time) / (new - 1)``.
+  ``[B, V]`` fp32 logits (device time, ``timing.time_op``) over that step
+  time.
 
 B = 1 runs ``generate``'s smallest slot bucket, 8 slots (``docs/generation.md``).
 Needs torch and transformers; sets ``XLA_PYTHON_CLIENT_PREALLOCATE=false``
@@ -139,11 +141,22 @@ def _time(fn):
 
 
 def time_jaxsample(model, prompts: np.ndarray, new: int, cache_len: int):
-  """``(generate wall s, first-token wall s)`` after warm-ups."""
+  """``(generate wall s, first-token s, decode step s)`` after a compiling
+  warm-up.
+
+  Each time is the faster of two calls.  One program (one compile) gives
+  all three: a call whose requests stop
+  after ``k < new`` tokens (``k`` in ``new``'s token-buffer bucket) gives
+  the step ``(T(new) - T(k)) / (new - k)`` and the first token
+  ``T(new) - (new - 1) * step``.
+  """
   import jax
 
   import jaxsample as js
   from jaxsample import serve_loop
+  from jaxsample.generation.generate import MIN_NEW
+  if new < 2:
+    raise SystemExit("--new-tokens must be >= 2")
   batch = len(prompts)
   params = js.SamplingParams.make(batch, temperature=1.0, top_k=TOP_K,
                                   top_p=TOP_P)
@@ -151,11 +164,12 @@ def time_jaxsample(model, prompts: np.ndarray, new: int, cache_len: int):
   run = lambda n: jax.block_until_ready(serve_loop.generate(
       model, prompts.tolist(), params=params, keys=keys, max_new_tokens=n,
       cache_len=cache_len).tokens)
-  timings = []
-  for n in (new, 1):
-    run(n)  # compiles
-    timings.append(_time(lambda: run(n)))
-  return tuple(timings)
+  k = 1 if new <= MIN_NEW else serve_loop.bucket(new, MIN_NEW) // 2 + 1
+  run(new)  # compiles
+  full = min(_time(lambda: run(new)) for _ in range(2))
+  part = min(_time(lambda: run(k)) for _ in range(2))
+  step = (full - part) / (new - k)
+  return full, full - (new - 1) * step, step
 
 
 def time_transformers(torch, model, prompts: np.ndarray, new: int):
@@ -215,13 +229,13 @@ def bench_shape(name, arch, fields, opts, root) -> list[dict]:
   rows = []
   for batch in sorted(map(int, opts.batch.split(","))):
     prompts = rng.integers(0, fields["vocab_size"], (batch, opts.prompt_len))
-    js_s, js_first = time_jaxsample(model, prompts, new, cache_len)
+    js_s, js_first, js_step = time_jaxsample(model, prompts, new, cache_len)
     js_peak = _peak_bytes()
     if device == "cuda":
       torch.cuda.reset_peak_memory_stats()
     hf_s, hf_first = time_transformers(torch, hf, prompts, new)
     hf_peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
-    step_us = (js_s - js_first) / max(new - 1, 1) * 1e6
+    step_us = js_step * 1e6
     alone = sampler_us(batch, fields["vocab_size"])
     row = {"shape": name, "batch": batch, "prompt_len": opts.prompt_len,
            "new_tokens": new, "jaxsample_tok_s": batch * new / js_s,

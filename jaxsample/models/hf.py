@@ -23,7 +23,6 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from jaxsample.models import sharding
@@ -225,19 +224,22 @@ def load_pretrained(path, *, dtype: str | None = None,
         handles[file] = stack.enter_context(
             safetensors.safe_open(str(file), framework="numpy"))
       array = handles[file].get_tensor(hf_name)
-      if transpose:
-        array = array.T
-      if array.shape != shape.shape:
+      if (array.shape[::-1] if transpose else array.shape) != shape.shape:
         raise ValueError(f"{hf_name} in {file.name}: shape {array.shape} "
                          f"(transposed: {transpose}), the config wants "
                          f"{shape.shape}")
-      array = np.ascontiguousarray(array.astype(jnp.dtype(config.dtype)))
+      value = jnp.asarray(array, config.dtype)
+      if transpose:  # on the device: a host transpose of 8B weights is slow
+        value = _transpose(value)
       if mesh is None:
-        return jnp.asarray(array)
-      spec = sharding.param_spec(name, array.ndim, config, mesh)
-      return jax.device_put(array, jax.sharding.NamedSharding(mesh, spec))
+        return value
+      spec = sharding.param_spec(name, value.ndim, config, mesh)
+      return jax.device_put(value, jax.sharding.NamedSharding(mesh, spec))
 
     return fill_params(model, load)
+
+
+_transpose = jax.jit(jnp.transpose)
 
 
 def _param_names(model) -> list[str]:
