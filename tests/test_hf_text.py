@@ -3,6 +3,7 @@
 in the test, ``generation_config.json`` defaults, the chat template,
 streamed deltas that never split a UTF-8 character, stop strings."""
 
+import importlib.util
 import json
 
 import numpy as np
@@ -15,8 +16,9 @@ from jaxsample.models.text import (GenerationDefaults, TextGenerator,
 from hf_folders import LLAMA, hf_weights, reference_greedy, write_folder
 
 tokenizers = pytest.importorskip("tokenizers")
-pytest.importorskip("jinja2", reason="the chat template needs jinja2 "
-                    '(pip install "jaxsample[models]")')
+needs_jinja2 = pytest.mark.skipif(
+    importlib.util.find_spec("jinja2") is None,
+    reason='the chat template needs jinja2 (pip install "jaxsample[models]")')
 
 VOCAB = 320
 CORPUS = ["hello world, the quick brown fox", "café naïve 😀 jumps over",
@@ -103,6 +105,7 @@ def test_generation_defaults(tmp_path):
   assert GenerationDefaults.read(tmp_path).eos_token_ids == (7,)
 
 
+@needs_jinja2
 def test_chat_template(folder, generator):
   messages = [{"role": "system", "content": "Be brief."},
               {"role": "user", "content": "hello"}]
@@ -180,6 +183,7 @@ def test_repetition_penalty_default_applies(folder, generator):
   assert penalized != plain, "a 5x repetition penalty changed nothing"
 
 
+@needs_jinja2
 def test_readme_section_runs_with_a_folder(folder, capsys):
   """README's "Generate with your checkpoint" blocks, pasted with ``path``
   set to a tiny folder."""
