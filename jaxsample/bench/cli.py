@@ -7,7 +7,9 @@ and reports the HBM floor (logits bytes over a copy bandwidth measured in the
 same run).  It prints one table row per (op, case) and with ``--out`` writes
 the rows as JSON.  ``python -m jaxsample.bench report`` runs the standard
 grid against every peer and writes JSON, tables and figures
-(``jaxsample.bench.report``).  ``python -m jaxsample.bench SUITE --help`` lists
+(``jaxsample.bench.report``); ``python -m jaxsample.bench hf`` compares
+generation on Hugging Face checkpoints with transformers
+(``jaxsample.bench.hf``).  ``python -m jaxsample.bench SUITE --help`` lists
 a suite's options and defaults; ``docs/benchmarks.md`` has the commands behind the
 README's figures.
 """
@@ -17,8 +19,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jaxsample.bench import (cases, kernel_suites, multi_device, report, runner,
-                             suites)
+from jaxsample.bench import (cases, hf, kernel_suites, multi_device, report,
+                             runner, suites)
 
 __all__ = ["SUITES", "main", "parser"]
 
@@ -42,6 +44,10 @@ def parser() -> argparse.ArgumentParser:
                             description=report.__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
   report.add_options(sub)
+  sub = commands.add_parser("hf", help=hf.__doc__.split("\n\n")[0],
+                            description=hf.__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+  hf.add_options(sub)
   return top
 
 
@@ -49,6 +55,8 @@ def main(argv=None) -> int:
   args = parser().parse_args(argv)
   if args.suite == "report":
     return report.main(args, sys.argv[1:] if argv is None else list(argv))
+  if args.suite == "hf":
+    return hf.main(args)
   if args.cases and args.cases not in cases.NAMED:
     raise SystemExit(f"--cases {args.cases!r}: expected one of {list(cases.NAMED)}")
   runner.run_suite(SUITES[args.suite], args)

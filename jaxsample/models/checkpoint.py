@@ -21,7 +21,8 @@ import safetensors.numpy
 import tokenizers
 from flax import nnx
 
-from jaxsample.models.transformer import Transformer, TransformerConfig
+from jaxsample.models.transformer import (Transformer, TransformerConfig,
+                                          fill_params, param_name)
 
 __all__ = ["DRAFT_DIR", "EMBEDDED_DIR", "load_draft", "load_embedded",
            "load_model", "load_tokenizer", "save_model"]
@@ -31,10 +32,6 @@ EMBEDDED_DIR = pathlib.Path(__file__).parent / "data" / "shakespeare"
 # (``scripts/train_model.py --tokenizer``): the draft model of speculative
 # decoding.  Its ``training.json`` has the command and held-out loss.
 DRAFT_DIR = pathlib.Path(__file__).parent / "data" / "shakespeare-draft"
-
-
-def _param_name(path) -> str:
-  return ".".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
 
 
 def save_model(model: Transformer, directory, *, dtype=None) -> None:
@@ -49,7 +46,7 @@ def save_model(model: Transformer, directory, *, dtype=None) -> None:
                      f"(safetensors.numpy has no bfloat16); got {config['dtype']}")
   (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
   flat = jax.tree_util.tree_flatten_with_path(nnx.state(model, nnx.Param))[0]
-  tensors = {_param_name(path): np.asarray(value, dtype=config["dtype"])
+  tensors = {param_name(path): np.asarray(value, dtype=config["dtype"])
              for path, value in flat}
   safetensors.numpy.save_file(tensors, str(directory / "model.safetensors"))
 
@@ -63,21 +60,21 @@ def load_model(directory=EMBEDDED_DIR, *, dtype: str | None = None) -> Transform
   config = TransformerConfig(**fields)
   model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
   tensors = safetensors.numpy.load_file(str(directory / "model.safetensors"))
-  state = nnx.state(model, nnx.Param)
-  flat, treedef = jax.tree_util.tree_flatten_with_path(state)
-  names = [_param_name(path) for path, _ in flat]
+  names = [param_name(path) for path, _ in jax.tree_util.tree_flatten_with_path(
+      nnx.state(model, nnx.Param))[0]]
   missing = sorted(set(names) - set(tensors))
   extra = sorted(set(tensors) - set(names))
   if missing or extra:
     raise ValueError(f"{directory}/model.safetensors does not match "
                      f"config.json: missing {missing[:5]}, unexpected {extra[:5]}")
-  leaves = []
-  for (path, shape), name in zip(flat, names):
+
+  def load(name, shape):
     if tensors[name].shape != shape.shape:
       raise ValueError(f"{name}: stored shape {tensors[name].shape}, "
                        f"config wants {shape.shape}")
-    leaves.append(jnp.asarray(tensors[name], config.dtype))
-  nnx.update(model, jax.tree_util.tree_unflatten(treedef, leaves))
+    return jnp.asarray(tensors[name], config.dtype)
+
+  fill_params(model, load)
   return model
 
 

@@ -11,17 +11,29 @@ slots ``positions[b, 0] .. positions[b, 0] + S - 1`` (contiguous positions),
 and query ``i`` of row ``b`` attends to cache slots ``j <= positions[b, i]``.
 Attention always spans the whole cache length ``T``, so a row's arithmetic
 has the same shapes whatever the prompt bucket, the other rows or the step.
+
+The same module covers the Llama 3.x and Qwen2/Qwen2.5 architectures of
+Hugging Face checkpoints (``jaxsample.models.hf``): ``qkv_bias`` adds the
+query/key/value biases of Qwen2, ``rope_scaling`` the ``llama3`` RoPE
+frequency scaling of Llama 3.1+, ``tie_embeddings=False`` a separate head.
+With a ``mesh`` the module constrains its activations and cache to the
+tensor- and data-parallel layout of ``jaxsample.models.sharding``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = ["KVCache", "Transformer", "TransformerConfig"]
+from jaxsample.models import sharding
+
+__all__ = ["KVCache", "Transformer", "TransformerConfig", "fill_params",
+           "rope_frequencies"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,12 +51,23 @@ class TransformerConfig:
   norm_eps: float = 1e-5
   tie_embeddings: bool = True
   dtype: str = "float32"  # parameters and activations; logits are fp32
+  qkv_bias: bool = False  # biases on the query, key and value projections
+  # Llama 3.1's "llama3" RoPE scaling: (factor, low_freq_factor,
+  # high_freq_factor, original_max_position_embeddings); None: plain RoPE.
+  rope_scaling: tuple[float, float, float, float] | None = None
 
   @property
   def head_dim(self) -> int:
     return self.d_model // self.num_heads
 
   def __post_init__(self):
+    if self.rope_scaling is not None:  # JSON gives a list: keep it hashable
+      if len(self.rope_scaling) != 4:
+        raise ValueError(
+            "rope_scaling must be (factor, low_freq_factor, high_freq_factor, "
+            f"original_max_position_embeddings); got {self.rope_scaling!r}")
+      object.__setattr__(self, "rope_scaling",
+                         tuple(float(v) for v in self.rope_scaling))
     if self.d_model % self.num_heads or self.num_heads % self.num_kv_heads:
       raise ValueError(
           f"d_model ({self.d_model}) must divide by num_heads "
@@ -75,13 +98,39 @@ class KVCache:
     return self.keys[0].shape[1]
 
 
-def rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
+def rope_frequencies(head_dim: int, base: float,
+                     scaling: tuple[float, float, float, float] | None = None
+                     ) -> jax.Array:
+  """``[head_dim / 2]`` fp32 rotation frequencies ``base**(-2i/D)``.
+
+  With ``scaling = (factor, low, high, original)`` (Hugging Face's
+  ``llama3`` rope type), a frequency whose wavelength ``2 pi / f`` exceeds
+  ``original / low`` is divided by ``factor``, one below ``original / high``
+  is kept, and one between is interpolated: ``(1 - s) f / factor + s f``
+  with ``s = (original / wavelength - low) / (high - low)``.
+  """
+  half = head_dim // 2
+  freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  if scaling is None:
+    return freq
+  factor, low, high, original = scaling
+  wavelength = 2 * math.pi / freq
+  smooth = (original / wavelength - low) / (high - low)
+  between = (1 - smooth) * freq / factor + smooth * freq
+  return jnp.where(wavelength > original / low, freq / factor,
+                   jnp.where(wavelength < original / high, freq, between))
+
+
+def rope(x: jax.Array, positions: jax.Array, base: float,
+         scaling: tuple[float, float, float, float] | None = None
+         ) -> jax.Array:
   """Rotary embedding of ``x`` ``[B, S, H, D]`` at ``positions`` ``[B, S]``.
 
-  Pairs (``x[..., i]``, ``x[..., i + D/2]``) rotate by ``pos * base**(-2i/D)``.
+  Pairs (``x[..., i]``, ``x[..., i + D/2]``) rotate by ``pos * f_i`` for the
+  frequencies ``f`` of ``rope_frequencies(D, base, scaling)`` (Hugging
+  Face's ``rotate_half`` layout).
   """
-  half = x.shape[-1] // 2
-  freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  freq = rope_frequencies(x.shape[-1], base, scaling)
   angle = positions.astype(jnp.float32)[..., None, None] * freq
   cos, sin = jnp.cos(angle), jnp.sin(angle)
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
@@ -101,21 +150,21 @@ class Attention(nnx.Module):
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.config = config
     dim, hd = config.d_model, config.head_dim
-    linear = lambda n_in, n_out: nnx.Linear(
-        n_in, n_out, use_bias=False, dtype=config.dtype,
+    linear = lambda n_in, n_out, bias=False: nnx.Linear(
+        n_in, n_out, use_bias=bias, dtype=config.dtype,
         param_dtype=config.dtype, rngs=rngs)
-    self.query = linear(dim, config.num_heads * hd)
-    self.key = linear(dim, config.num_kv_heads * hd)
-    self.value = linear(dim, config.num_kv_heads * hd)
+    self.query = linear(dim, config.num_heads * hd, config.qkv_bias)
+    self.key = linear(dim, config.num_kv_heads * hd, config.qkv_bias)
+    self.value = linear(dim, config.num_kv_heads * hd, config.qkv_bias)
     self.out = linear(config.num_heads * hd, dim)
 
   def __call__(self, x, positions, layer_cache):
     c = self.config
     b, s, _ = x.shape
     q = rope(self.query(x).reshape(b, s, c.num_heads, c.head_dim), positions,
-             c.rope_base)
+             c.rope_base, c.rope_scaling)
     k = rope(self.key(x).reshape(b, s, c.num_kv_heads, c.head_dim), positions,
-             c.rope_base)
+             c.rope_base, c.rope_scaling)
     v = self.value(x).reshape(b, s, c.num_kv_heads, c.head_dim)
     if layer_cache is None:
       key_positions = positions
@@ -171,10 +220,18 @@ class Block(nnx.Module):
 
 
 class Transformer(nnx.Module):
-  """Decoder-only transformer: ``(tokens, positions, cache) -> (logits, cache)``."""
+  """Decoder-only transformer: ``(tokens, positions, cache) -> (logits, cache)``.
 
-  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+  ``mesh``: None, or a ``jax.sharding.Mesh`` whose axes ``"data"`` and
+  ``"model"`` (either may be absent) lay out the activations, the cache and
+  the logits (``jaxsample.models.sharding``); the weights' layout is the
+  loader's (``sharding.param_spec``).
+  """
+
+  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs,
+               mesh: jax.sharding.Mesh | None = None):
     self.config = config
+    self.mesh = mesh
     self.embed = nnx.Embed(config.vocab_size, config.d_model,
                            dtype=config.dtype, param_dtype=config.dtype,
                            embedding_init=nnx.initializers.normal(0.02),
@@ -191,7 +248,7 @@ class Transformer(nnx.Module):
 
   def __call__(self, tokens: jax.Array, positions: jax.Array,
                cache: KVCache | None = None):
-    x = self.embed(tokens)
+    x = self._constrain(self.embed(tokens), sharding.activation_spec())
     keys, values = [], []
     for i, block in enumerate(self.blocks):
       layer_cache = None if cache is None else (cache.keys[i], cache.values[i])
@@ -204,8 +261,38 @@ class Transformer(nnx.Module):
       logits = self.embed.attend(x)
     else:
       logits = self.head(x)
+    logits = self._constrain(logits.astype(jnp.float32),
+                             sharding.activation_spec())
     new_cache = None if cache is None else KVCache(tuple(keys), tuple(values))
-    return logits.astype(jnp.float32), new_cache
+    return logits, new_cache
 
   def init_cache(self, batch_size: int, length: int) -> KVCache:
-    return KVCache.zeros(self.config, batch_size, length)
+    cache = KVCache.zeros(self.config, batch_size, length)
+    return self._constrain(cache, sharding.cache_spec(self.config, self.mesh))
+
+  def _constrain(self, tree, spec):
+    """``tree`` constrained to ``spec`` on ``self.mesh`` (as is without one)."""
+    if self.mesh is None:
+      return tree
+    named = jax.sharding.NamedSharding(
+        self.mesh, sharding.fit_spec(spec, self.mesh))
+    return jax.tree.map(
+        lambda a: jax.lax.with_sharding_constraint(a, named), tree)
+
+
+def fill_params(model: nnx.Module, load: Any) -> nnx.Module:
+  """Sets every ``nnx.Param`` of ``model`` (an ``nnx.eval_shape`` skeleton)
+  to ``load(name, shape_dtype)``, ``name`` its ``param_name``, one
+  parameter at a time; returns ``model``."""
+  state = nnx.state(model, nnx.Param)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(state)
+  leaves = [load(param_name(path), leaf) for path, leaf in flat]
+  nnx.update(model, jax.tree_util.tree_unflatten(treedef, leaves))
+  return model
+
+
+def param_name(path) -> str:
+  """The dotted name of a state path: the module path, then the Variable's
+  ``.value`` (``blocks.0.mlp.up.kernel..value``, the names of the embedded
+  models' files)."""
+  return ".".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
