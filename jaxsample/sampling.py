@@ -95,9 +95,7 @@ def sample(logits: jax.Array,
   Returns:
     ``SampleResult`` with ``tokens`` ``[B]`` int32 (always in ``[0, V)``),
     ``logprobs`` ``[B]`` fp32 under the processed distribution (None with
-    ``SamplerConfig(logprobs=False)``; with ``race_candidates >= 1`` too,
-    truncating rows are sampled race first, ``jaxsample.race_first``: the
-    same tokens) and ``valid``
+    ``SamplerConfig(logprobs=False)``: the same tokens) and ``valid``
     ``[B]`` (False for rows with NaN, +inf or no finite logit); with
     ``return_mask``, the pair ``(SampleResult, SamplingMask)``.
   """

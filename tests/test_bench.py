@@ -13,8 +13,8 @@ TINY = ["--batch", "2", "--vocab", "256", "--dtypes", "float32", "--iters", "1",
 # Per suite: extra options keeping it to a few compiles, and ops every run must time.
 SUITE_ARGS = {
     "sample": (["--settings", "top_k50+top_p0.9", "--dists", "heads", "--implementation",
-                "xla_search", "--race-first", "4"],
-               ["jaxsample", "jaxsample no logprobs M=4", "jaxsample xla reference",
+                "xla_search"],
+               ["jaxsample", "jaxsample xla reference",
                 "jnp.max (one read)",
                 "jax.random.categorical", "lax.top_k(50)+categorical",
                 "sort top-p(0.9)+categorical"]),

@@ -492,6 +492,30 @@ def test_default_config_runs_eagerly():
                     jaxsample.SampleResult)
 
 
+@pytest.mark.parametrize("impl", ["xla", "xla_search"])
+def test_logprobs_off_returns_the_same_tokens_without_logprobs(impl):
+  """``SamplerConfig(logprobs=False)``: ``logprobs`` None, tokens and
+  ``valid`` those of the call with logprobs, with and without a mask and
+  on an empty batch; a non-bool is rejected naming the field."""
+  x = random_logits(3, B, V)
+  params = make_params(B, top_k=[0, 5, 0, 50, 0], top_p=[1.0, 0.9, 0.8, 1.0, 1.0])
+  key = jax.random.key(4)
+  on = jaxsample.sample(x, params, key, config=SamplerConfig(implementation=impl))
+  config = SamplerConfig(implementation=impl, logprobs=False)
+  off = jaxsample.sample(x, params, key, config=config)
+  off_masked, mask = jaxsample.sample(x, params, key, config=config, return_mask=True)
+  for out in (off, off_masked):
+    assert out.logprobs is None
+    np.testing.assert_array_equal(out.tokens, on.tokens)
+    np.testing.assert_array_equal(out.valid, on.valid)
+  assert mask.ids.shape[0] == B
+  empty = jaxsample.sample(jnp.zeros((0, V)), SamplingParams.make(0), key,
+                           config=config)
+  assert empty.logprobs is None and empty.tokens.shape == (0,)
+  with pytest.raises(ValueError, match="logprobs must be a bool"):
+    SamplerConfig(logprobs=1)
+
+
 # ---------------------------------------------------------------------------
 # Edge cases and bad inputs.
 # ---------------------------------------------------------------------------

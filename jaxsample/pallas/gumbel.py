@@ -46,7 +46,7 @@ from jaxsample.reference import SampleResult
 
 __all__ = ["combine_partials", "finish_sampling", "G_MAX", "gumbel_partials",
            "GumbelPartials", "GumbelRace", "MIN_ONE_MINUS_U", "options",
-           "race_candidates", "sample_untruncated", "TILE_SKIP"]
+           "sample_untruncated", "TILE_SKIP"]
 
 
 @jax.tree_util.register_dataclass
@@ -145,36 +145,12 @@ class GumbelRace:
   t: jax.Array
   race_dtype: jnp.dtype
   wide: bool
-  top: int = 1
 
   def init(self, first_index):
     n = first_index.shape[0]
-    best = jnp.full((n,), -jnp.inf, self.race_dtype)
-    if self.top > 1:
-      best, first_index = (best,) * self.top, (first_index,) * self.top
-    return (best, first_index, jnp.full((), -jnp.inf, self.race_dtype),
+    return (jnp.full((n,), -jnp.inf, self.race_dtype), first_index,
+            jnp.full((), -jnp.inf, self.race_dtype),
             jnp.zeros((n,), jnp.float32))
-
-  def _update(self, best, index_best, race, index):
-    """The lane-wise state after a chunk's exact race values, and the new
-    lower bound of the program's ``top``-th best race value (the filters'
-    bound): the best value itself for ``top = 1``; else the best ``top``
-    (value, id) pairs per lane in race order (smaller id first on ties: a
-    lane's ids do not come in order with lane groups), kept by insertion,
-    and the bound the largest lane's ``top``-th value (``top`` entries of
-    that lane reach it, so an element below it is no candidate)."""
-    if self.top == 1:
-      new_best, new_index = common.argmax_update(best, index_best, race, index)
-      return new_best, new_index, jnp.max(race)
-    best, index_best = list(best), list(index_best)
-    for level in range(self.top):
-      better = (race > best[level]) | ((race == best[level]) &
-                                       (index < index_best[level]))
-      best[level], race = (jnp.where(better, race, best[level]),
-                           jnp.where(better, best[level], race))
-      index_best[level], index = (jnp.where(better, index, index_best[level]),
-                                  jnp.where(better, index_best[level], index))
-    return tuple(best), tuple(index_best), jnp.max(best[-1])
 
   def _exp_below(self, x, bound32):
     """``exp(x * (1 / T) - bound)`` to ~6e-8 |x / T| (FFMA, FMUL, ex2)."""
@@ -210,9 +186,9 @@ class GumbelRace:
       xs = jnp.where(x != x, jnp.inf, x)
       race = self.kmath.div(xs, self.t).astype(self.race_dtype) + rng.gumbel(
           rng.uniform(bits))
-      new_best, new_index, reached = self._update(best, index_best, race,
-                                                  index)
-      new_bound = jnp.maximum(bound, reached)
+      new_best, new_index = common.argmax_update(best, index_best, race,
+                                                 index)
+      new_bound = jnp.maximum(bound, jnp.max(race))
       new_bound32 = new_bound.astype(jnp.float32)
       # A scalar: plain exp (inline asm only takes blocks).
       scale = jnp.where(new_bound32 == bound32, 1.0,
@@ -264,31 +240,10 @@ class GumbelRace:
   def finish(self, state):
     """``(race, index, reference, sumexp)`` of the program: its best race value
     and id, and ``sumexp = sum exp(y - reference)`` with ``reference`` the
-    fp32 bound (any finite reference combines exactly).  With ``top > 1``,
-    ``race`` and ``index`` are tuples: the program's best ``top`` entries
-    in race order (smallest id first among equal values), taken one by one
-    from the lanes' lists."""
+    fp32 bound (any finite reference combines exactly)."""
     best, index, bound, sumexp = state
-    reference_ = bound.astype(jnp.float32)
-    if self.top == 1:
-      top, index = common.argmax_finish(best, index)
-      return top, index, reference_, jnp.sum(sumexp)
-    best, index = list(best), list(index)
-    tops, ids = [], []
-    for _ in range(self.top):
-      top = functools.reduce(jnp.maximum, [jnp.max(b) for b in best])
-      first = functools.reduce(jnp.minimum, [
-          jnp.min(jnp.where(b == top, i, jnp.iinfo(jnp.int32).max))
-          for b, i in zip(best, index)])
-      tops.append(top)
-      ids.append(first)
-      # Taken: out of the lists (an id is listed once with a finite value;
-      # -inf entries are no candidates whatever their id).
-      taken = [(b == top) & (i == first) for b, i in zip(best, index)]
-      best = [jnp.where(t, -jnp.inf, b) for t, b in zip(taken, best)]
-      index = [jnp.where(t, jnp.iinfo(jnp.int32).max, i)
-               for t, i in zip(taken, index)]
-    return tuple(tops), tuple(ids), reference_, jnp.sum(sumexp)
+    top, index = common.argmax_finish(best, index)
+    return top, index, bound.astype(jnp.float32), jnp.sum(sumexp)
 
 
 TILE_SKIP: bool = False
@@ -325,18 +280,15 @@ and the excluded id, when given)."""
 
 def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
             fp64: bool, skip: bool, floored: bool, count_finite: bool,
-            excluding: bool = False, masked: bool = False, listing: int = 0):
+            excluding: bool = False, masked: bool = False):
   """One (row, split) program (``masked``: a ``bitmask.MaskedLogits``
-  words ref follows the row ref; ``listing``: the split's best ``listing``
-  race entries and the max of its logits, no sum-exp)."""
-  top = max(listing, 1)
+  words ref follows the row ref)."""
   refs = list(refs)
   table_ref, offset_ref, x_ref = refs[:3]  # table: gumbel_partials
   words_refs = refs[3:3 + masked]
   del refs[:3 + masked]
-  race_ref, index_ref, max_ref = refs[:3]
-  sumexp_ref = None if listing else refs[3]
-  del refs[:3 + (not listing)]
+  race_ref, index_ref, max_ref, sumexp_ref = refs[:4]
+  del refs[:4]
   raced_ref = refs.pop(0) if skip else None
   kept_ref = refs.pop(0) if floored or count_finite else None
   race_lo_ref = refs
@@ -362,9 +314,6 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
   def greedy():
     best, index, *finite = common.split_argmax(
         plan, kmath, split_start, vocab, load, count_finite=count_finite)
-    if listing:  # the argmax first, then no candidates (computed -infs)
-      none = jnp.where(index == index, -jnp.inf, best)
-      return (best,) + (none,) * (top - 1) + (index,) * top + (best,)
     # Greedy rows need no sum-exp; it is a computed 1 because Triton's cond
     # lowering cannot yield a literal.
     one = (index - index + 1).astype(jnp.float32)
@@ -372,24 +321,8 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
         index - index,) * (skip + floored)
 
   def sampled():
-    race = GumbelRace(kmath, t, race_dtype, wide=fp64, top=top)
+    race = GumbelRace(kmath, t, race_dtype, wide=fp64)
     noise = common.Noise(generator, stream, offset, wide=fp64)
-    if listing:  # the best entries, and the max of the logits (NaN as inf)
-
-      def step(carry, chunk, x):
-        state, x_max = carry
-        x32 = x.astype(jnp.float32)
-        return race.chunk_step(state, chunk, x), jnp.maximum(
-            x_max, jnp.where(x32 != x32, jnp.inf, x32))
-
-      state, x_max = common.chunk_loop(
-          plan, kmath, split_start, vocab, race_load, step,
-          (race.init(first_index), jnp.full((plan.chunk,), -jnp.inf,
-                                             jnp.float32)), noise=noise)
-      values, ids, _, _ = race.finish(state)
-      if top == 1:
-        values, ids = (values,), (ids,)
-      return (*values, *ids, jnp.max(x_max))
     if floored or count_finite:  # and count the raced entries (kept)
 
       def step(carry, chunk, x):
@@ -422,18 +355,6 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
     state, count = common.tile_loop(plan, kmath, split_start, vocab, race_load,
                                     step, init, noise=noise)
     return (*race.finish(state), count)
-
-  if listing:
-
-    @pl.when(active != 0)
-    def _():
-      out = lax.cond(t > 0, sampled, greedy)
-      for j in range(top):
-        race_ref[row, split * top + j] = out[j]
-        index_ref[row, split * top + j] = out[top + j] + offset
-      max_ref[row, split] = out[2 * top]
-
-    return
 
   @pl.when(active != 0)
   def _():
@@ -530,44 +451,6 @@ def _row_table(temperature, streams: rng.RowStreams, active, extra):
   return rowwise.pack_rows([
       temperature.astype(jnp.float32), active, streams.key0, streams.key1,
       streams.base_hi, streams.base_lo, *extra], batch)
-
-
-def race_candidates(logits: jax.Array, temperature: jax.Array,
-                    streams: rng.RowStreams, config: SamplerConfig,
-                    top: int):
-  """The unrestricted race's best ``top`` entries per row (fp32 noise):
-  ``(values, ids)`` ``[B, top]`` in race order (descending ``y + g``,
-  smallest id first on ties; -inf values last, their ids undefined) and
-  ``x_max`` ``[B]``, the logits' max (NaN read as +inf).  Greedy rows list
-  their argmax first, invalid rows their first NaN, +inf or overflowing
-  entry (all -inf rows: id 0).  One pass (lane-wise lists, ``GumbelRace``),
-  then a ``lax.top_k`` over the splits' lists (ties: the lower split)."""
-  batch, vocab = logits.shape
-  if config.use_fp64_gumbel or top < 1:
-    raise ValueError("race_candidates: fp32 noise and top >= 1 only; got "
-                     f"use_fp64_gumbel={config.use_fp64_gumbel}, top={top}")
-  tuned = tuning.resolve(config.tuning)
-  plan = common.race_plan(batch, vocab, tuned.gumbel, tuned.occupancy,
-                          generator=config.rng, fp64=False)
-  splits = plan.num_splits
-  kernel = functools.partial(_kernel, plan=plan, vocab=vocab,
-                             generator=config.rng, fp64=False, skip=False,
-                             floored=False, count_finite=False,
-                             masked=isinstance(logits, bitmask.MaskedLogits),
-                             listing=top)
-  call = common.pallas_call(kernel, out_shape=[
-      jax.ShapeDtypeStruct((batch, splits * top), jnp.float32),
-      jax.ShapeDtypeStruct((batch, splits * top), jnp.int32),
-      jax.ShapeDtypeStruct((batch, splits), jnp.float32)],
-                            grid=(batch, splits),
-                            compiler_params=plan.compiler_params(),
-                            interpret=plan.interpret,
-                            name="jaxsample_gumbel_top")
-  race, index, x_max = call(_row_table(temperature, streams, None, []),
-                            jnp.zeros((1,), jnp.int32),
-                            *bitmask.operands(logits))
-  values, at = lax.top_k(race, top)
-  return values, jnp.take_along_axis(index, at, axis=-1), x_max.max(-1)
 
 
 def sample_untruncated(logits: jax.Array, params: SamplingParams,

@@ -10,15 +10,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxsample import race_first, reference, rng, rowwise, sampling_mask
-from jaxsample import xla_search
+from jaxsample import reference, rng, rowwise, sampling_mask
 from jaxsample.pallas import gumbel, threshold, tuning
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.reference import SampleResult
 from jaxsample.sampling_mask import SamplingMask
 
 __all__ = ["extract_pallas", "kept_set_masks", "sample_pallas",
-           "sample_race_first", "untruncated_facts", "with_mask"]
+           "untruncated_facts", "with_mask"]
 
 
 # The kernel path's mask is assembled once, from per-row facts:
@@ -194,41 +193,6 @@ def sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
                           unknown=any_batch)
   result, result_mask = with_mask(*routes, params, width)
   return (result, result_mask) if return_mask else result
-
-
-def sample_race_first(logits, params: SamplingParams,
-                      streams: rng.RowStreams,
-                      config: SamplerConfig) -> SampleResult:
-  """The kernel path's race-first route (``jaxsample.race_first``; logprobs
-  None): one race kernel lists every row's best ``config.race_candidates``
-  entries and its max (``gumbel.race_candidates``), one counting pass
-  (XLA: ``race_first.check``) decides them, and rows with no decided kept
-  candidate take the threshold kernels, behind one ``lax.cond`` that only
-  runs when some row needs it (``_threshold_tokens``)."""
-  values, ids, x_max = gumbel.race_candidates(
-      logits, params.temperature, streams, config, config.race_candidates)
-  ids = jnp.clip(ids, 0, logits.shape[-1] - 1)
-  candidate_y = jnp.where(values > -jnp.inf, xla_search.tempered(
-      jnp.take_along_axis(logits, ids, axis=-1), params.temperature),
-                          -jnp.inf)
-  return race_first.resolve(
-      xla_search.tempered(logits, params.temperature), params, ids,
-      candidate_y, reference.temper(x_max, params.temperature), ids[:, 0],
-      lambda rows: _threshold_tokens(logits, params, streams, config, rows))
-
-
-def _threshold_tokens(logits, params: SamplingParams,
-                      streams: rng.RowStreams, config: SamplerConfig, rows):
-  """``[B]`` tokens of the truncating ``rows`` by the threshold kernels
-  (``sample_pallas``'s routes without the Gumbel kernel's; the other rows
-  skip every kernel as rows without a filter, their tokens undefined)."""
-  params = SamplingParams(params.temperature,
-                          jnp.where(rows, params.top_k, 0),
-                          jnp.where(rows, params.top_p, 1.0),
-                          jnp.where(rows, params.min_p, 0.0))
-  trunc, _, large_outputs = _threshold_route(logits, params, streams, config,
-                                             width=0)
-  return jnp.where(trunc.complete, trunc.token, large_outputs[0])
 
 
 def _threshold_route(logits, params: SamplingParams, streams: rng.RowStreams,
