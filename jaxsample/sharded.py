@@ -438,7 +438,7 @@ def _race_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   # [n, B, S] -> [B, n S]: splits in id order.
   race, index, top, sumexp, *kept = [
       jnp.moveaxis(g, 0, 1).reshape(batch, -1) for g in gathered]
-  whole = gumbel.GumbelPartials(race, index, top, sumexp, raced_tiles=sumexp)
+  whole = gumbel.GumbelPartials(race, index, top, sumexp)
   result, row_max, (shift, log_sum) = gumbel.finish_sampling(
       None, params, whole, logit_at=lambda t: _pick(x_shards, t // local))
   finite = jnp.sum(kept[0], axis=-1) if width else None

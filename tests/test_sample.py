@@ -4,7 +4,7 @@ reference parity, row kinds, invalid rows, jax.random compatibility, batch
 invariance, sampled frequencies, truncation through the API and bad inputs.
 
 The Gumbel kernel's parity tests here use untruncated params (top_k=0,
-top_p=1, min_p=0); its launch plans, tile skip and race ties are
+top_p=1, min_p=0); its launch plans, peaked rows and race ties are
 ``test_race_kernel.py``'s, the FP64 noise path ``test_fp64_gumbel.py``'s;
 truncated batches are tested here through the public API and kernel by
 kernel in ``test_threshold.py`` and ``test_truncated_sampling.py``.

@@ -5,48 +5,37 @@ split one RNG tile (4 x 512 ids for philox) at a time and keeps, lane-wise:
 
 * the running argmax of ``x / T + g`` (``g`` the Gumbel noise of
   ``jaxsample.rng`` for the global vocab ids: the reference's noise), behind
-  two cheap exact filters (``GumbelRace``): a tile whose tempered logits all
-  lie more than ``G_MAX`` (the largest Gumbel value the uniform allows, 15.94
-  in fp32) below the race bound is skipped without drawing its random bits
-  (the generator is most of a tile's arithmetic), and in the other tiles a
-  test on the uniforms skips the exact arithmetic for chunks that cannot win;
+  a cheap exact filter (``GumbelRace``): a test on the uniforms skips the
+  exact arithmetic for chunks that cannot win;
 * the running ``sum exp(x / T - bound)`` (one exp per element, shared with
-  both filters),
+  the filter),
 
-then writes per-split partials.  The tile skip is opt-in (``TILE_SKIP``:
-measured slower on an H100 except on peaked rows at large batch).
-``combine_partials`` merges partials
+then writes per-split partials.  ``combine_partials`` merges partials
 along the split axis, by a max and a rescaled sum; the vocab-parallel sampler
 merges partials of vocab shards the same way.  Greedy rows (T = 0) run a
 branch with no noise and no exp.  Equivalent to
 ``jaxsample.reference.sample_reference`` for untruncated rows: the same tokens
 bit for bit, and logprobs within 1e-5 plus a few ulp of the row's largest
 tempered logit (the sum-exp uses ``x * (1 / T)``, within ~1 ulp of the
-reference's ``x / T``).  ``GumbelPartials.raced_tiles``
-counts the tiles that drew random bits.
+reference's ``x / T``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
 from jaxsample import reference, rng, rowwise
 from jaxsample.pallas import bitmask, common, tuning
 from jaxsample.params import SamplerConfig, SamplingParams
-from jaxsample.reference import SampleResult
 
-__all__ = ["combine_partials", "finish_sampling", "G_MAX", "gumbel_partials",
-           "GumbelPartials", "GumbelRace", "MIN_ONE_MINUS_U", "options",
-           "sample_untruncated", "TILE_SKIP"]
+__all__ = ["combine_partials", "finish_sampling", "gumbel_partials",
+           "GumbelPartials", "GumbelRace", "sample_untruncated"]
 
 
 @jax.tree_util.register_dataclass
@@ -64,10 +53,6 @@ class GumbelPartials:
       is the row's best race value: finite iff the row's tempered logits
       have a finite max.
     sumexp: ``sum exp(y - max)`` over the split.
-    raced_tiles: RNG tiles of the split that drew random bits (the others
-      were skipped whole), float32: a plan that walks a tile in lane groups
-      counts each raced step as ``1 / lane_groups`` of a tile; 0 on greedy
-      rows.  Diagnostics only.
     kept: with a ``floor``, the split's number of elements ``y >= floor``
       (the others are left out of ``race`` and ``sumexp``); with
       ``count_finite``, of entries ``> -inf``; else None.
@@ -77,7 +62,6 @@ class GumbelPartials:
   index: jax.Array
   max: jax.Array
   sumexp: jax.Array
-  raced_tiles: jax.Array
   kept: jax.Array | None = None
 
 
@@ -100,45 +84,26 @@ def combine_partials(p: GumbelPartials):
 
 _LOG2E = 1.4426950408889634
 _SLACK = 2.0**-12
-# The smallest value of ``1 - u``: the fp32 uniform is at most 1 - 2^-23 and
-# the fp64 one at most 1 - 2^-52.  Since ``g = -log(-log u) <= -log(1 - u)``,
-# every Gumbel value is at most ``G_MAX = -log(MIN_ONE_MINUS_U)``.
-MIN_ONE_MINUS_U = {False: 2.0**-23, True: 2.0**-52}
-G_MAX = {wide: -math.log(v) for wide, v in MIN_ONE_MINUS_U.items()}
-"""Upper bounds of the Gumbel noise: 23 ln 2 = 15.9424 (fp32), 52 ln 2 = 36.0437
-(fp64).  (The fp32 noise actually reaches -log(-log(1 - 2^-23)) = 15.9424
-minus 6e-8.)"""
 
 
 @dataclasses.dataclass(frozen=True)
 class GumbelRace:
-  """Exact Gumbel-max race over RNG tiles, with two cheap filters in front.
+  """Exact Gumbel-max race over RNG tiles, with a cheap filter in front.
 
   The state is lane-wise ``(best, index)``, the race ``bound`` (the
   program's best race value so far, a lower bound of the row's) and
   lane-wise ``sumexp = sum exp(y - bound)``.  ``y' = x * (1 / T)`` approximates
   ``y = x / T``, and ``e = exp(y' - bound)`` (FFMA, ex2.approx) is computed
-  once per element: it is the sum-exp term and feeds both filters.
+  once per element: it is the sum-exp term and feeds the filter.
   ``slack = 2^-12 (|bound| + 32)`` covers every approximation error (``y'``,
   ``ex2.approx``, fp32 rounding of the bound and of the exact race).
 
-  * **Tile skip** (``step``; opt-in, ``TILE_SKIP``; no random bits at all).
-    ``g <= G_MAX = -log(m)`` with
-    ``m = MIN_ONE_MINUS_U`` (2^-23 fp32, 2^-52 fp64), so an element with
-    ``e < m (1 - slack)``, i.e. ``y' + G_MAX + slack < bound``, cannot reach
-    the bound.  A tile whose elements all pass adds its ``e`` to the sum-exp
-    and is done: the generator never runs for it (``Tile.bits()`` is only
-    called in the other branch).  On the fp32 path this is exactly the chunk
-    filter below with ``1 - u`` replaced by its minimum (every element would
-    have passed it); on the fp64 path the same argument holds with the true
-    ``1 - u >= 2^-52``.
-  * **Chunk filter** (tiles that may hold a winner).  With ``E = -log(u) >= 1
-    - u``, ``y + g = y - log(E) < bound`` whenever ``(1 - u) (1 - slack) > e``
-    (``1 - u`` from the uniform's top 23 bits, less 2^-23 on the fp64 path).
-    Only chunks with a possible winner compute the exact race ``x / T + g``
-    (XLA's division, accurate logs: the reference's arithmetic), so tokens are
-    the reference's bit for bit.  ``|bound| >= 4064`` disables both filters
-    (still exact).
+  **Chunk filter.**  With ``E = -log(u) >= 1 - u``, ``y + g = y - log(E) <
+  bound`` whenever ``(1 - u) (1 - slack) > e`` (``1 - u`` from the uniform's
+  top 23 bits, less 2^-23 on the fp64 path).  Only chunks with a possible
+  winner compute the exact race ``x / T + g`` (XLA's division, accurate logs:
+  the reference's arithmetic), so tokens are the reference's bit for bit.
+  ``|bound| >= 4064`` disables the filter (still exact).
   """
 
   kmath: common.KernelMath
@@ -201,38 +166,8 @@ class GumbelRace:
 
     return lax.cond(maybe, exact, fast, None)
 
-  def step(self, state, tile: common.Tile, loaded):
-    """One RNG tile, skipped whole or raced chunk by chunk: ``(state, raced)``
-    (``raced`` 1 if the tile drew its random bits, else 0)."""
-    bound = state[2]
-    bound32 = bound.astype(jnp.float32)
-    xs = [x.astype(jnp.float32) for x in loaded]
-    es = [self._exp_below(x, bound32) for x in xs]
-    threshold = MIN_ONE_MINUS_U[self.wide] * self._margin(bound32)
-    ok = es[0] < threshold  # False for NaN: not skippable
-    for e in es[1:]:
-      ok = ok & (e < threshold)
-    raced_tile = jnp.max(jnp.where(ok, 0, 1)).astype(jnp.int32)  # 0 or 1
-    skip = raced_tile == 0
-
-    def skipped(_):
-      best, index, bound, sumexp = state
-      total = es[0]
-      for e in es[1:]:
-        total = total + e
-      return best, index, bound, sumexp + total
-
-    def raced(_):
-      bits = tile.bits(loaded[0])  # the generator runs only here
-      s = state
-      for c, (x, e) in enumerate(zip(xs, es)):
-        s = self.chunk(s, tile.index(c), bits[c], x, e, bound32 if c else None)
-      return s
-
-    return lax.cond(skip, skipped, raced, None), raced_tile
-
   def chunk_step(self, state, chunk: common.Chunk, x):
-    """The chunk filter and race alone (no tile skip): ``chunk_loop``'s step."""
+    """The chunk filter and race of one chunk: ``chunk_loop``'s step."""
     x = x.astype(jnp.float32)
     e = self._exp_below(x, state[2].astype(jnp.float32))
     return self.chunk(state, chunk.index, chunk.bits, x, e, None)
@@ -246,40 +181,13 @@ class GumbelRace:
     return top, index, bound.astype(jnp.float32), jnp.sum(sumexp)
 
 
-TILE_SKIP: bool = False
-"""Opt-in: the tile skip (``GumbelRace.step``).  Exact (CPU and GPU tests),
-but measured on an H100 (benchmarks/results/2026-11-22-h100-gumbel-skip) it
-pays only on peaked rows at large batch (B = 512: 132 us vs 146 us); its
-extra block reduction per tile costs more than the generator it saves at B <=
-128 (peaked rows: 49.4 us vs 47.7 us at B = 128) and on flat rows (randn:
-+10% to +15%).  Off: the chunk filter alone (``GumbelRace.chunk_step``).
-(Sharing race bounds between the programs of a row through a ``[B, S]`` slot
-buffer skipped more tiles but made the kernel 1.3x to 2.5x slower, same
-results folder; removed.)"""
-
-
-@contextlib.contextmanager
-def options(*, tile_skip: bool = False):
-  """Sets ``TILE_SKIP`` while tracing (tests, benchmarks).
-
-  The flag is read when a kernel is traced: jit a fresh function inside.
-  """
-  global TILE_SKIP
-  old = TILE_SKIP
-  TILE_SKIP = tile_skip
-  try:
-    yield
-  finally:
-    TILE_SKIP = old
-
-
 _ROW_DTYPES = (jnp.float32, jnp.int32) + common.STREAM_DTYPES
 """The kernel's row table: temperature, active, the stream (then the floor
 and the excluded id, when given)."""
 
 
 def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
-            fp64: bool, skip: bool, floored: bool, count_finite: bool,
+            fp64: bool, floored: bool, count_finite: bool,
             excluding: bool = False, masked: bool = False):
   """One (row, split) program (``masked``: a ``bitmask.MaskedLogits``
   words ref follows the row ref)."""
@@ -289,7 +197,6 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
   del refs[:3 + masked]
   race_ref, index_ref, max_ref, sumexp_ref = refs[:4]
   del refs[:4]
-  raced_ref = refs.pop(0) if skip else None
   kept_ref = refs.pop(0) if floored or count_finite else None
   race_lo_ref = refs
   row, split = pl.program_id(0), pl.program_id(1)
@@ -318,7 +225,7 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
     # lowering cannot yield a literal.
     one = (index - index + 1).astype(jnp.float32)
     return (best.astype(race_dtype), index, best, one, *finite) + (
-        index - index,) * (skip + floored)
+        index - index,) * floored
 
   def sampled():
     race = GumbelRace(kmath, t, race_dtype, wide=fp64)
@@ -340,21 +247,10 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
           (race.init(first_index), jnp.zeros((plan.chunk,), jnp.int32)),
           noise=noise)
       return (*race.finish(state), jnp.sum(kept, dtype=jnp.int32))
-    if not skip:
-      state = common.chunk_loop(plan, kmath, split_start, vocab, race_load,
-                                race.chunk_step, race.init(first_index),
-                                noise=noise)
-      return race.finish(state)
-    init = race.init(first_index), split_start * 0  # (state, raced tiles)
-
-    def step(carry, tile, loaded):
-      state, count = carry
-      state, raced = race.step(state, tile, loaded)
-      return state, count + raced
-
-    state, count = common.tile_loop(plan, kmath, split_start, vocab, race_load,
-                                    step, init, noise=noise)
-    return (*race.finish(state), count)
+    state = common.chunk_loop(plan, kmath, split_start, vocab, race_load,
+                              race.chunk_step, race.init(first_index),
+                              noise=noise)
+    return race.finish(state)
 
   @pl.when(active != 0)
   def _():
@@ -367,8 +263,6 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
     index_ref[row, split] = index + offset
     max_ref[row, split] = m
     sumexp_ref[row, split] = s
-    if skip:
-      raced_ref[row, split] = counts[0]
     if kept_ref is not None:
       kept_ref[row, split] = counts[0]
 
@@ -406,16 +300,15 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
   if floored and count_finite:
     raise ValueError("count_finite counts rows without a floor")
   counted = floored or count_finite
-  skip = bool(TILE_SKIP) and not counted
   out_shape = [
       jax.ShapeDtypeStruct(shape, jnp.uint32 if fp64 else jnp.float32),
       jax.ShapeDtypeStruct(shape, jnp.int32),
       jax.ShapeDtypeStruct(shape, jnp.float32),
       jax.ShapeDtypeStruct(shape, jnp.float32),
-  ] + [jax.ShapeDtypeStruct(shape, jnp.int32)] * (skip + counted) + [
+  ] + [jax.ShapeDtypeStruct(shape, jnp.int32)] * counted + [
       jax.ShapeDtypeStruct(shape, jnp.uint32)] * fp64
   kernel = functools.partial(_kernel, plan=plan, vocab=vocab,
-                             generator=config.rng, fp64=fp64, skip=skip,
+                             generator=config.rng, fp64=fp64,
                              floored=floored, count_finite=count_finite,
                              excluding=exclude is not None,
                              masked=isinstance(logits, bitmask.MaskedLogits))
@@ -431,17 +324,9 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
   race, index, row_max, sumexp, *rest = call(table, offset,
                                               *bitmask.operands(logits))
   kept = rest.pop(0) if counted else None
-  if skip:  # raced loop steps
-    raced = rest[0].astype(jnp.float32) / plan.lane_groups
-  else:  # every tile of a sampled row races
-    starts = np.arange(plan.num_splits) * plan.split_len
-    tiles = np.minimum(-(-(vocab - starts) // plan.tile), plan.steps)
-    raced = jnp.where(temperature[:, None] > 0,
-                      jnp.asarray(tiles, jnp.float32)[None], 0.0)
-  race_lo = rest[skip:]
   if fp64:
-    race = common.join_fp64_words(race, race_lo[0])
-  return GumbelPartials(race, index, row_max, sumexp, raced, kept)
+    race = common.join_fp64_words(race, rest[0])
+  return GumbelPartials(race, index, row_max, sumexp, kept)
 
 
 def _row_table(temperature, streams: rng.RowStreams, active, extra):
