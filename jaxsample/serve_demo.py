@@ -18,8 +18,6 @@ verification at a chosen acceptance).
 with the device's idle share over ``--idle-window`` step calls of the
 steady state of a second, profiled pass of the same stream
 (``bench.timing.IdleWindow``: a profiler trace; n/a without GPU events).
-``--branch-free`` runs the samplers without data-dependent conds
-(``ServeLoop(branch_free=...)``).
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ from jaxsample.generation.requests import Request, Speculation
 from jaxsample.generation.serving import ServeLoop
 from jaxsample.models import (EMBEDDED_DIR, Transformer, TransformerConfig,
                               load_draft, load_embedded)
-from jaxsample.pallas import tuning
 from jaxsample.params import SamplerConfig
 
 __all__ = ["SETTINGS", "acceptance", "build_loop", "load_target", "main",
@@ -89,7 +86,7 @@ def build_loop(model: Transformer, spec: str, args) -> ServeLoop:
   return ServeLoop(NnxLM.split(model), slots=args.slots,
                    cache_len=args.cache_len, config=config,
                    steps_per_call=args.steps_per_call, speculation=speculation,
-                   overlap=not args.no_overlap, branch_free=args.branch_free)
+                   overlap=not args.no_overlap)
 
 
 def make_requests(tokenizer, vocab: int, args) -> list[Request]:
@@ -188,9 +185,6 @@ def parser() -> argparse.ArgumentParser:
                       "one per rate)")
   parser.add_argument("--no-overlap", action="store_true",
                       help="read each step's outputs before the next dispatch")
-  parser.add_argument("--branch-free", action=argparse.BooleanOptionalAction,
-                      default=None, help="samplers without data-dependent "
-                      "conds (default: the loop's, DEFAULT_BRANCH_FREE)")
   parser.add_argument("--idle-window", type=int, default=16,
                       help="--bench: step calls profiled (in a second pass) "
                       "for the device idle share, after as many warm calls "
@@ -239,7 +233,6 @@ def main(argv=None) -> int:
     done, seconds = serve(loop, requests, args.arrivals, live=not args.bench)
     line = (f"spec={spec:18s} slots={args.slots} k={args.k} "
             f"steps/call={loop.steps_per_call} "
-            f"branch-free={not tuning.conds(loop.config.tuning)} "
             f"warmup {compile_s:.1f} s | "
             + _progress(loop, len(requests), seconds))
     if args.bench and args.idle_window:  # a second pass, profiled

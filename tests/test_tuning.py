@@ -17,8 +17,7 @@ import pytest
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, rng
 from jaxsample.pallas import gumbel, tuning
-from jaxsample.pallas.tuning import (BoundsLaunch, Branching, CompactLaunch,
-                                     Occupancy,
+from jaxsample.pallas.tuning import (BoundsLaunch, CompactLaunch, Occupancy,
                                      PackLaunch, PivotLaunch, RaceLaunch,
                                      SelectLaunch, SpecStatsLaunch,
                                      StatsLaunch, Tuning, WindowLaunch)
@@ -32,7 +31,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # _COMPACT_TILE, _COMPACT_WARPS, _PACK_WARPS; select._SELECT_WARPS;
 # window.WINDOW_WARPS; pivot._PIVOT_WARPS; spec.stats.STATS_BLOCK; every
 # launch with 1 stage and the heuristic's warps and splits where
-# SamplerConfig's knobs were None; the idle routes behind their conds.
+# SamplerConfig's knobs were None.
 BEFORE = Tuning(
     gumbel=RaceLaunch(num_warps=None, num_splits=None, block_size=1024,
                       num_stages=1, one_warp_batch=32),
@@ -52,8 +51,7 @@ BEFORE = Tuning(
                       num_stages=1),
     occupancy=Occupancy(sm_count=132,
                         programs_per_sm=((1, 15), (2, 6), (4, 3)),
-                        one_warp_resident=16),
-    branching=Branching(conds=True))
+                        one_warp_resident=16))
 
 
 @pytest.mark.parametrize("kind", [tuning.H100_KIND, tuning.H200_KIND, "cpu",
@@ -198,8 +196,7 @@ def test_old_global_knobs_name_the_new_way(knob):
     (lambda: Tuning(stats=CompactLaunch()), "Tuning.stats"),
     (lambda: Occupancy(programs_per_sm=((4, 3),)), "programs_per_sm"),
     (lambda: Occupancy(sm_count=0), "Occupancy.sm_count"),
-    (lambda: Branching(conds=0), "Branching.conds"),
-    (lambda: Tuning(branching=False), "Tuning.branching"),
+    (lambda: Tuning(occupancy=False), "Tuning.occupancy"),
     (lambda: SamplerConfig(tuning=StatsLaunch()), "tuning must be"),
 ])
 def test_bad_tuning_values_raise_naming_the_field(make, match):

@@ -10,8 +10,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxsample import reference, rng, rowwise, sampling_mask
-from jaxsample.pallas import gumbel, threshold, tuning
+from jaxsample import rng, rowwise, sampling_mask
+from jaxsample.pallas import gumbel, threshold
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.reference import SampleResult
 from jaxsample.sampling_mask import SamplingMask
@@ -130,8 +130,7 @@ def sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   included) and invalid rows; and one branch, taken only when some row
   needs it (``lax.cond``), rows with large kept sets or overflowed
   candidate buffers (``threshold.sample_large``, with their masks; inside
-  it only the mask listing's fallback conds); with
-  ``tuning.Branching(conds=False)`` that route runs every call, no cond.
+  it only the mask listing's fallback conds).
   Where the caller's ``jit`` closes over the params, a batch without
   truncating rows compiles the Gumbel route alone (``rowwise.cond``);
   traced params run every route rather than a cond on the batch.  A
@@ -201,12 +200,11 @@ def _threshold_route(logits, params: SamplingParams, streams: rng.RowStreams,
   every truncating row, then ``threshold.sample_large`` for the rows it
   leaves unfinished (large kept sets, overflowed buffers), behind the one
   cond (idle, that route's kernels and XLA glue cost more than the cond,
-  ``scripts/measure_host_gaps.py``; none under ``Branching(conds=False)``).
+  ``scripts/measure_host_gaps.py``).
   Returns ``(trunc, unfinished, sample_large's outputs)``."""
   trunc = threshold.sample_truncated(logits, params, streams, config,
                                      order_width=width, finish_large=False)
   unfinished = trunc.unfinished(params)
   large_outputs = rowwise.only_if(unfinished, lambda: threshold.sample_large(
-      logits, params, trunc, streams, config, unfinished, order_width=width),
-      branch=tuning.conds(config.tuning))
+      logits, params, trunc, streams, config, unfinished, order_width=width))
   return trunc, unfinished, large_outputs

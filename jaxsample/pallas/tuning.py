@@ -22,7 +22,7 @@ import numbers
 import jax
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["BoundsLaunch", "Branching", "CompactLaunch", "conds", "DEFAULT",
+__all__ = ["BoundsLaunch", "CompactLaunch", "DEFAULT",
            "H100_KIND", "H200_KIND", "Launch", "Measured", "MEASURED", "Occupancy",
            "overriding", "PackLaunch", "PassLaunch", "PivotLaunch",
            "RaceLaunch", "resolve", "SelectLaunch", "SpecStatsLaunch",
@@ -226,35 +226,10 @@ class Occupancy:
 
 
 @dataclasses.dataclass(frozen=True)
-class Branching:
-  """Whether the kernel path skips routes that no row of a batch takes.
-
-  Attributes:
-    conds: True (the default): the routes few rows take (large kept sets
-      and overflowed candidate buffers, ``threshold.sample_large``; the
-      mask listing's whole-row fallback; the speculative verifier's kept
-      floors) run behind a ``lax.cond`` that skips them when no row needs
-      them (the FP64 path keeps its cond).  False: every route runs on every call, its kernels skipping
-      the rows that do not take it (the same results, bit for bit): no
-      data-dependent ``conditional`` in the program, so a GPU's host does
-      not wait for a predicate's copy before it can dispatch the rest
-      (``docs/serving.md``, Host and device), at the cost of the idle
-      routes' launches.
-  """
-
-  conds: bool = True
-
-  def __post_init__(self):
-    if not isinstance(self.conds, bool):
-      raise ValueError(f"Branching.conds must be a bool; got {self.conds!r}")
-
-
-@dataclasses.dataclass(frozen=True)
 class Tuning:
   """The launch configs of every kernel; a field left None takes the
   device's ``MEASURED`` entry, else the config class's defaults
-  (``resolve``).  ``spec_emit`` is pass 2 of the draft-logits verifier;
-  ``branching`` is no launch but how routes no row takes are skipped."""
+  (``resolve``).  ``spec_emit`` is pass 2 of the draft-logits verifier."""
 
   gumbel: RaceLaunch | None = None
   spec_emit: RaceLaunch | None = None
@@ -267,7 +242,6 @@ class Tuning:
   window: WindowLaunch | None = None
   pivot: PivotLaunch | None = None
   occupancy: Occupancy | None = None
-  branching: Branching | None = None
 
   def __post_init__(self):
     for field in dataclasses.fields(self):
@@ -281,8 +255,7 @@ _KINDS = {"gumbel": RaceLaunch, "spec_emit": RaceLaunch,
           "spec_stats": SpecStatsLaunch, "stats": StatsLaunch,
           "bounds": BoundsLaunch, "compact": CompactLaunch,
           "pack": PackLaunch, "select": SelectLaunch, "window": WindowLaunch,
-          "pivot": PivotLaunch, "occupancy": Occupancy,
-          "branching": Branching}
+          "pivot": PivotLaunch, "occupancy": Occupancy}
 
 DEFAULT = Tuning(**{name: kind() for name, kind in _KINDS.items()})
 """The heuristic: every config at its class's defaults."""
@@ -382,12 +355,6 @@ def _resolve(override: Tuning, device_kind: str) -> Tuning:
       name: getattr(override, name) or (
           table[name].config if name in table else getattr(DEFAULT, name))
       for name in _KINDS})
-
-
-def conds(override: Tuning | None = None) -> bool:
-  """``Branching.conds`` of ``resolve(override)``: whether routes that no
-  row takes are skipped behind a ``lax.cond``."""
-  return resolve(override).branching.conds
 
 
 def overriding(knobs: dict[str, int], device_kind: str | None = None) -> Tuning:
