@@ -337,16 +337,6 @@ class SamplerConfig:
   kernel_bitmask: bool = False
   logprobs: bool = True
 
-  def __new__(cls, *args, **kwargs):
-    moved = sorted(set(kwargs) & set(_MOVED_KNOBS))
-    if moved:
-      raise ValueError(
-          f"SamplerConfig no longer takes {', '.join(moved)}: launch knobs "
-          "are per kernel now, e.g. SamplerConfig(tuning=Tuning(gumbel="
-          "RaceLaunch(num_warps=4, num_splits=2))) (jaxsample.pallas.tuning; "
-          f"{_MOVED_KNOBS[moved[0]]})")
-    return super().__new__(cls)
-
   def __post_init__(self):
     if self.rng not in rng.GENERATORS:
       raise ValueError(f"rng must be one of {rng.GENERATORS}; got {self.rng!r}")
@@ -369,16 +359,6 @@ class SamplerConfig:
         self.max_mask_ids, (int, np.integer)) or self.max_mask_ids < 1:
       raise ValueError(f"max_mask_ids must be an int >= 1; got "
                        f"{self.max_mask_ids!r}")
-
-
-_MOVED_KNOBS = {
-    "block_size": "the passes' loads: StatsLaunch, CompactLaunch, PivotLaunch, "
-                  "SpecStatsLaunch; threefry races: RaceLaunch",
-    "num_splits": "RaceLaunch, StatsLaunch, CompactLaunch, SpecStatsLaunch",
-    "num_warps": "every *Launch config has num_warps",
-    "num_stages": "every *Launch config has num_stages"}
-"""The global launch knobs ``SamplerConfig`` used to take, and where each
-went."""
 
 
 def as_config(config: SamplerConfig | str | None) -> SamplerConfig:

@@ -140,12 +140,12 @@ def _sample(logits, params, key, positions, config: SamplerConfig,
     if not return_mask:
       return result
     return result, mask.extract_sampling_mask(logits, params, config=config)
-  rows = lambda batched, _: sample_rows(*batched, config, return_mask)
+  rows = lambda batched, _, config: sample_rows(*batched, config, return_mask)
   with dispatch.x64_scope(config.use_fp64_gumbel, *jax.tree.leaves(logits),
                           key, positions,
                           *jax.tree.leaves(params)):
     result, result_mask = partition.by_batch_shard(
-        rows, (logits, params, streams))
+        rows, (logits, params, streams), config=config)
   if not return_mask:
     return result
   # Valid rows' tokens are in their kept sets: listed even on overflow.

@@ -120,6 +120,9 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
     truncating = jnp.any(params.truncates() & (params.temperature > 0))
 
   width = config.max_mask_ids if return_mask else 0
+  # A batch shard's kernels plan as for the whole batch.
+  config = partition.shard_config(
+      config, partition.manual_rows(logits, batch, exclude=axis_name)[0])
 
   def parallel():
     race = _race_pallas if dispatch.use_pallas(config) else _race_xla
@@ -139,9 +142,7 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
 
   with dispatch.x64_scope(config.use_fp64_gumbel, logits, key, positions,
                           *jax.tree.leaves(params)):
-    with common.planned_as_shards(
-        partition.manual_rows(logits, batch, exclude=axis_name)[0]):
-      result, kept = rowwise.cond(truncating, truncated, parallel)
+    result, kept = rowwise.cond(truncating, truncated, parallel)
   if not return_mask:
     return result
   # Valid rows' tokens are in their kept sets: listed even on overflow.

@@ -270,10 +270,10 @@ def rejection_sample(target_logits: jax.Array,
   with dispatch.x64_scope(config.use_fp64_gumbel, target_logits, key,
                           positions, *jax.tree.leaves(params)):
     result, rows = partition.by_batch_shard(
-        lambda batched, shared: _verify_rows(*batched, *shared, config,
-                                             return_mask),
+        lambda batched, shared, config: _verify_rows(*batched, *shared,
+                                                     config, return_mask),
         (target_logits, draft_tokens, n, params, key, positions,
-         draft_logits), (synthetic_rates,))
+         draft_logits), (synthetic_rates,), config=config)
   if not return_mask:
     return result
   return result, spec_reference.emitted_masks(result, rows)

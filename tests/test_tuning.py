@@ -16,7 +16,7 @@ import pytest
 
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, rng
-from jaxsample.pallas import gumbel, tuning
+from jaxsample.pallas import common, gumbel, tuning
 from jaxsample.pallas.tuning import (BoundsLaunch, CompactLaunch, Occupancy,
                                      PackLaunch, PivotLaunch, RaceLaunch,
                                      SelectLaunch, SpecStatsLaunch,
@@ -177,13 +177,21 @@ def test_overrides_reach_the_kernels_launches():
       "jaxsample_gumbel_max"] == [((batch, 2), 2)]
 
 
-@pytest.mark.parametrize("knob", ["block_size", "num_splits", "num_warps",
-                                  "num_stages"])
-def test_old_global_knobs_name_the_new_way(knob):
-  with pytest.raises(ValueError, match=f"no longer takes {knob}.*tuning="):
-    SamplerConfig(**{knob: 4})
-  with pytest.raises(ValueError, match="tuning=Tuning"):
-    dataclasses.replace(SamplerConfig(), **{knob: 64})
+def test_a_batch_shard_plans_as_the_whole_batch():
+  """``for_batch_shards``: a shard's ``Occupancy.batch_shards`` scales the
+  rows its plans are made for (warps and splits of the whole batch)."""
+  assert tuning.for_batch_shards(None, 1) is None
+  shard = tuning.resolve(tuning.for_batch_shards(
+      tuning.for_batch_shards(None, 2), 4))
+  assert shard.occupancy.batch_shards == 8
+  whole = tuning.resolve()
+  for rows in (1, 4, 16):
+    plan = common.race_plan(rows, 151936, shard.gumbel, shard.occupancy,
+                            generator="philox", fp64=False)
+    want = common.race_plan(8 * rows, 151936, whole.gumbel, whole.occupancy,
+                            generator="philox", fp64=False)
+    assert (plan.num_warps, plan.num_splits) == (want.num_warps,
+                                                 want.num_splits)
 
 
 @pytest.mark.parametrize("make,match", [
@@ -196,6 +204,7 @@ def test_old_global_knobs_name_the_new_way(knob):
     (lambda: Tuning(stats=CompactLaunch()), "Tuning.stats"),
     (lambda: Occupancy(programs_per_sm=((4, 3),)), "programs_per_sm"),
     (lambda: Occupancy(sm_count=0), "Occupancy.sm_count"),
+    (lambda: Occupancy(batch_shards=0), "Occupancy.batch_shards"),
     (lambda: Tuning(occupancy=False), "Tuning.occupancy"),
     (lambda: SamplerConfig(tuning=StatsLaunch()), "tuning must be"),
 ])
@@ -217,12 +226,13 @@ def test_configs_are_hashable_static_arguments():
 
 
 def test_nothing_sets_module_attributes():
-  """Sweeps pass configs: no ``setattr`` in the package or the scripts."""
+  """Sweeps and batch shards pass configs: no ``setattr`` and no ``global``
+  statement in the package or the scripts."""
   found = []
   for path in sorted([*(ROOT / "jaxsample").rglob("*.py"),
                       *(ROOT / "scripts").glob("*.py")]):
     for node in ast.walk(ast.parse(path.read_text())):
-      if isinstance(node, ast.Call) and getattr(
+      if isinstance(node, ast.Global) or isinstance(node, ast.Call) and getattr(
           node.func, "id", None) == "setattr":
         found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
   assert not found

@@ -22,7 +22,7 @@ import numbers
 import jax
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["BoundsLaunch", "CompactLaunch", "DEFAULT",
+__all__ = ["BoundsLaunch", "CompactLaunch", "DEFAULT", "for_batch_shards",
            "H100_KIND", "H200_KIND", "Launch", "Measured", "MEASURED", "Occupancy",
            "overriding", "PackLaunch", "PassLaunch", "PivotLaunch",
            "RaceLaunch", "resolve", "SelectLaunch", "SpecStatsLaunch",
@@ -192,15 +192,22 @@ class Occupancy:
       most warps not above its own).
     one_warp_resident: 1-warp programs per SM past which a launch runs a
       short second wave.
+    batch_shards: the shards a call's batch is split into (1: none): plans
+      are made for ``batch_shards`` times a call's rows, so a batch shard
+      launches what the whole batch would and its kernels sum in the same
+      order (bit-identical logprobs).  ``jaxsample.partition`` sets it
+      (``for_batch_shards``).
   """
 
   sm_count: int = 132
   programs_per_sm: tuple[tuple[int, int], ...] = ((1, 15), (2, 6), (4, 3))
   one_warp_resident: int = 16
+  batch_shards: int = 1
 
   def __post_init__(self):
     _check(self, "sm_count", self.sm_count)
     _check(self, "one_warp_resident", self.one_warp_resident)
+    _check(self, "batch_shards", self.batch_shards)
     pairs = self.programs_per_sm
     if not (isinstance(pairs, tuple) and all(
         isinstance(p, tuple) and len(p) == 2 and all(
@@ -209,6 +216,10 @@ class Occupancy:
       raise ValueError(
           "Occupancy.programs_per_sm must be a tuple of (warps, programs) int "
           f"pairs with an entry for 1 warp; got {pairs!r}")
+
+  def planned_rows(self, batch: int) -> int:
+    """The rows a plan is made for: the whole batch's on a batch shard."""
+    return batch * self.batch_shards
 
   def splits(self, rows: int, n_tiles: int, num_warps: int) -> int:
     """Splits per row: ``programs_per_sm`` programs per SM, rounded up; for
@@ -355,6 +366,17 @@ def _resolve(override: Tuning, device_kind: str) -> Tuning:
       name: getattr(override, name) or (
           table[name].config if name in table else getattr(DEFAULT, name))
       for name in _KINDS})
+
+
+def for_batch_shards(override: Tuning | None, shards: int) -> Tuning | None:
+  """``override`` for a call on one of ``shards`` batch shards: its resolved
+  ``occupancy`` with ``batch_shards`` multiplied by ``shards`` (``override``
+  itself for 1 shard)."""
+  if shards == 1:
+    return override
+  occupancy = resolve(override).occupancy
+  return dataclasses.replace(override or Tuning(), occupancy=dataclasses.replace(
+      occupancy, batch_shards=occupancy.batch_shards * shards))
 
 
 def overriding(knobs: dict[str, int], device_kind: str | None = None) -> Tuning:
