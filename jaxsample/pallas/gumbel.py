@@ -231,19 +231,9 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
     race = GumbelRace(kmath, t, race_dtype, wide=fp64)
     noise = common.Noise(generator, stream, offset, wide=fp64)
     if floored or count_finite:  # and count the raced entries (kept)
-
-      def step(carry, chunk, x):
-        state, kept = carry
-        x = x.astype(jnp.float32)
-        inside = x > -jnp.inf  # counted (NaN is not)
-        if floored:  # the race and sum-exp over {x / T >= floor} only
-          below = common.below_floor(x, x_floor)  # (NaN still races)
-          inside = inside & ~below
-          x = jnp.where(below, -jnp.inf, x)
-        return race.chunk_step(state, chunk, x), kept + jnp.where(inside, 1, 0)
-
       state, kept = common.chunk_loop(
-          plan, kmath, split_start, vocab, race_load, step,
+          plan, kmath, split_start, vocab, race_load,
+          _counting_step(race, x_floor),
           (race.init(first_index), jnp.zeros((plan.chunk,), jnp.int32)),
           noise=noise)
       return (*race.finish(state), jnp.sum(kept, dtype=jnp.int32))
@@ -265,6 +255,25 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
     sumexp_ref[row, split] = s
     if kept_ref is not None:
       kept_ref[row, split] = counts[0]
+
+
+def _counting_step(race: GumbelRace, x_floor):
+  """``chunk_loop``'s step for ``(race state, kept)``: races a chunk and
+  counts its entries ``> -inf`` (NaN is not counted); with ``x_floor``
+  (``common.logit_floor``) only those with ``y >= floor``, the others
+  raced and summed as -inf (NaN still races)."""
+
+  def step(carry, chunk, x):
+    state, kept = carry
+    x = x.astype(jnp.float32)
+    inside = x > -jnp.inf
+    if x_floor is not None:
+      below = common.below_floor(x, x_floor)
+      inside = inside & ~below
+      x = jnp.where(below, -jnp.inf, x)
+    return race.chunk_step(state, chunk, x), kept + jnp.where(inside, 1, 0)
+
+  return step
 
 
 def gumbel_partials(logits: jax.Array, temperature: jax.Array,
