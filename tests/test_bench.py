@@ -78,6 +78,28 @@ def test_suite_writes_rows_and_json(suite, tmp_path, capsys):
   assert all(op in printed for op in want_ops)
 
 
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_commands_take_their_own_command_line(command, capsys):
+  with pytest.raises(SystemExit) as done:
+    cli.main([command, "--help"])
+  assert done.value.code == 0
+  assert f"python -m jaxsample.bench {command}" in capsys.readouterr().out
+
+
+def test_serve_prints_a_line_per_spec_with_the_idle_window(capsys):
+  """A random-weight model on CPU: the summary line, then the profiled
+  window (no GPU events: n/a)."""
+  assert cli.main(["serve", "--random", "--requests", "4", "--max-tokens", "4",
+                   "--slots", "2", "--cache-len", "64", "--vocab", "256",
+                   "--d-model", "32", "--layers", "1", "--implementation", "xla",
+                   "--idle-window", "1", "--spec", "none", "ngram"]) == 0
+  lines = [line for line in capsys.readouterr().out.splitlines()
+           if line.startswith("spec=")]
+  assert [line.split()[0] for line in lines] == ["spec=none", "spec=ngram"]
+  assert all("requests 4/4" in line and "device idle n/a" in line
+             for line in lines), lines
+
+
 def test_build_time_checks_hold():
   """The exactness flags the suites record are true on CPU."""
   args = cli.parser().parse_args(["sort", *TINY, "--vocab", "64", "--no-peers"])
