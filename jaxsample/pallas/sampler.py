@@ -135,9 +135,10 @@ def sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   truncating rows compiles the Gumbel route alone (``rowwise.cond``);
   traced params run every route rather than a cond on the batch.  A
   ``lax.cond`` costs every step the trip of its predicate (6-10 us of a
-  decode loop's step on an H100, ``scripts/measure_host_gaps.py``): less
-  than running the large-set route idle; a cond on the batch would save
-  steps without filters about what it would cost filtered ones (``benchmarks/results/2026-11-24-idle-skips``).
+  decode loop's step on an H100, ``scripts/measure_host_gaps.py`` at
+  d785b4c): less than running the large-set route idle; a cond on the
+  batch would save steps without filters about what it would cost
+  filtered ones (``benchmarks/results/2026-11-24-idle-skips``).
 
   The FP64 path finds every kept set's threshold (``threshold.kept_sets``;
   with a mask, also the kept ids by probability) and races the kept set with
@@ -200,7 +201,7 @@ def _threshold_route(logits, params: SamplingParams, streams: rng.RowStreams,
   every truncating row, then ``threshold.sample_large`` for the rows it
   leaves unfinished (large kept sets, overflowed buffers), behind the one
   cond (idle, that route's kernels and XLA glue cost more than the cond,
-  ``scripts/measure_host_gaps.py``).
+  ``scripts/measure_host_gaps.py`` at d785b4c).
   Returns ``(trunc, unfinished, sample_large's outputs)``."""
   trunc = threshold.sample_truncated(logits, params, streams, config,
                                      order_width=width, finish_large=False)
