@@ -186,6 +186,8 @@ def test_report_writes_json_tables_and_figures(tmp_path):
                    "--out", str(merged)]) == 0
   again = json.loads((merged / "report.json").read_text())
   assert len(again["rows"]) == 2 * len(doc["rows"]) and len(again["merged"]) == 2
+  assert again["merged"][0] == dict({k: v for k, v in doc.items() if k != "rows"},
+                                    path=str(out / "report.json"))
   assert (merged / "sample-V512-float32-plain.png").read_bytes().startswith(PNG_MAGIC)
   assert doc["complete"] and again["complete"] and again["left_out"] == []
 
