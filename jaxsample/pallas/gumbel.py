@@ -177,8 +177,9 @@ class GumbelRace:
     and id, and ``sumexp = sum exp(y - reference)`` with ``reference`` the
     fp32 bound (any finite reference combines exactly)."""
     best, index, bound, sumexp = state
+    reference_ = bound.astype(jnp.float32)
     top, index = common.argmax_finish(best, index)
-    return top, index, bound.astype(jnp.float32), jnp.sum(sumexp)
+    return top, index, reference_, jnp.sum(sumexp)
 
 
 _ROW_DTYPES = (jnp.float32, jnp.int32) + common.STREAM_DTYPES
