@@ -53,7 +53,7 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
     params = params.canonical(logits.shape[1])
   backend = dispatch.backend(config)
 
-  def rows(batched, _):
+  def rows(batched, _, config):
     logits, params = batched
     if backend == "pallas" and logits.shape[0]:
       return sampler.extract_pallas(logits, params, config)
@@ -63,4 +63,4 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
         process(logits, params, order_width=config.max_mask_ids),
         params, config.max_mask_ids)
 
-  return partition.by_batch_shard(rows, (logits, params))
+  return partition.by_batch_shard(rows, (logits, params), config=config)

@@ -326,16 +326,6 @@ class SamplerConfig:
     logprobs: ``sample`` returns the sampled tokens' logprobs (default;
       other entry points ignore this field).  False:
       ``SampleResult.logprobs`` is None; the tokens are the same.
-    race_candidates: 0 (default): every route as with logprobs.  ``M >=
-      1`` with ``logprobs=False``: truncating rows are sampled race first
-      (``jaxsample.race_first``: the unrestricted race's best ``M``
-      entries, checked against the kept set by one counting pass, no
-      threshold search; a row whose ``M`` entries all lie outside its kept
-      set, probability at most ``(1 - kept mass)^M``, takes the threshold
-      route) on the kernels and the sort reference, unless the call asks
-      for a mask or FP64 noise (``"xla_search"`` keeps its route).  Off by
-      default: on an H100 it won only at B = 1 on flat top-p 0.95 rows
-      (``docs/truncation.md``).
   """
 
   rng: str = "philox"
@@ -346,17 +336,6 @@ class SamplerConfig:
   max_candidates: int = 1024
   kernel_bitmask: bool = False
   logprobs: bool = True
-  race_candidates: int = 0
-
-  def __new__(cls, *args, **kwargs):
-    moved = sorted(set(kwargs) & set(_MOVED_KNOBS))
-    if moved:
-      raise ValueError(
-          f"SamplerConfig no longer takes {', '.join(moved)}: launch knobs "
-          "are per kernel now, e.g. SamplerConfig(tuning=Tuning(gumbel="
-          "RaceLaunch(num_warps=4, num_splits=2))) (jaxsample.pallas.tuning; "
-          f"{_MOVED_KNOBS[moved[0]]})")
-    return super().__new__(cls)
 
   def __post_init__(self):
     if self.rng not in rng.GENERATORS:
@@ -376,24 +355,10 @@ class SamplerConfig:
                        f"{self.kernel_bitmask!r}")
     if not isinstance(self.logprobs, bool):
       raise ValueError(f"logprobs must be a bool; got {self.logprobs!r}")
-    if isinstance(self.race_candidates, bool) or not isinstance(
-        self.race_candidates, (int, np.integer)) or self.race_candidates < 0:
-      raise ValueError(f"race_candidates must be an int >= 0 (e.g. 4); got "
-                       f"{self.race_candidates!r}")
     if isinstance(self.max_mask_ids, bool) or not isinstance(
         self.max_mask_ids, (int, np.integer)) or self.max_mask_ids < 1:
       raise ValueError(f"max_mask_ids must be an int >= 1; got "
                        f"{self.max_mask_ids!r}")
-
-
-_MOVED_KNOBS = {
-    "block_size": "the passes' loads: StatsLaunch, CompactLaunch, PivotLaunch, "
-                  "SpecStatsLaunch; threefry races: RaceLaunch",
-    "num_splits": "RaceLaunch, StatsLaunch, CompactLaunch, SpecStatsLaunch",
-    "num_warps": "every *Launch config has num_warps",
-    "num_stages": "every *Launch config has num_stages"}
-"""The global launch knobs ``SamplerConfig`` used to take, and where each
-went."""
 
 
 def as_config(config: SamplerConfig | str | None) -> SamplerConfig:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import math
 
 import jax
@@ -32,10 +33,11 @@ from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 from jaxsample import rowwise
-from jaxsample.pallas import common
+from jaxsample.pallas import tuning
+from jaxsample.params import SamplerConfig
 
 __all__ = ["batch_split_over", "by_batch_shard", "explicit_axes",
-           "manual_rows", "per_batch_shard"]
+           "manual_rows", "per_batch_shard", "shard_config"]
 
 _BATCH_SPLIT = contextvars.ContextVar("batch_split", default=())
 
@@ -85,17 +87,23 @@ def manual_rows(x, batch: int, *, exclude: str | None = None):
   return math.prod(mesh.shape[a] for a in axes), index * jnp.uint32(batch)
 
 
+def shard_config(config: SamplerConfig, shards: int) -> SamplerConfig:
+  """``config`` for a call on one of ``shards`` batch shards: its kernels
+  plan as for the whole batch (``tuning.Occupancy.batch_shards``)."""
+  return dataclasses.replace(
+      config, tuning=tuning.for_batch_shards(config.tuning, shards))
+
+
 def per_batch_shard(fn, axes: tuple[str, ...], batched, shared, *,
-                    out_batch_dims=0):
-  """``fn(batched, shared)`` run on each batch shard inside ``jax.shard_map``
-  over the Explicit mesh axes ``axes``.
+                    config: SamplerConfig, out_batch_dims=0):
+  """``fn(batched, shared, config)`` run on each batch shard inside
+  ``jax.shard_map`` over the Explicit mesh axes ``axes``.
 
   ``batched``: a pytree of arrays with the batch as leading dimension,
   resharded to ``P(axes)`` (a no-op where they already are); ``shared``:
   arrays every shard reads whole (replicated).  ``out_batch_dims``: a
   pytree prefix of ``fn``'s output giving each output's batch dimension.
-  The kernels traced inside plan as for the whole batch
-  (``common.planned_as_shards``).
+  ``fn`` gets ``config`` planned for the whole batch (``shard_config``).
   """
   leaves = jax.tree.leaves(batched)
   mesh = jax.typeof(leaves[0]).sharding.mesh
@@ -111,8 +119,7 @@ def per_batch_shard(fn, axes: tuple[str, ...], batched, shared, *,
   out_specs = jax.tree.map(lambda d: P(*(None,) * d, axes), out_batch_dims)
 
   def body(batched, shared):
-    with common.planned_as_shards(shards):
-      return fn(batched, shared)
+    return fn(batched, shared, shard_config(config, shards))
 
   # check_vma off: the kernels' interpret mode cannot lower with it (JAX
   # 0.11.2), and every output is declared split over ``axes`` anyway.
@@ -120,15 +127,16 @@ def per_batch_shard(fn, axes: tuple[str, ...], batched, shared, *,
                        out_specs=out_specs, check_vma=False)(batched, shared)
 
 
-def by_batch_shard(fn, batched, shared=(), *, out_batch_dims=0):
-  """``fn(batched, shared)`` for inputs that may be split along the batch:
-  ``per_batch_shard`` when the first leaf of ``batched`` is split over
-  Explicit mesh axes, else ``fn`` itself, its kernels planned for the whole
-  batch inside the caller's ``jax.shard_map`` (``manual_rows``)."""
+def by_batch_shard(fn, batched, shared=(), *, config: SamplerConfig,
+                   out_batch_dims=0):
+  """``fn(batched, shared, config)`` for inputs that may be split along the
+  batch: ``per_batch_shard`` when the first leaf of ``batched`` is split
+  over Explicit mesh axes, else ``fn`` itself, with ``config`` planned for
+  the whole batch inside the caller's ``jax.shard_map`` (``manual_rows``,
+  ``shard_config``)."""
   first = jax.tree.leaves(batched)[0]
   if axes := explicit_axes(first, 0):
-    return per_batch_shard(fn, axes, batched, shared,
+    return per_batch_shard(fn, axes, batched, shared, config=config,
                            out_batch_dims=out_batch_dims)
   shards, _ = manual_rows(first, first.shape[0])
-  with common.planned_as_shards(shards):
-    return fn(batched, shared)
+  return fn(batched, shared, shard_config(config, shards))

@@ -130,12 +130,9 @@ def unpack_rows(block: jax.Array, dtypes) -> list[jax.Array]:
           for i, d in enumerate(dtypes)]
 
 
-def only_if(needed, fn, *, pack: bool = True, branch: bool = True):
+def only_if(needed, fn, *, pack: bool = True):
   """``fn()`` if any of ``needed`` (a ``[B]`` array, or a sequence of them:
-  rows of several batches), else zeros of its shapes (``cond``); with
-  ``branch=False`` simply ``fn()``, no cond (``fn`` must then cost little
-  or nothing for rows that do not need it; callers pass
-  ``tuning.Branching.conds``).
+  rows of several batches), else zeros of its shapes (``cond``).
 
   The values ``fn`` closes over enter the cond with every ``[B]`` array of
   32-bit or bool dtype (``B`` the length of one of ``needed``) packed into
@@ -149,8 +146,6 @@ def only_if(needed, fn, *, pack: bool = True, branch: bool = True):
   and one per length for the rest rather than one per leaf; pass
   ``pack=False`` for large outputs of a branch that usually runs.
   """
-  if not branch:
-    return fn()
   needed = list(needed) if isinstance(needed, (list, tuple)) else [needed]
   lengths = sorted({n.shape[0] for n in needed})
   row_length = lambda x: next(

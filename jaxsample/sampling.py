@@ -95,9 +95,7 @@ def sample(logits: jax.Array,
   Returns:
     ``SampleResult`` with ``tokens`` ``[B]`` int32 (always in ``[0, V)``),
     ``logprobs`` ``[B]`` fp32 under the processed distribution (None with
-    ``SamplerConfig(logprobs=False)``; with ``race_candidates >= 1`` too,
-    truncating rows are sampled race first, ``jaxsample.race_first``: the
-    same tokens) and ``valid``
+    ``SamplerConfig(logprobs=False)``: the same tokens) and ``valid``
     ``[B]`` (False for rows with NaN, +inf or no finite logit); with
     ``return_mask``, the pair ``(SampleResult, SamplingMask)``.
   """
@@ -142,12 +140,12 @@ def _sample(logits, params, key, positions, config: SamplerConfig,
     if not return_mask:
       return result
     return result, mask.extract_sampling_mask(logits, params, config=config)
-  rows = lambda batched, _: sample_rows(*batched, config, return_mask)
+  rows = lambda batched, _, config: sample_rows(*batched, config, return_mask)
   with dispatch.x64_scope(config.use_fp64_gumbel, *jax.tree.leaves(logits),
                           key, positions,
                           *jax.tree.leaves(params)):
     result, result_mask = partition.by_batch_shard(
-        rows, (logits, params, streams))
+        rows, (logits, params, streams), config=config)
   if not return_mask:
     return result
   # Valid rows' tokens are in their kept sets: listed even on overflow.

@@ -1,4 +1,4 @@
-"""Serving demo and benchmark: a stream of mixed requests through ``ServeLoop``.
+"""Serving demo: a stream of mixed requests through ``ServeLoop``.
 
 ``python -m jaxsample.serve_demo`` (or ``python -m jaxsample.demo --serve``)
 loads the embedded Shakespeare model (a random-weight model of the same
@@ -14,12 +14,8 @@ model's first ``N`` layers as the draft model) or ``synthetic:R1,R2,..``
 (per-position acceptance rates: ``k`` = the number of rates drafts verified
 at every step, n-gram guesses padded with the last token; the cost of real
 verification at a chosen acceptance).
-``--bench`` prints one summary line per ``--spec`` value instead of text,
-with the device's idle share over ``--idle-window`` step calls of the
-steady state of a second, profiled pass of the same stream
-(``bench.timing.IdleWindow``: a profiler trace; n/a without GPU events).
-``--branch-free`` runs the samplers without data-dependent conds
-(``ServeLoop(branch_free=...)``).
+``python -m jaxsample.bench serve`` serves the same stream with the same
+options and prints only the summary lines, with the device's idle share.
 """
 
 from __future__ import annotations
@@ -33,18 +29,17 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxsample.bench.timing import IdleWindow
 from jaxsample.generation.drafters import ModelDrafter, NgramDrafter, layer_prefix
 from jaxsample.generation.lm import NnxLM
 from jaxsample.generation.requests import Request, Speculation
 from jaxsample.generation.serving import ServeLoop
 from jaxsample.models import (EMBEDDED_DIR, Transformer, TransformerConfig,
                               load_draft, load_embedded)
-from jaxsample.pallas import tuning
 from jaxsample.params import SamplerConfig
 
-__all__ = ["SETTINGS", "acceptance", "build_loop", "load_target", "main",
-           "make_requests", "parser", "serve"]
+__all__ = ["SETTINGS", "acceptance", "add_options", "build_loop",
+           "load_stream", "load_target", "main", "make_requests", "parser",
+           "serve", "serve_specs"]
 
 SETTINGS = (  # (name, Request fields)
     ("greedy", dict(temperature=0.0)),
@@ -89,7 +84,7 @@ def build_loop(model: Transformer, spec: str, args) -> ServeLoop:
   return ServeLoop(NnxLM.split(model), slots=args.slots,
                    cache_len=args.cache_len, config=config,
                    steps_per_call=args.steps_per_call, speculation=speculation,
-                   overlap=not args.no_overlap, branch_free=args.branch_free)
+                   overlap=not args.no_overlap)
 
 
 def make_requests(tokenizer, vocab: int, args) -> list[Request]:
@@ -123,30 +118,20 @@ def _progress(loop: ServeLoop, total: int, seconds: float) -> str:
           f"dispatch {100 * share('dispatch_s'):.1f}%)")
 
 
-def _idle(idle: IdleWindow | None) -> str:
-  if idle is None or idle.wall_s is None:
-    return ""
-  share = ("n/a (no GPU events)" if idle.idle_share is None else
-           f"{100 * idle.idle_share:.1f}%")
-  return f" | device idle {share} of {1e3 * idle.wall_s:.1f} ms profiled"
-
-
 def serve(loop: ServeLoop, requests: list[Request], arrivals: int,
-          live: bool, idle: IdleWindow | None = None,
-          idle_calls: int = 0) -> tuple[dict, float]:
+          live: bool, on_call=None) -> tuple[dict, float]:
   """Feeds ``arrivals`` requests per decode step (``arrivals *
   steps_per_call`` before each ``step`` call: the same stream for any
-  number of steps per call); returns completions and seconds.  With
-  ``idle``, profiles the ``step`` calls ``idle_calls + 1 .. 2 idle_calls``
-  (or to the end) with it."""
+  number of steps per call); returns completions and seconds.
+  ``on_call(i)``, if given, runs before the ``i``-th ``step`` call."""
   done, queue = {}, list(requests)
   per_call = arrivals * loop.steps_per_call
   start = time.perf_counter()
   for call in itertools.count():
     if not (queue or loop.pending):
       break
-    if idle is not None and call in (idle_calls, 2 * idle_calls):
-      (idle.start if call == idle_calls else idle.stop)()
+    if on_call is not None:
+      on_call(call)
     for request in queue[:per_call]:
       loop.submit(request)
     del queue[:per_call]
@@ -157,11 +142,34 @@ def serve(loop: ServeLoop, requests: list[Request], arrivals: int,
       print("\r" + _progress(loop, len(requests),
                              time.perf_counter() - start), end="",
             file=sys.stderr, flush=True)
-  if idle is not None and idle_calls < call <= 2 * idle_calls:
-    idle.stop()
   if live:
     print(file=sys.stderr)
   return done, time.perf_counter() - start
+
+
+def serve_specs(model: Transformer, requests: list[Request], args, live: bool):
+  """For each ``--spec`` value, a warmed-up loop serves ``requests``:
+  yields ``(loop, completions, summary line)``."""
+  for spec in args.spec:
+    loop = build_loop(model, spec, args)
+    start = time.perf_counter()
+    loop.warmup(max(len(r.prompt) for r in requests))
+    compile_s = time.perf_counter() - start
+    done, seconds = serve(loop, requests, args.arrivals, live=live)
+    yield loop, done, (f"spec={spec:18s} slots={args.slots} k={args.k} "
+                       f"steps/call={loop.steps_per_call} "
+                       f"warmup {compile_s:.1f} s | "
+                       + _progress(loop, len(requests), seconds))
+
+
+def load_stream(args):
+  """``(model, tokenizer or None, requests)`` of the options; prints the
+  model and the device."""
+  model, tokenizer = load_target(args)
+  what = "embedded model" if tokenizer is not None else "random weights"
+  print(f"{what}: {model.config} on {jax.devices()[0].device_kind}")
+  return model, tokenizer, make_requests(tokenizer, model.config.vocab_size,
+                                         args)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -169,6 +177,15 @@ def parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       description=__doc__.splitlines()[0],
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  add_options(parser)
+  parser.add_argument("--show", type=int, default=4,
+                      help="completions to print")
+  return parser
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+  """The stream's, the model's and the loop's options (``main``'s and
+  ``python -m jaxsample.bench serve``'s)."""
   parser.add_argument("--requests", type=int, default=32,
                       help="requests in the stream")
   parser.add_argument("--arrivals", type=int, default=4,
@@ -188,19 +205,8 @@ def parser() -> argparse.ArgumentParser:
                       "one per rate)")
   parser.add_argument("--no-overlap", action="store_true",
                       help="read each step's outputs before the next dispatch")
-  parser.add_argument("--branch-free", action=argparse.BooleanOptionalAction,
-                      default=None, help="samplers without data-dependent "
-                      "conds (default: the loop's, DEFAULT_BRANCH_FREE)")
-  parser.add_argument("--idle-window", type=int, default=16,
-                      help="--bench: step calls profiled (in a second pass) "
-                      "for the device idle share, after as many warm calls "
-                      "(0: none)")
   parser.add_argument("--implementation", default="auto",
                       choices=["auto", "pallas", "xla"])
-  parser.add_argument("--bench", action="store_true",
-                      help="print a summary line per --spec, no text")
-  parser.add_argument("--show", type=int, default=4,
-                      help="completions to print (not with --bench)")
   parser.add_argument("--random", action="store_true",
                       help="random weights instead of the embedded model")
   parser.add_argument("--vocab", type=int, default=2048,
@@ -221,40 +227,19 @@ def parser() -> argparse.ArgumentParser:
   parser.add_argument("--prompt-len", type=int, default=16,
                       help="random model: prompt tokens")
   parser.add_argument("--seed", type=int, default=0)
-  return parser
 
 
 def main(argv=None) -> int:
   args = parser().parse_args(argv)
-
-  model, tokenizer = load_target(args)
-  what = "embedded model" if tokenizer is not None else "random weights"
-  print(f"{what}: {model.config} on {jax.devices()[0].device_kind}")
-  requests = make_requests(tokenizer, model.config.vocab_size, args)
-  for spec in args.spec:
-    loop = build_loop(model, spec, args)
-    start = time.perf_counter()
-    loop.warmup(max(len(r.prompt) for r in requests))
-    compile_s = time.perf_counter() - start
-    done, seconds = serve(loop, requests, args.arrivals, live=not args.bench)
-    line = (f"spec={spec:18s} slots={args.slots} k={args.k} "
-            f"steps/call={loop.steps_per_call} "
-            f"branch-free={not tuning.conds(loop.config.tuning)} "
-            f"warmup {compile_s:.1f} s | "
-            + _progress(loop, len(requests), seconds))
-    if args.bench and args.idle_window:  # a second pass, profiled
-      idle = IdleWindow()
-      serve(loop, requests, args.arrivals, live=False, idle=idle,
-            idle_calls=args.idle_window)
-      line += _idle(idle)
+  model, tokenizer, requests = load_stream(args)
+  for _, done, line in serve_specs(model, requests, args, live=True):
     print(line)
-    if not args.bench:
-      for rid in sorted(done)[:args.show]:
-        choice = done[rid].to_openai(tokenizer)
-        name = SETTINGS[rid % len(SETTINGS)][0]
-        body = choice.get("text", choice["token_ids"])
-        print(f"  [{name}] {body!r} ({choice['finish_reason']}, acceptance "
-              f"{acceptance(done[rid].accepted, done[rid].drafted)})")
+    for rid in sorted(done)[:args.show]:
+      choice = done[rid].to_openai(tokenizer)
+      name = SETTINGS[rid % len(SETTINGS)][0]
+      body = choice.get("text", choice["token_ids"])
+      print(f"  [{name}] {body!r} ({choice['finish_reason']}, acceptance "
+            f"{acceptance(done[rid].accepted, done[rid].drafted)})")
   return 0
 
 

@@ -120,6 +120,9 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
     truncating = jnp.any(params.truncates() & (params.temperature > 0))
 
   width = config.max_mask_ids if return_mask else 0
+  # A batch shard's kernels plan as for the whole batch.
+  config = partition.shard_config(
+      config, partition.manual_rows(logits, batch, exclude=axis_name)[0])
 
   def parallel():
     race = _race_pallas if dispatch.use_pallas(config) else _race_xla
@@ -139,9 +142,7 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
 
   with dispatch.x64_scope(config.use_fp64_gumbel, logits, key, positions,
                           *jax.tree.leaves(params)):
-    with common.planned_as_shards(
-        partition.manual_rows(logits, batch, exclude=axis_name)[0]):
-      result, kept = rowwise.cond(truncating, truncated, parallel)
+    result, kept = rowwise.cond(truncating, truncated, parallel)
   if not return_mask:
     return result
   # Valid rows' tokens are in their kept sets: listed even on overflow.
@@ -438,7 +439,7 @@ def _race_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   # [n, B, S] -> [B, n S]: splits in id order.
   race, index, top, sumexp, *kept = [
       jnp.moveaxis(g, 0, 1).reshape(batch, -1) for g in gathered]
-  whole = gumbel.GumbelPartials(race, index, top, sumexp, raced_tiles=sumexp)
+  whole = gumbel.GumbelPartials(race, index, top, sumexp)
   result, row_max, (shift, log_sum) = gumbel.finish_sampling(
       None, params, whole, logit_at=lambda t: _pick(x_shards, t // local))
   finite = jnp.sum(kept[0], axis=-1) if width else None

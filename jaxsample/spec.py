@@ -121,7 +121,7 @@ import jax.numpy as jnp
 
 from jaxsample import (dispatch, mask, partition, reference, rng, rowwise,
                        sampling, sharded, spec_reference, xla_search)
-from jaxsample.pallas import sampler, threshold, tuning
+from jaxsample.pallas import sampler, threshold
 from jaxsample.pallas import spec as kernels
 from jaxsample.params import SamplerConfig, SamplingParams, as_config
 from jaxsample.processors import LogitsProcessors, apply_to_slots
@@ -198,8 +198,7 @@ def rejection_sample(target_logits: jax.Array,
       runs this reference, "pallas" the fused kernels (interpret mode off
       GPU), after the threshold kernels' kept sets in a batch where some
       sampled request truncates (a ``lax.cond`` with traced params; none
-      where the caller's ``jit`` closes over them, or with
-      ``tuning.Branching(conds=False)``: then every call), "xla_search" this
+      where the caller's ``jit`` closes over them), "xla_search" this
       reference with the kept sets found without a sort
       (``xla_search.process``), "auto" the kernels on GPU and
       "xla_search" elsewhere.
@@ -271,10 +270,10 @@ def rejection_sample(target_logits: jax.Array,
   with dispatch.x64_scope(config.use_fp64_gumbel, target_logits, key,
                           positions, *jax.tree.leaves(params)):
     result, rows = partition.by_batch_shard(
-        lambda batched, shared: _verify_rows(*batched, *shared, config,
-                                             return_mask),
+        lambda batched, shared, config: _verify_rows(*batched, *shared,
+                                                     config, return_mask),
         (target_logits, draft_tokens, n, params, key, positions,
-         draft_logits), (synthetic_rates,))
+         draft_logits), (synthetic_rates,), config=config)
   if not return_mask:
     return result
   return result, spec_reference.emitted_masks(result, rows)
@@ -312,12 +311,10 @@ def _verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,
       floors)
   # With traced params a lax.cond (its predicate's trip on every call):
   # the threshold kernels of an untruncated batch would cost more, idle
-  # (scripts/measure_host_gaps.py).  Branching(conds=False): the floors
-  # every call (those of rows without a filter are -inf: the same result).
+  # (scripts/measure_host_gaps.py at d785b4c).
   result, sets = rowwise.cond(
       truncating, floored, lambda: (fused(None), threshold.untruncated_sets(
-          (batch, k1), width) if width else None),
-      unknown=None if tuning.conds(config.tuning) else floored)
+          (batch, k1), width) if width else None))
   # Slots past num_draft are never emitted: greedy, their masks cost an
   # argmax (and are blanked).
   return result, sampler.kept_set_masks(

@@ -11,8 +11,8 @@
 #   mask       issue 5's table: truncation suite, sample + mask against sample alone
 #   SUITE      any other suite of python -m jaxsample.bench (truncation, profile, extract,
 #              fp64, spec, sweep, pivot, sort, processing, sharded) with its defaults
-#   decode     python -m jaxsample.bench.decode $DECODE_ARGS (e.g. "--shapes qwen2.5-0.5b")
-#   serve      serve_demo --bench: the embedded model (no drafts, n-gram, draft model, synthetic;
+#   decode     python -m jaxsample.bench decode $DECODE_ARGS (e.g. "--shapes qwen2.5-0.5b")
+#   serve      python -m jaxsample.bench serve: the embedded model (no drafts, n-gram, draft model, synthetic;
 #              1 and 8 steps per call, without the host/device overlap) and a
 #              Qwen2.5-0.5B-shaped random model
 #   multigpu   (2 GPUs) tests/test_gpu_sharding.py and a 2-process jax.distributed run
@@ -60,11 +60,11 @@ for step in "${steps[@]}"; do
     truncation|profile|extract|fp64|spec|sweep|pivot|sort|processing|sharded) bench "$step" "$step" ;;
     decode)
       # shellcheck disable=SC2086  # DECODE_ARGS is a word list
-      python3 -m jaxsample.bench.decode ${DECODE_ARGS:-} --json "$out/decode.json" 2>&1 | quiet \
+      python3 -m jaxsample.bench decode ${DECODE_ARGS:-} --json "$out/decode.json" 2>&1 | quiet \
         | tee "$out/decode.log"
       status=$((status | ${PIPESTATUS[0]})) ;;
     serve)
-      demo=(python3 -m jaxsample.serve_demo --bench --requests 128 --slots 32 --max-tokens 64)
+      demo=(python3 -m jaxsample.bench serve --requests 128 --slots 32 --max-tokens 64)
       qwen=(--random --vocab 151936 --d-model 896 --layers 24 --heads 14 --kv-heads 2 --mlp 4864
             --dtype bfloat16 --cache-len 1024 --prompt-len 64 --slots 64)
       { "${demo[@]}" --spec none ngram draft synthetic:0.9,0.8,0.7,0.6 \

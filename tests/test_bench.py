@@ -13,8 +13,8 @@ TINY = ["--batch", "2", "--vocab", "256", "--dtypes", "float32", "--iters", "1",
 # Per suite: extra options keeping it to a few compiles, and ops every run must time.
 SUITE_ARGS = {
     "sample": (["--settings", "top_k50+top_p0.9", "--dists", "heads", "--implementation",
-                "xla_search", "--race-first", "4"],
-               ["jaxsample", "jaxsample no logprobs M=4", "jaxsample xla reference",
+                "xla_search"],
+               ["jaxsample", "jaxsample xla reference",
                 "jnp.max (one read)",
                 "jax.random.categorical", "lax.top_k(50)+categorical",
                 "sort top-p(0.9)+categorical"]),
@@ -76,6 +76,28 @@ def test_suite_writes_rows_and_json(suite, tmp_path, capsys):
         assert row[check], (row["op"], check)
   printed = capsys.readouterr().out
   assert all(op in printed for op in want_ops)
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_commands_take_their_own_command_line(command, capsys):
+  with pytest.raises(SystemExit) as done:
+    cli.main([command, "--help"])
+  assert done.value.code == 0
+  assert f"python -m jaxsample.bench {command}" in capsys.readouterr().out
+
+
+def test_serve_prints_a_line_per_spec_with_the_idle_window(capsys):
+  """A random-weight model on CPU: the summary line, then the profiled
+  window (no GPU events: n/a)."""
+  assert cli.main(["serve", "--random", "--requests", "4", "--max-tokens", "4",
+                   "--slots", "2", "--cache-len", "64", "--vocab", "256",
+                   "--d-model", "32", "--layers", "1", "--implementation", "xla",
+                   "--idle-window", "1", "--spec", "none", "ngram"]) == 0
+  lines = [line for line in capsys.readouterr().out.splitlines()
+           if line.startswith("spec=")]
+  assert [line.split()[0] for line in lines] == ["spec=none", "spec=ngram"]
+  assert all("requests 4/4" in line and "device idle n/a" in line
+             for line in lines), lines
 
 
 def test_build_time_checks_hold():
@@ -164,6 +186,8 @@ def test_report_writes_json_tables_and_figures(tmp_path):
                    "--out", str(merged)]) == 0
   again = json.loads((merged / "report.json").read_text())
   assert len(again["rows"]) == 2 * len(doc["rows"]) and len(again["merged"]) == 2
+  assert again["merged"][0] == dict({k: v for k, v in doc.items() if k != "rows"},
+                                    path=str(out / "report.json"))
   assert (merged / "sample-V512-float32-plain.png").read_bytes().startswith(PNG_MAGIC)
   assert doc["complete"] and again["complete"] and again["left_out"] == []
 

@@ -1,6 +1,6 @@
 """GPU-only tests of the Gumbel kernel: per-request keys, batch invariance,
 ties, invalid rows, threefry against ``jax.random.categorical``, the GPU
-division and the opt-in tile skip at production shapes.  The parity of every
+division and peaked rows (the chunk filter's path) at production shapes.  The parity of every
 shape x dtype x generator x noise precision is ``test_sample``'s
 ``test_pallas_matches_xla`` (GPU-marked cases).
 
@@ -181,16 +181,13 @@ def llm_like_case(batch, vocab, dtype, seed, heads=8):
   return jnp.asarray(x).astype(dtype), SamplingParams.make(batch, temperature=temps)
 
 
-def run_tile_skip(x, params, key, gen, *, fp64=False, runs=1):
-  """``sample`` through the kernel with the opt-in tile skip (fresh jit: the
-  flags are read while tracing); ``runs`` results of repeated calls."""
+def run_kernel(x, params, key, gen, *, fp64=False, runs=1):
+  """``sample`` through the kernel: ``runs`` results of repeated calls."""
   from jaxsample import SamplerConfig, sample
-  from jaxsample.pallas import gumbel
   config = SamplerConfig(implementation="pallas", rng=gen, use_fp64_gumbel=fp64)
-  with gumbel.options(tile_skip=True):
-    fn = jax.jit(lambda x: sample(x, params, key, config=config))
-    with jax.enable_x64(fp64):
-      return [jax.tree.map(np.asarray, fn(x)) for _ in range(runs)]
+  fn = jax.jit(lambda x: sample(x, params, key, config=config))
+  with jax.enable_x64(fp64):
+    return [jax.tree.map(np.asarray, fn(x)) for _ in range(runs)]
 
 
 @pytest.mark.parametrize("fp64", [False, True], ids=["fp32noise", "fp64noise"])
@@ -198,53 +195,16 @@ def run_tile_skip(x, params, key, gen, *, fp64=False, runs=1):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16],
                          ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("batch", [8, 128])
-def test_tile_skip_matches_reference(batch, dtype, gen, fp64):
-  """Peaked rows through the opt-in tile skip draw the reference's tokens;
-  repeated runs agree."""
+def test_peaked_rows_match_reference(batch, dtype, gen, fp64):
+  """Peaked rows (the chunk filter skips most chunks' exact race) draw the
+  reference's tokens; repeated runs agree."""
   vocab = 151936
   x, params = llm_like_case(batch, vocab, dtype, seed=batch + 5)
   key = jax.random.key(batch)
-  a, *again = run_tile_skip(x, params, key, gen, fp64=fp64, runs=4)
+  a, *again = run_kernel(x, params, key, gen, fp64=fp64, runs=4)
   b = run_sample(x, params, key, impl="xla", rng=gen, fp64=fp64)
   assert_parity(a, b)
   assert a.valid.all() and a.tokens[0] == 3
   for c in again:
     np.testing.assert_array_equal(c.tokens, a.tokens)
     np.testing.assert_allclose(c.logprobs, a.logprobs, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize("gen", GENERATORS)
-def test_tile_skip_counts_on_gpu(gen):
-  """The kernel's raced-tile counts: every loop step that holds an id races
-  on randn rows, and with 4 splits of 4-warp programs few tiles race on
-  peaked rows (the skip path runs on the device)."""
-  from jaxsample import SamplerConfig, rng
-  from jaxsample.pallas import common, gumbel, tuning
-  batch, vocab = 128, 151936
-  params = SamplingParams.make(batch, temperature=0.7)
-  streams, _ = rng.row_streams(jax.random.key(0), None, batch, vocab)
-  flat = jnp.asarray(
-      np.random.default_rng(1).standard_normal((batch, vocab)) * 2, jnp.float32)
-  peaked, _ = llm_like_case(batch, vocab, jnp.float32, seed=2)
-  for warps in (None, 4):  # the default plan (1 warp for philox), 4 warps
-    config = SamplerConfig(implementation="pallas", rng=gen,
-                           tuning=tuning.Tuning(gumbel=tuning.RaceLaunch(
-                               num_warps=warps)))
-    tuned = tuning.resolve(config.tuning)
-    plan = common.race_plan(batch, vocab, tuned.gumbel, tuned.occupancy,
-                            generator=gen, fp64=False)
-    with gumbel.options(tile_skip=True):
-      fn = jax.jit(lambda x, config=config: gumbel.gumbel_partials(
-          x, params.temperature, streams, config).raced_tiles)
-      tiles = batch * -(-vocab // plan.tile)
-      # A step's smallest id: tile start + lane-group offset (chunk 0, lane 0).
-      steps_with_ids = sum(t + g * plan.chunk < vocab
-                           for t in range(0, vocab, plan.tile)
-                           for g in range(plan.lane_groups))
-      assert float(jnp.sum(fn(flat))) == (
-          batch * steps_with_ids / plan.lane_groups)
-      raced = float(jnp.sum(fn(peaked)))
-    if warps == 4:
-      assert plan.num_splits == 4
-      assert raced < 0.75 * tiles, (raced, tiles)
-

@@ -175,6 +175,13 @@ def test_nothing_in_the_package_imports_an_application():
               if not is_app(name) and any(is_app(d) for d in deps)}
 
 
+def test_only_the_bench_imports_the_bench():
+  """Benchmarks are a leaf: no product or demo module imports them."""
+  bench = lambda m: m == "jaxsample.bench" or m.startswith("jaxsample.bench.")
+  assert not {name: deps for name, deps in GRAPH.items()
+              if not bench(name) and any(bench(d) for d in deps)}
+
+
 def test_every_public_module_declares_all():
   missing = []
   for name, path in MODULES.items():

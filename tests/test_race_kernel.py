@@ -1,15 +1,14 @@
 """The Gumbel race kernel (``jaxsample.pallas.gumbel``) through
 ``jaxsample.sample``: launch-plan overrides keep the reference's result,
-the opt-in tile skip (no random bits for tiles that cannot win) keeps its
-tokens, exact race ties take the smallest id, and the noise bound.
+peaked rows (the chunk filter skips most chunks) keep their tokens, the
+partials count finite entries and exclude one id, and exact race ties take
+the smallest id.
 
 Parity at the production shapes is ``test_sample.py``'s; the FP64 noise
 path ``test_fp64_gumbel.py``'s.
 """
 
 from __future__ import annotations
-
-import math
 
 import jax
 import jax.numpy as jnp
@@ -51,15 +50,15 @@ def test_kernel_plan_overrides_keep_parity(gen, overrides):
 
 
 # ---------------------------------------------------------------------------
-# The kernel's opt-in tile skip (no random bits for tiles that cannot win).
+# Peaked rows: the chunk filter skips the exact race of most chunks.
 # ---------------------------------------------------------------------------
 
-SKIP_B, SKIP_V = 6, 16384  # 8 philox tiles (16 threefry tiles) per row
+PEAKED_B, PEAKED_V = 6, 16384  # 8 philox tiles (16 threefry tiles) per row
 
 
-def llm_like_rows(seed, batch=SKIP_B, vocab=SKIP_V):
-  """Rows whose bulk lies far below a few head tokens (the skip path), and
-  rows of the kinds every kernel change must keep: ties, -inf, greedy."""
+def llm_like_rows(seed, batch=PEAKED_B, vocab=PEAKED_V):
+  """Rows whose bulk lies far below a few head tokens (the filter's path),
+  and rows of the kinds every kernel change must keep: ties, -inf, greedy."""
   r = np.random.default_rng(seed)
   x = (r.standard_normal((batch, vocab)) * 2).astype(np.float32)
   heads = r.choice(vocab, size=(batch, 4), replace=False)
@@ -67,24 +66,14 @@ def llm_like_rows(seed, batch=SKIP_B, vocab=SKIP_V):
     x[b, heads[b]] = r.uniform(15, 25, 4)
   x[1, heads[1, :2]] = 24.0  # two tied heads (far apart in the row)
   x[1, heads[1, 2:]] = -np.inf
-  x[2, : vocab // 2] = -np.inf  # a whole -inf half (skipped tiles of -inf)
+  x[2, : vocab // 2] = -np.inf  # a whole -inf half
   x[2, vocab - 3] = 30.0
-  x[[0, 3], 5] = 40.0  # a head in the first tile: every later tile skips
-  # Bulk right at the skip boundary: head race ~ 30 + g, bulk 16 below it.
+  x[[0, 3], 5] = 40.0  # a head in the first tile: every later chunk loses
+  # Bulk 16 below the head: head race ~ 30 + g.
   x[4] = np.float32(14.0) + (r.standard_normal(vocab) * 1e-3).astype(np.float32)
   x[4, heads[4, 0]] = 30.0
   temps = np.float32([0.7, 1.0, 0.9, 0.0, 1.0, 1.3])[:batch]  # row 3 greedy
   return jnp.asarray(x), SamplingParams.make(batch, temperature=temps)
-
-
-def run_partials(x, params, key, config, skip=True):
-  """Kernel partials (with the raced-tile counts), tile skip on (opt-in)."""
-  streams, _ = jaxsample.rng.row_streams(key, None, *x.shape)
-  with gumbel.options(tile_skip=skip):
-    # A fresh jit: the flags are read while tracing.
-    fn = jax.jit(lambda x: gumbel.gumbel_partials(
-        x, params.canonical(x.shape[1]).temperature, streams, config))
-    return jax.tree.map(np.asarray, fn(x))
 
 
 def test_kernel_counts_finite_entries():
@@ -105,8 +94,7 @@ def test_kernel_counts_finite_entries():
                                 (x > -np.inf).sum(-1))
 
 
-@pytest.mark.parametrize("skip", [False, True])
-def test_kernel_excludes_one_id(skip):
+def test_kernel_excludes_one_id():
   """``exclude``: a sampled row's partials are those of the row with that id
   set to -inf (race, token and sum-exp), the winner excluded included;
   greedy rows and -1 ignore it."""
@@ -118,74 +106,32 @@ def test_kernel_excludes_one_id(skip):
   run = lambda x, exclude: jax.tree.map(np.asarray, jax.jit(
       lambda x: gumbel.combine_partials(gumbel.gumbel_partials(
           x, temperature, streams, config, exclude=exclude)))(jnp.asarray(x)))
-  with gumbel.options(tile_skip=skip):
-    token, *_ = run(x, None)
-    exclude = token.copy()
-    exclude[3] = 7  # the greedy row: ignored
-    exclude[5] = -1
-    got = run(x, jnp.asarray(exclude, jnp.int32))
-    sampled = np.arange(len(x)) != 3
-    removed = x.copy()
-    rows = np.flatnonzero((exclude >= 0) & sampled)
-    removed[rows, exclude[rows]] = -np.inf
-    want = run(removed, None)
+  token, *_ = run(x, None)
+  exclude = token.copy()
+  exclude[3] = 7  # the greedy row: ignored
+  exclude[5] = -1
+  got = run(x, jnp.asarray(exclude, jnp.int32))
+  sampled = np.arange(len(x)) != 3
+  removed = x.copy()
+  rows = np.flatnonzero((exclude >= 0) & sampled)
+  removed[rows, exclude[rows]] = -np.inf
+  want = run(removed, None)
   assert not np.array_equal(got[0][sampled], token[sampled])
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_array_equal(g, w)
 
 
-def run_sample_skip(x, params, key, *, fp64=False, **config_kw):
-  """``sample`` through the kernel with the tile skip on (opt-in)."""
-  config = SamplerConfig(implementation="pallas", use_fp64_gumbel=fp64,
-                         **config_kw)
-  with gumbel.options(tile_skip=True):
-    fn = jax.jit(lambda x: jaxsample.sample(x, params, key, config=config))
-    with jax.enable_x64(fp64):
-      return jax.tree.map(np.asarray, fn(x))
-
-
-@pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("gen", GENERATORS_SLOW_THREEFRY)
-def test_tile_skip_keeps_tokens(gen, num_splits):
-  """Rows where most tiles are skipped draw the reference's tokens bit for
-  bit."""
-  x, params = llm_like_rows(31 + num_splits)
+def test_peaked_rows_keep_tokens(gen):
+  """Rows where the filter skips the exact race of most chunks draw the
+  reference's tokens bit for bit."""
+  x, params = llm_like_rows(34)
   key = jax.random.key(31)
-  a = run_sample_skip(x, params, key, rng=gen, tuning=race(num_splits=num_splits))
-  b = run_sample(x, params, key, impl="xla", rng=gen)
-  assert_same_result(a, b)
+  a = run_sample(x, params, key, impl="pallas", rng=gen,
+                 tuning=race(num_splits=3))
+  assert_same_result(a, run_sample(x, params, key, impl="xla", rng=gen))
   assert a.valid.all()
   assert a.tokens[0] == 5 and a.tokens[3] == 5 and a.logprobs[3] == 0.0
-  config = SamplerConfig(implementation="pallas", rng=gen,
-                         tuning=race(num_splits=num_splits))
-  p = run_partials(x, params, key, config)
-  tile = 2048 if gen == "philox" else 1024
-  n_tiles = SKIP_V // tile
-  raced = p.raced_tiles.sum(axis=1)
-  assert raced[3] == 0  # greedy: no noise at all
-  # Row 0: the head in tile 0 makes every later tile of its program skip;
-  # programs of other splits skip only tiles after their own first race.
-  assert 1 <= raced[0] < n_tiles, raced
-  if num_splits == 1:
-    assert raced[0] == 1, raced
-  sampled = np.asarray(params.temperature) > 0
-  assert np.all(raced[sampled] >= 1) and np.all(raced <= n_tiles), raced
-
-
-@pytest.mark.parametrize("gen", GENERATORS_SLOW_THREEFRY)
-def test_tile_skip_never_on_flat_rows(gen):
-  """randn rows: every tile may hold the winner, so none is skipped (the
-  worst case; also shows the counts are real)."""
-  x = random_logits(32, 3, SKIP_V, scale=2.0)
-  params = SamplingParams.make(3, temperature=0.7)
-  key = jax.random.key(32)
-  config = SamplerConfig(implementation="pallas", rng=gen, tuning=race(num_splits=1))
-  tile = 2048 if gen == "philox" else 1024
-  for skip in (True, False):  # counted by the kernel / all tiles (default)
-    p = run_partials(x, params, key, config, skip=skip)
-    np.testing.assert_array_equal(p.raced_tiles.sum(axis=1), SKIP_V // tile)
-  a = run_sample_skip(x, params, key, rng=gen, tuning=race(num_splits=1))
-  assert_same_result(a, run_sample(x, params, key, impl="xla", rng=gen))
 
 
 def _exact_race_tie(gen, key, vocab, a, b, level=30.0):
@@ -205,7 +151,7 @@ def _exact_race_tie(gen, key, vocab, a, b, level=30.0):
                       dtype=np.float32)
   assert race(xb, b) == target
   x[a], x[b] = xa, xb
-  # A bulk far below (skipped once a bound exists) and a few runners-up.
+  # A bulk far below (its chunks lose once a bound exists) and a few runners-up.
   r = np.random.default_rng(a + b)
   bulk = np.arange(vocab) % 3 == 0
   x[bulk] = (r.standard_normal(bulk.sum()) * 2).astype(np.float32)
@@ -217,58 +163,18 @@ def _exact_race_tie(gen, key, vocab, a, b, level=30.0):
 def test_exact_race_tie_takes_smallest_id(gen):
   """Two ids with bit-equal race values in different splits: the smaller id
   wins (the reference's argmax; an element equal to the bound is never
-  skipped).  (133, 517) share a lane of 1-warp programs, which visit 517
+  filtered out).  (133, 517) share a lane of 1-warp programs, which visit 517
   first (lane groups of 128 ids: ``common.KernelPlan``)."""
   key = jax.random.key(33)
-  for a, b in [(100, SKIP_V - 50), (SKIP_V // 2 + 7, SKIP_V - 1), (133, 517)]:
-    x = _exact_race_tie(gen, key, SKIP_V, a, b)
+  for a, b in [(100, PEAKED_V - 50), (PEAKED_V // 2 + 7, PEAKED_V - 1),
+               (133, 517)]:
+    x = _exact_race_tie(gen, key, PEAKED_V, a, b)
     xs = jnp.asarray(x[None])
     params = SamplingParams.make(1, temperature=1.0)
     ref = run_sample(xs, params, key, impl="xla", rng=gen)
     assert ref.tokens[0] == a
     for splits, warps in [(1, None), (2, None), (4, None), (1, 1)]:
-      got = run_sample_skip(xs, params, key, rng=gen,
-                            tuning=race(num_splits=splits, num_warps=warps))
+      got = run_sample(xs, params, key, impl="pallas", rng=gen,
+                       tuning=race(num_splits=splits, num_warps=warps))
       assert got.tokens[0] == a, (splits, warps, got.tokens)
       np.testing.assert_allclose(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("gen", GENERATORS_SLOW_THREEFRY)
-def test_tile_skip_fp64(gen):
-  x, params = llm_like_rows(34)
-  key = jax.random.key(34)
-  a = run_sample_skip(x, params, key, fp64=True, rng=gen,
-                      tuning=race(num_splits=2))
-  b = run_sample(x, params, key, impl="xla", rng=gen, fp64=True)
-  assert_same_result(a, b)
-
-
-@pytest.mark.parametrize("gen", GENERATORS_SLOW_THREEFRY)
-def test_tile_skip_with_invalid_rows(gen):
-  """Invalid rows (NaN, +inf, all -inf) keep their documented tokens next to
-  rows that skip most tiles."""
-  x, params = llm_like_rows(35)
-  x = np.array(x)
-  x[0, 700] = np.nan
-  x[2, :] = -np.inf
-  x[5, 9000] = np.inf
-  key = jax.random.key(35)
-  a = run_sample_skip(jnp.asarray(x), params, key, rng=gen,
-                      tuning=race(num_splits=3))
-  b = run_sample(jnp.asarray(x), params, key, impl="xla", rng=gen)
-  assert_same_result(a, b)
-  np.testing.assert_array_equal(a.valid, [False, True, False, True, True, False])
-  np.testing.assert_array_equal(a.tokens[[0, 2, 5]], [700, 0, 9000])
-
-
-def test_gumbel_noise_bound():
-  """G_MAX bounds every Gumbel value the generators can produce."""
-  top32 = jaxsample.rng.uniform(jnp.uint32(0xFFFFFFFF))
-  assert float(top32) == 1 - 2.0**-23 == 1 - gumbel.MIN_ONE_MINUS_U[False]
-  assert float(jaxsample.rng.gumbel(top32)) <= gumbel.G_MAX[False]
-  np.testing.assert_allclose(gumbel.G_MAX[False], 23 * math.log(2))
-  np.testing.assert_allclose(gumbel.G_MAX[True], 52 * math.log(2))
-  with jax.enable_x64(True):
-    top64 = jaxsample.rng.uniform((jnp.uint32(0xFFFFFFFF), jnp.uint32(0xFFFFFFFF)))
-    assert float(top64) == 1 - gumbel.MIN_ONE_MINUS_U[True]
-    assert float(jaxsample.rng.gumbel(top64)) <= gumbel.G_MAX[True]

@@ -4,7 +4,7 @@ reference parity, row kinds, invalid rows, jax.random compatibility, batch
 invariance, sampled frequencies, truncation through the API and bad inputs.
 
 The Gumbel kernel's parity tests here use untruncated params (top_k=0,
-top_p=1, min_p=0); its launch plans, tile skip and race ties are
+top_p=1, min_p=0); its launch plans, peaked rows and race ties are
 ``test_race_kernel.py``'s, the FP64 noise path ``test_fp64_gumbel.py``'s;
 truncated batches are tested here through the public API and kernel by
 kernel in ``test_threshold.py`` and ``test_truncated_sampling.py``.
@@ -490,6 +490,30 @@ def test_default_config_runs_eagerly():
   assert_result_types(out, 2, 1007)
   assert isinstance(jaxsample.sample(x, SamplingParams.make(2), jax.random.key(0)),
                     jaxsample.SampleResult)
+
+
+@pytest.mark.parametrize("impl", ["xla", "xla_search"])
+def test_logprobs_off_returns_the_same_tokens_without_logprobs(impl):
+  """``SamplerConfig(logprobs=False)``: ``logprobs`` None, tokens and
+  ``valid`` those of the call with logprobs, with and without a mask and
+  on an empty batch; a non-bool is rejected naming the field."""
+  x = random_logits(3, B, V)
+  params = make_params(B, top_k=[0, 5, 0, 50, 0], top_p=[1.0, 0.9, 0.8, 1.0, 1.0])
+  key = jax.random.key(4)
+  on = jaxsample.sample(x, params, key, config=SamplerConfig(implementation=impl))
+  config = SamplerConfig(implementation=impl, logprobs=False)
+  off = jaxsample.sample(x, params, key, config=config)
+  off_masked, mask = jaxsample.sample(x, params, key, config=config, return_mask=True)
+  for out in (off, off_masked):
+    assert out.logprobs is None
+    np.testing.assert_array_equal(out.tokens, on.tokens)
+    np.testing.assert_array_equal(out.valid, on.valid)
+  assert mask.ids.shape[0] == B
+  empty = jaxsample.sample(jnp.zeros((0, V)), SamplingParams.make(0), key,
+                           config=config)
+  assert empty.logprobs is None and empty.tokens.shape == (0,)
+  with pytest.raises(ValueError, match="logprobs must be a bool"):
+    SamplerConfig(logprobs=1)
 
 
 # ---------------------------------------------------------------------------

@@ -1,7 +1,6 @@
 """The fused rejection-sampling kernels (``jaxsample.pallas.spec``) against
 the XLA reference (``jaxsample.spec``) on fresh random inputs: edge cases,
-truncation (kept sets from the threshold kernels), vocab splits, tile skip,
-bf16, FP64 noise, and the Triton lowering of every kernel variant.  On CPU
+truncation (kept sets from the threshold kernels), vocab splits, bf16, FP64 noise, and the Triton lowering of every kernel variant.  On CPU
 the kernels run in interpret mode; tokens and counts must match exactly,
 logprobs within 1e-5 (``cases.assert_same``).  A separate file from
 test_spec.py so that pytest-xdist's per-file scheduling splits the two.
@@ -16,7 +15,6 @@ import pytest
 
 from conftest import outside_conds, slow_case, sort_operands
 from jaxsample import SamplerConfig, SamplingParams, spec
-from jaxsample.pallas import gumbel
 from jaxsample.pallas.tuning import RaceLaunch, SpecStatsLaunch, Tuning
 
 from cases import B, K, V, assert_same, edge_case_batch, logits, run
@@ -87,30 +85,6 @@ def test_kernel_vocab_splits_match_the_reference(gen, vocab, splits):
 
 
 @pytest.mark.slow
-def test_kernel_tile_skip_matches_the_reference():
-  """Pass 2 with ``gumbel``'s opt-in tile skip, on peaked rows whose bulk
-  tiles are skipped (V = 4100: three philox tiles per row)."""
-  args, kw = edge_case_batch(55, 34, 2, 4100, with_draft=False)
-  target, drafts = args[:2]
-  r = np.random.default_rng(55)
-  heads = r.integers(0, 4100, (34, 3, 2))
-  for b in range(34):
-    for i in range(3):
-      target[b, i, heads[b, i]] += 40.0  # bulk tiles: y + G_MAX < bound
-  drafts[:] = heads[:, :2, 0]
-  fresh = jax.jit(spec.rejection_sample, static_argnames=("config",))
-  call = lambda impl: jax.tree.map(np.asarray, fresh(
-      jnp.asarray(target), jnp.asarray(drafts, jnp.int32),
-      jnp.asarray(args[2], jnp.int32), args[3], args[4],
-      positions=jnp.asarray(kw["positions"], jnp.int32),
-      config=SamplerConfig(implementation=impl)))
-  with gumbel.options(tile_skip=True):
-    out = call("pallas")
-  assert_same(out, call("xla"))
-  assert 0 < out.num_accepted.sum()
-
-
-@pytest.mark.slow
 def test_kernel_bf16_matches_the_reference():
   args, kw = edge_case_batch(60, B, K, V, with_draft=True)
   args = (jnp.asarray(args[0], jnp.bfloat16),) + args[1:]
@@ -162,15 +136,14 @@ def test_kernel_truncating_batches_match_the_reference(gen, with_draft,
   assert 0 < out.num_accepted[rest].sum() < args[2][rest].sum()
 
 
-# name: (logits dtype, draft logits?, config keywords, gumbel.options), for
-# every kernel variant; the ``slow`` ones add nothing new to lower on CPU.
+# name: (logits dtype, draft logits?, config keywords), for every kernel
+# variant; the ``slow`` ones add nothing new to lower on CPU.
 LOWERING_VARIANTS = {
-    "philox-f32-draft": (jnp.float32, True, dict(rng="philox"), {}),
-    "threefry-bf16": (jnp.bfloat16, False, dict(rng="threefry"), {}),
-    "philox-f32": (jnp.float32, False, dict(rng="philox"), {}),
-    "threefry-bf16-draft": (jnp.bfloat16, True, dict(rng="threefry"), {}),
-    "fp64-noise-draft": (jnp.float64, True, dict(use_fp64_gumbel=True), {}),
-    "tile-skip-bf16": (jnp.bfloat16, False, {}, dict(tile_skip=True)),
+    "philox-f32-draft": (jnp.float32, True, dict(rng="philox")),
+    "threefry-bf16": (jnp.bfloat16, False, dict(rng="threefry")),
+    "philox-f32": (jnp.float32, False, dict(rng="philox")),
+    "threefry-bf16-draft": (jnp.bfloat16, True, dict(rng="threefry")),
+    "fp64-noise-draft": (jnp.float64, True, dict(use_fp64_gumbel=True)),
 }
 
 
@@ -185,7 +158,7 @@ def test_kernels_lower_to_triton(monkeypatch, name):
   target rows and the draft rows (``TRUNCATION_KERNELS`` each:
   ``threshold.kept_sets``) with floors (as many more); no sort.  (The FP64
   variant: fp32 logits with FP64 noise under ``jax.enable_x64``.)"""
-  dtype, with_draft, config, options = LOWERING_VARIANTS[name]
+  dtype, with_draft, config = LOWERING_VARIANTS[name]
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3",
                                        num_cores=132, platform="cuda")
@@ -206,8 +179,7 @@ def test_kernels_lower_to_triton(monkeypatch, name):
           S((batch,), jnp.int32), S((batch,), jnp.float32),
           S((batch, 2), jnp.uint32),
           S((batch, k, vocab), dtype) if with_draft else None)
-  with (jax.sharding.use_abstract_mesh(mesh), jax.enable_x64(fp64),
-        gumbel.options(**options)):
+  with jax.sharding.use_abstract_mesh(mesh), jax.enable_x64(fp64):
     text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   assert sort_operands(text) == []
   assert text.count("__gpu$xla.gpu.triton") == (

@@ -16,9 +16,8 @@ import pytest
 
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams, rng
-from jaxsample.pallas import gumbel, tuning
-from jaxsample.pallas.tuning import (BoundsLaunch, Branching, CompactLaunch,
-                                     Occupancy,
+from jaxsample.pallas import common, gumbel, tuning
+from jaxsample.pallas.tuning import (BoundsLaunch, CompactLaunch, Occupancy,
                                      PackLaunch, PivotLaunch, RaceLaunch,
                                      SelectLaunch, SpecStatsLaunch,
                                      StatsLaunch, Tuning, WindowLaunch)
@@ -32,7 +31,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # _COMPACT_TILE, _COMPACT_WARPS, _PACK_WARPS; select._SELECT_WARPS;
 # window.WINDOW_WARPS; pivot._PIVOT_WARPS; spec.stats.STATS_BLOCK; every
 # launch with 1 stage and the heuristic's warps and splits where
-# SamplerConfig's knobs were None; the idle routes behind their conds.
+# SamplerConfig's knobs were None.
 BEFORE = Tuning(
     gumbel=RaceLaunch(num_warps=None, num_splits=None, block_size=1024,
                       num_stages=1, one_warp_batch=32),
@@ -52,8 +51,7 @@ BEFORE = Tuning(
                       num_stages=1),
     occupancy=Occupancy(sm_count=132,
                         programs_per_sm=((1, 15), (2, 6), (4, 3)),
-                        one_warp_resident=16),
-    branching=Branching(conds=True))
+                        one_warp_resident=16))
 
 
 @pytest.mark.parametrize("kind", [tuning.H100_KIND, tuning.H200_KIND, "cpu",
@@ -179,13 +177,21 @@ def test_overrides_reach_the_kernels_launches():
       "jaxsample_gumbel_max"] == [((batch, 2), 2)]
 
 
-@pytest.mark.parametrize("knob", ["block_size", "num_splits", "num_warps",
-                                  "num_stages"])
-def test_old_global_knobs_name_the_new_way(knob):
-  with pytest.raises(ValueError, match=f"no longer takes {knob}.*tuning="):
-    SamplerConfig(**{knob: 4})
-  with pytest.raises(ValueError, match="tuning=Tuning"):
-    dataclasses.replace(SamplerConfig(), **{knob: 64})
+def test_a_batch_shard_plans_as_the_whole_batch():
+  """``for_batch_shards``: a shard's ``Occupancy.batch_shards`` scales the
+  rows its plans are made for (warps and splits of the whole batch)."""
+  assert tuning.for_batch_shards(None, 1) is None
+  shard = tuning.resolve(tuning.for_batch_shards(
+      tuning.for_batch_shards(None, 2), 4))
+  assert shard.occupancy.batch_shards == 8
+  whole = tuning.resolve()
+  for rows in (1, 4, 16):
+    plan = common.race_plan(rows, 151936, shard.gumbel, shard.occupancy,
+                            generator="philox", fp64=False)
+    want = common.race_plan(8 * rows, 151936, whole.gumbel, whole.occupancy,
+                            generator="philox", fp64=False)
+    assert (plan.num_warps, plan.num_splits) == (want.num_warps,
+                                                 want.num_splits)
 
 
 @pytest.mark.parametrize("make,match", [
@@ -198,8 +204,8 @@ def test_old_global_knobs_name_the_new_way(knob):
     (lambda: Tuning(stats=CompactLaunch()), "Tuning.stats"),
     (lambda: Occupancy(programs_per_sm=((4, 3),)), "programs_per_sm"),
     (lambda: Occupancy(sm_count=0), "Occupancy.sm_count"),
-    (lambda: Branching(conds=0), "Branching.conds"),
-    (lambda: Tuning(branching=False), "Tuning.branching"),
+    (lambda: Occupancy(batch_shards=0), "Occupancy.batch_shards"),
+    (lambda: Tuning(occupancy=False), "Tuning.occupancy"),
     (lambda: SamplerConfig(tuning=StatsLaunch()), "tuning must be"),
 ])
 def test_bad_tuning_values_raise_naming_the_field(make, match):
@@ -220,12 +226,13 @@ def test_configs_are_hashable_static_arguments():
 
 
 def test_nothing_sets_module_attributes():
-  """Sweeps pass configs: no ``setattr`` in the package or the scripts."""
+  """Sweeps and batch shards pass configs: no ``setattr`` and no ``global``
+  statement in the package or the scripts."""
   found = []
   for path in sorted([*(ROOT / "jaxsample").rglob("*.py"),
                       *(ROOT / "scripts").glob("*.py")]):
     for node in ast.walk(ast.parse(path.read_text())):
-      if isinstance(node, ast.Call) and getattr(
+      if isinstance(node, ast.Global) or isinstance(node, ast.Call) and getattr(
           node.func, "id", None) == "setattr":
         found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
   assert not found

@@ -1,4 +1,4 @@
-"""Decode-step benchmarks: ``python -m jaxsample.bench.decode [--tiny]``.
+"""Decode-step benchmarks: ``python -m jaxsample.bench decode [--tiny]``.
 
 Three tables:
 
@@ -42,7 +42,6 @@ import argparse
 import dataclasses
 import json
 import math
-import sys
 import time
 
 import jax
@@ -341,6 +340,7 @@ def report(embedded, steps_rows) -> None:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
+      prog="python -m jaxsample.bench decode",
       description=__doc__.splitlines()[0],
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   parser.add_argument("--tiny", action="store_true",
@@ -404,7 +404,3 @@ def main(argv=None) -> int:
       json.dump({"device": jax.devices()[0].device_kind, "embedded": embedded,
                  "steps": rows}, f, indent=2)
   return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -292,7 +292,9 @@ def _guarded(name: str, factory, failures: list):
 
 
 def _merged(paths: list[pathlib.Path], argv: list[str]) -> dict:
-  """One document from several runs' ``report.json``: the first's fields, every row."""
+  """One document from several runs' ``report.json``: the first's fields,
+  every row, and under ``merged`` each run's own fields but its rows (so the
+  merged document alone keeps every row once and every run's record)."""
   docs = [json.loads(p.read_text()) for p in paths]
   devices = sorted({d["device"] for d in docs})
   if len(devices) > 1:
@@ -304,8 +306,7 @@ def _merged(paths: list[pathlib.Path], argv: list[str]) -> dict:
               left_out=[c for d in docs for c in d.get("left_out", [])],
               peers=dict(docs[0].get("peers") or {}, failures=failures),
               rows=[r for d in docs for r in d["rows"]],
-              merged=[dict(path=str(p), command=d["command"], device=d["device"],
-                           git_commit=d["git_commit"], elapsed_s=d.get("elapsed_s"))
+              merged=[dict({k: v for k, v in d.items() if k != "rows"}, path=str(p))
                       for p, d in zip(paths, docs)])
 
 

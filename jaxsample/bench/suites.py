@@ -102,9 +102,6 @@ def _sample_options(parser, mask_caps=""):
                       help="max_candidates values to time (default: the config's)")
   parser.add_argument("--no-reference", dest="reference", action="store_false",
                       help="leave out jaxsample's XLA reference (it sorts truncating rows)")
-  parser.add_argument("--race-first", default="",
-                      help="race_candidates values M: also time sample with "
-                      "SamplerConfig(logprobs=False, race_candidates=M) (race first)")
 
 
 def sample_ops(args, case) -> dict:
@@ -121,9 +118,6 @@ def sample_ops(args, case) -> dict:
       if args.params in ("static", "both"):
         ops[name + ", params closed over"] = _sampler(params, static=True,
                                                       implementation=impl, rng=rng, **extra)
-    for top in _ints(args.race_first):
-      ops[f"jaxsample no logprobs M={top}{tail}"] = _sampler(
-          params, implementation=impl, logprobs=False, race_candidates=top, **extra)
     for cap in _ints(args.mask_caps):
       ops[f"jaxsample +mask K_cap={cap}{tail}"] = _sampler(params, mask_cap=cap,
                                                            implementation=impl, **extra)
@@ -334,9 +328,6 @@ def _spec_options(parser):
   parser.add_argument("--mask-caps", default="", help="K_cap values: also time return_mask")
   parser.add_argument("--no-reference", dest="reference", action="store_false",
                       help="leave out jaxsample's XLA reference (it sorts truncating rows)")
-  parser.add_argument("--race-first", default="",
-                      help="race_candidates values M: also time sample with "
-                      "SamplerConfig(logprobs=False, race_candidates=M) (race first)")
 
 
 def _spec_cases(args) -> list[SpecCase]:

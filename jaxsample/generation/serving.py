@@ -59,7 +59,6 @@ from jaxsample.generation.admission import (RequestRules, admission_inputs,
                                             check_limits, pack_host_bitmask,
                                             request_from_fields,
                                             share_prompts, slot_processors)
-from jaxsample.generation.drafters import ModelDrafter
 from jaxsample.generation.generate import bucket
 from jaxsample.generation.lm import as_language_model
 from jaxsample.generation.requests import (ABORT, ERROR, Completion,
@@ -67,11 +66,9 @@ from jaxsample.generation.requests import (ABORT, ERROR, Completion,
                                            Speculation, StreamEvent)
 from jaxsample.generation.tracked import Tracked
 from jaxsample.logprobs import MODES, check_num_top
-from jaxsample.pallas.tuning import Branching, Tuning, conds
 from jaxsample.params import SamplerConfig
 
-__all__ = ["DEFAULT_BRANCH_FREE", "DEFAULT_STEPS_PER_CALL", "ServeLoop",
-           "branch_free_config"]
+__all__ = ["DEFAULT_STEPS_PER_CALL", "ServeLoop"]
 
 MIN_PROMPT = 16
 DEFAULT_STEPS_PER_CALL = 4
@@ -79,29 +76,6 @@ DEFAULT_STEPS_PER_CALL = 4
 per-call work (dispatch, reading outputs, events) per step; a request
 that ends mid-call idles its slot for the call's remaining steps
 (``docs/serving.md``, Host and device)."""
-DEFAULT_BRANCH_FREE = False
-"""Whether loops run their samplers without data-dependent conds
-(``branch_free_config``) unless the config or the caller says otherwise."""
-
-
-def branch_free_config(config: SamplerConfig, branch_free: bool | None
-                       ) -> SamplerConfig:
-  """``config`` with ``tuning.Branching(conds=not branch_free)``; for
-  ``branch_free`` None, ``config`` if its ``tuning`` sets ``branching``,
-  else as for ``DEFAULT_BRANCH_FREE``."""
-  if branch_free not in (None, True, False):
-    raise ValueError(f"branch_free must be True, False or None; got "
-                     f"{branch_free!r}")
-  tuning = config.tuning or Tuning()
-  if branch_free is None:
-    if tuning.branching is not None:
-      return config
-    branch_free = DEFAULT_BRANCH_FREE
-  if conds(config.tuning) != branch_free:  # already so
-    return config
-  return dataclasses.replace(config, tuning=dataclasses.replace(
-      tuning, branching=Branching(conds=not branch_free)))
-
 
 @dataclasses.dataclass(frozen=True)
 class _InFlight:
@@ -140,13 +114,6 @@ class ServeLoop:
       step's outputs (module doc); off, ``step`` returns the events of its
       own programs.  Grammar masks (``ProcessorLimits(bitmask=True)``) turn
       it off: a ``bitmask_fn`` needs every token before the next step.
-    branch_free: run the samplers (``config``'s and a ``ModelDrafter``'s)
-      and the verifier without data-dependent ``lax.cond``s: every route's
-      kernels run each step, skipping the rows of other routes
-      (``tuning.Branching``; the same outputs bit for bit).  On a GPU a cond's predicate is copied to
-      the host before the rest can be dispatched, so the host cannot run
-      ahead of the device.  None: ``config``'s ``tuning.branching`` if set,
-      else ``DEFAULT_BRANCH_FREE`` (``branch_free_config``).
   """
 
   def __init__(self, model, *, slots: int = 8, cache_len: int | None = None,
@@ -156,7 +123,7 @@ class ServeLoop:
                speculation: Speculation | None = None,
                top_logprobs: int = 0, logprobs_mode: str = "raw_logprobs",
                processors: ProcessorLimits | None = None,
-               overlap: bool = True, branch_free: bool | None = None):
+               overlap: bool = True):
     self.lm, self.weights = as_language_model(model)
     self.cache_len = cache_len or self.lm.max_len
     if not self.cache_len or self.cache_len < 2:
@@ -167,16 +134,13 @@ class ServeLoop:
     if slots < 1 or steps_per_call < 1 or max_stop_tokens < 1:
       raise ValueError("slots, steps_per_call and max_stop_tokens must be >= 1")
     self.slots = slots
-    self.config = branch_free_config(config or SamplerConfig(), branch_free)
+    self.config = config or SamplerConfig()
     self.return_masks = bool(return_masks)
     self.max_stop_tokens = max_stop_tokens
     self.admit_batch = admit_batch or min(slots, 8)
     self.steps_per_call = steps_per_call
     self.speculation = speculation
     self.drafter = speculation.drafter if speculation else None
-    if isinstance(self.drafter, ModelDrafter):  # it samples too
-      self.drafter = dataclasses.replace(self.drafter, config=(
-          branch_free_config(self.drafter.config, branch_free)))
     extra = self.drafter.num_draft if self.drafter else 0
     self._state_len = self.cache_len + extra
     self._draft_weights = speculation.draft_weights if speculation else None

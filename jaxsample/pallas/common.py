@@ -9,7 +9,6 @@ chunk its vocab ids and, for sampling kernels, the random bits of
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import warnings
 from collections.abc import Callable
@@ -29,7 +28,7 @@ __all__ = ["argmax_finish", "argmax_update", "below_floor", "Chunk",
            "gpu_exp2_approx", "gpu_mulhilo", "gpu_mulhilo_pair",
            "join_fp64_words", "KernelMath", "KernelPlan", "key_value",
            "logit_floor", "make_plan", "Noise", "order_key", "pallas_call",
-           "planned_as_shards", "race_plan", "row_chunk_loader",
+           "race_plan", "row_chunk_loader",
            "split_argmax", "split_fp64_words", "split_sumexp", "STREAM_DTYPES",
            "table_row", "Tile", "tile_loop"]
 
@@ -76,28 +75,6 @@ class KernelPlan:
                                 num_stages=self.num_stages)
 
 
-_PLAN_ROW_SCALE = 1
-
-
-@contextlib.contextmanager
-def planned_as_shards(shards: int):
-  """Plans kernels traced inside for ``shards`` times their rows: a batch
-  shard (``jaxsample.partition``) launches what the whole batch would, so
-  its kernels sum in the same order (bit-identical logprobs)."""
-  global _PLAN_ROW_SCALE
-  old = _PLAN_ROW_SCALE
-  _PLAN_ROW_SCALE = old * shards
-  try:
-    yield
-  finally:
-    _PLAN_ROW_SCALE = old
-
-
-def _planned_rows(batch: int) -> int:
-  """The rows a plan is made for: the whole batch's on a batch shard."""
-  return batch * _PLAN_ROW_SCALE
-
-
 def pallas_call(kernel, *, out_shape,
                 compiler_params: plgpu.CompilerParams, **kwargs):
   """``pl.pallas_call`` with Triton ``compiler_params`` (the Triton lowering,
@@ -129,10 +106,10 @@ def make_plan(batch: int, vocab: int, *, chunk: int, tile: int,
   """The plan of ``tile``-wide steps over ``[B, V]``: ``num_splits`` programs
   per row (None: ``occupancy.splits``), at most one per tile, none starting
   past ``V``; on a batch shard, as for the whole batch
-  (``planned_as_shards``)."""
+  (``Occupancy.batch_shards``)."""
   n_tiles = -(-vocab // tile)
-  splits = min(num_splits or occupancy.splits(_planned_rows(batch), n_tiles,
-                                              num_warps), n_tiles)
+  splits = min(num_splits or occupancy.splits(occupancy.planned_rows(batch),
+                                              n_tiles, num_warps), n_tiles)
   steps = -(-n_tiles // splits)
   splits = -(-n_tiles // steps)  # No split starts past V.
   return KernelPlan(chunk=chunk, tile=tile, num_splits=splits, steps=steps,
@@ -156,7 +133,8 @@ def race_plan(batch: int, vocab: int, launch: tuning.RaceLaunch,
   ``launch.block_size`` per load.
   """
   lanes = generator == "philox"
-  num_warps = launch.warps(_planned_rows(batch), fp64=fp64, lanes=lanes)
+  num_warps = launch.warps(occupancy.planned_rows(batch), fp64=fp64,
+                           lanes=lanes)
   if lanes:
     chunk, tile = min(rng.PHILOX_LANES, 128 * num_warps), rng.PHILOX_TILE
   else:
@@ -213,7 +191,7 @@ def gpu_mulhilo_pair(a: jax.Array, b: jax.Array):
 def gpu_div(x: jax.Array, t: jax.Array) -> jax.Array:
   """fp32 ``x / t`` exactly as XLA computes it on NVIDIA GPUs: ``div.full.f32``
   (within 2 ulp, not always the IEEE quotient; ``scripts/check_division.py``
-  found it equal to XLA's quotient on every element on an H100)."""
+  at d785b4c found it equal to XLA's quotient on every element on an H100)."""
   x, t = jnp.broadcast_arrays(x, t)
   (q,) = _asm("div.full.f32 $0, $1, $2;", "=f,f,f", (jnp.float32,), x, t)
   return q

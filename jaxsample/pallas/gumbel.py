@@ -5,48 +5,37 @@ split one RNG tile (4 x 512 ids for philox) at a time and keeps, lane-wise:
 
 * the running argmax of ``x / T + g`` (``g`` the Gumbel noise of
   ``jaxsample.rng`` for the global vocab ids: the reference's noise), behind
-  two cheap exact filters (``GumbelRace``): a tile whose tempered logits all
-  lie more than ``G_MAX`` (the largest Gumbel value the uniform allows, 15.94
-  in fp32) below the race bound is skipped without drawing its random bits
-  (the generator is most of a tile's arithmetic), and in the other tiles a
-  test on the uniforms skips the exact arithmetic for chunks that cannot win;
+  a cheap exact filter (``GumbelRace``): a test on the uniforms skips the
+  exact arithmetic for chunks that cannot win;
 * the running ``sum exp(x / T - bound)`` (one exp per element, shared with
-  both filters),
+  the filter),
 
-then writes per-split partials.  The tile skip is opt-in (``TILE_SKIP``:
-measured slower on an H100 except on peaked rows at large batch).
-``combine_partials`` merges partials
+then writes per-split partials.  ``combine_partials`` merges partials
 along the split axis, by a max and a rescaled sum; the vocab-parallel sampler
 merges partials of vocab shards the same way.  Greedy rows (T = 0) run a
 branch with no noise and no exp.  Equivalent to
 ``jaxsample.reference.sample_reference`` for untruncated rows: the same tokens
 bit for bit, and logprobs within 1e-5 plus a few ulp of the row's largest
 tempered logit (the sum-exp uses ``x * (1 / T)``, within ~1 ulp of the
-reference's ``x / T``).  ``GumbelPartials.raced_tiles``
-counts the tiles that drew random bits.
+reference's ``x / T``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
 from jaxsample import reference, rng, rowwise
 from jaxsample.pallas import bitmask, common, tuning
 from jaxsample.params import SamplerConfig, SamplingParams
-from jaxsample.reference import SampleResult
 
-__all__ = ["combine_partials", "finish_sampling", "G_MAX", "gumbel_partials",
-           "GumbelPartials", "GumbelRace", "MIN_ONE_MINUS_U", "options",
-           "race_candidates", "sample_untruncated", "TILE_SKIP"]
+__all__ = ["combine_partials", "finish_sampling", "gumbel_partials",
+           "GumbelPartials", "GumbelRace", "sample_untruncated"]
 
 
 @jax.tree_util.register_dataclass
@@ -64,10 +53,6 @@ class GumbelPartials:
       is the row's best race value: finite iff the row's tempered logits
       have a finite max.
     sumexp: ``sum exp(y - max)`` over the split.
-    raced_tiles: RNG tiles of the split that drew random bits (the others
-      were skipped whole), float32: a plan that walks a tile in lane groups
-      counts each raced step as ``1 / lane_groups`` of a tile; 0 on greedy
-      rows.  Diagnostics only.
     kept: with a ``floor``, the split's number of elements ``y >= floor``
       (the others are left out of ``race`` and ``sumexp``); with
       ``count_finite``, of entries ``> -inf``; else None.
@@ -77,7 +62,6 @@ class GumbelPartials:
   index: jax.Array
   max: jax.Array
   sumexp: jax.Array
-  raced_tiles: jax.Array
   kept: jax.Array | None = None
 
 
@@ -100,81 +84,38 @@ def combine_partials(p: GumbelPartials):
 
 _LOG2E = 1.4426950408889634
 _SLACK = 2.0**-12
-# The smallest value of ``1 - u``: the fp32 uniform is at most 1 - 2^-23 and
-# the fp64 one at most 1 - 2^-52.  Since ``g = -log(-log u) <= -log(1 - u)``,
-# every Gumbel value is at most ``G_MAX = -log(MIN_ONE_MINUS_U)``.
-MIN_ONE_MINUS_U = {False: 2.0**-23, True: 2.0**-52}
-G_MAX = {wide: -math.log(v) for wide, v in MIN_ONE_MINUS_U.items()}
-"""Upper bounds of the Gumbel noise: 23 ln 2 = 15.9424 (fp32), 52 ln 2 = 36.0437
-(fp64).  (The fp32 noise actually reaches -log(-log(1 - 2^-23)) = 15.9424
-minus 6e-8.)"""
 
 
 @dataclasses.dataclass(frozen=True)
 class GumbelRace:
-  """Exact Gumbel-max race over RNG tiles, with two cheap filters in front.
+  """Exact Gumbel-max race over RNG tiles, with a cheap filter in front.
 
   The state is lane-wise ``(best, index)``, the race ``bound`` (the
   program's best race value so far, a lower bound of the row's) and
   lane-wise ``sumexp = sum exp(y - bound)``.  ``y' = x * (1 / T)`` approximates
   ``y = x / T``, and ``e = exp(y' - bound)`` (FFMA, ex2.approx) is computed
-  once per element: it is the sum-exp term and feeds both filters.
+  once per element: it is the sum-exp term and feeds the filter.
   ``slack = 2^-12 (|bound| + 32)`` covers every approximation error (``y'``,
   ``ex2.approx``, fp32 rounding of the bound and of the exact race).
 
-  * **Tile skip** (``step``; opt-in, ``TILE_SKIP``; no random bits at all).
-    ``g <= G_MAX = -log(m)`` with
-    ``m = MIN_ONE_MINUS_U`` (2^-23 fp32, 2^-52 fp64), so an element with
-    ``e < m (1 - slack)``, i.e. ``y' + G_MAX + slack < bound``, cannot reach
-    the bound.  A tile whose elements all pass adds its ``e`` to the sum-exp
-    and is done: the generator never runs for it (``Tile.bits()`` is only
-    called in the other branch).  On the fp32 path this is exactly the chunk
-    filter below with ``1 - u`` replaced by its minimum (every element would
-    have passed it); on the fp64 path the same argument holds with the true
-    ``1 - u >= 2^-52``.
-  * **Chunk filter** (tiles that may hold a winner).  With ``E = -log(u) >= 1
-    - u``, ``y + g = y - log(E) < bound`` whenever ``(1 - u) (1 - slack) > e``
-    (``1 - u`` from the uniform's top 23 bits, less 2^-23 on the fp64 path).
-    Only chunks with a possible winner compute the exact race ``x / T + g``
-    (XLA's division, accurate logs: the reference's arithmetic), so tokens are
-    the reference's bit for bit.  ``|bound| >= 4064`` disables both filters
-    (still exact).
+  **Chunk filter.**  With ``E = -log(u) >= 1 - u``, ``y + g = y - log(E) <
+  bound`` whenever ``(1 - u) (1 - slack) > e`` (``1 - u`` from the uniform's
+  top 23 bits, less 2^-23 on the fp64 path).  Only chunks with a possible
+  winner compute the exact race ``x / T + g`` (XLA's division, accurate logs:
+  the reference's arithmetic), so tokens are the reference's bit for bit.
+  ``|bound| >= 4064`` disables the filter (still exact).
   """
 
   kmath: common.KernelMath
   t: jax.Array
   race_dtype: jnp.dtype
   wide: bool
-  top: int = 1
 
   def init(self, first_index):
     n = first_index.shape[0]
-    best = jnp.full((n,), -jnp.inf, self.race_dtype)
-    if self.top > 1:
-      best, first_index = (best,) * self.top, (first_index,) * self.top
-    return (best, first_index, jnp.full((), -jnp.inf, self.race_dtype),
+    return (jnp.full((n,), -jnp.inf, self.race_dtype), first_index,
+            jnp.full((), -jnp.inf, self.race_dtype),
             jnp.zeros((n,), jnp.float32))
-
-  def _update(self, best, index_best, race, index):
-    """The lane-wise state after a chunk's exact race values, and the new
-    lower bound of the program's ``top``-th best race value (the filters'
-    bound): the best value itself for ``top = 1``; else the best ``top``
-    (value, id) pairs per lane in race order (smaller id first on ties: a
-    lane's ids do not come in order with lane groups), kept by insertion,
-    and the bound the largest lane's ``top``-th value (``top`` entries of
-    that lane reach it, so an element below it is no candidate)."""
-    if self.top == 1:
-      new_best, new_index = common.argmax_update(best, index_best, race, index)
-      return new_best, new_index, jnp.max(race)
-    best, index_best = list(best), list(index_best)
-    for level in range(self.top):
-      better = (race > best[level]) | ((race == best[level]) &
-                                       (index < index_best[level]))
-      best[level], race = (jnp.where(better, race, best[level]),
-                           jnp.where(better, best[level], race))
-      index_best[level], index = (jnp.where(better, index, index_best[level]),
-                                  jnp.where(better, index_best[level], index))
-    return tuple(best), tuple(index_best), jnp.max(best[-1])
 
   def _exp_below(self, x, bound32):
     """``exp(x * (1 / T) - bound)`` to ~6e-8 |x / T| (FFMA, FMUL, ex2)."""
@@ -210,9 +151,9 @@ class GumbelRace:
       xs = jnp.where(x != x, jnp.inf, x)
       race = self.kmath.div(xs, self.t).astype(self.race_dtype) + rng.gumbel(
           rng.uniform(bits))
-      new_best, new_index, reached = self._update(best, index_best, race,
-                                                  index)
-      new_bound = jnp.maximum(bound, reached)
+      new_best, new_index = common.argmax_update(best, index_best, race,
+                                                 index)
+      new_bound = jnp.maximum(bound, jnp.max(race))
       new_bound32 = new_bound.astype(jnp.float32)
       # A scalar: plain exp (inline asm only takes blocks).
       scale = jnp.where(new_bound32 == bound32, 1.0,
@@ -225,38 +166,8 @@ class GumbelRace:
 
     return lax.cond(maybe, exact, fast, None)
 
-  def step(self, state, tile: common.Tile, loaded):
-    """One RNG tile, skipped whole or raced chunk by chunk: ``(state, raced)``
-    (``raced`` 1 if the tile drew its random bits, else 0)."""
-    bound = state[2]
-    bound32 = bound.astype(jnp.float32)
-    xs = [x.astype(jnp.float32) for x in loaded]
-    es = [self._exp_below(x, bound32) for x in xs]
-    threshold = MIN_ONE_MINUS_U[self.wide] * self._margin(bound32)
-    ok = es[0] < threshold  # False for NaN: not skippable
-    for e in es[1:]:
-      ok = ok & (e < threshold)
-    raced_tile = jnp.max(jnp.where(ok, 0, 1)).astype(jnp.int32)  # 0 or 1
-    skip = raced_tile == 0
-
-    def skipped(_):
-      best, index, bound, sumexp = state
-      total = es[0]
-      for e in es[1:]:
-        total = total + e
-      return best, index, bound, sumexp + total
-
-    def raced(_):
-      bits = tile.bits(loaded[0])  # the generator runs only here
-      s = state
-      for c, (x, e) in enumerate(zip(xs, es)):
-        s = self.chunk(s, tile.index(c), bits[c], x, e, bound32 if c else None)
-      return s
-
-    return lax.cond(skip, skipped, raced, None), raced_tile
-
   def chunk_step(self, state, chunk: common.Chunk, x):
-    """The chunk filter and race alone (no tile skip): ``chunk_loop``'s step."""
+    """The chunk filter and race of one chunk: ``chunk_loop``'s step."""
     x = x.astype(jnp.float32)
     e = self._exp_below(x, state[2].astype(jnp.float32))
     return self.chunk(state, chunk.index, chunk.bits, x, e, None)
@@ -264,58 +175,11 @@ class GumbelRace:
   def finish(self, state):
     """``(race, index, reference, sumexp)`` of the program: its best race value
     and id, and ``sumexp = sum exp(y - reference)`` with ``reference`` the
-    fp32 bound (any finite reference combines exactly).  With ``top > 1``,
-    ``race`` and ``index`` are tuples: the program's best ``top`` entries
-    in race order (smallest id first among equal values), taken one by one
-    from the lanes' lists."""
+    fp32 bound (any finite reference combines exactly)."""
     best, index, bound, sumexp = state
     reference_ = bound.astype(jnp.float32)
-    if self.top == 1:
-      top, index = common.argmax_finish(best, index)
-      return top, index, reference_, jnp.sum(sumexp)
-    best, index = list(best), list(index)
-    tops, ids = [], []
-    for _ in range(self.top):
-      top = functools.reduce(jnp.maximum, [jnp.max(b) for b in best])
-      first = functools.reduce(jnp.minimum, [
-          jnp.min(jnp.where(b == top, i, jnp.iinfo(jnp.int32).max))
-          for b, i in zip(best, index)])
-      tops.append(top)
-      ids.append(first)
-      # Taken: out of the lists (an id is listed once with a finite value;
-      # -inf entries are no candidates whatever their id).
-      taken = [(b == top) & (i == first) for b, i in zip(best, index)]
-      best = [jnp.where(t, -jnp.inf, b) for t, b in zip(taken, best)]
-      index = [jnp.where(t, jnp.iinfo(jnp.int32).max, i)
-               for t, i in zip(taken, index)]
-    return tuple(tops), tuple(ids), reference_, jnp.sum(sumexp)
-
-
-TILE_SKIP: bool = False
-"""Opt-in: the tile skip (``GumbelRace.step``).  Exact (CPU and GPU tests),
-but measured on an H100 (benchmarks/results/2026-11-22-h100-gumbel-skip) it
-pays only on peaked rows at large batch (B = 512: 132 us vs 146 us); its
-extra block reduction per tile costs more than the generator it saves at B <=
-128 (peaked rows: 49.4 us vs 47.7 us at B = 128) and on flat rows (randn:
-+10% to +15%).  Off: the chunk filter alone (``GumbelRace.chunk_step``).
-(Sharing race bounds between the programs of a row through a ``[B, S]`` slot
-buffer skipped more tiles but made the kernel 1.3x to 2.5x slower, same
-results folder; removed.)"""
-
-
-@contextlib.contextmanager
-def options(*, tile_skip: bool = False):
-  """Sets ``TILE_SKIP`` while tracing (tests, benchmarks).
-
-  The flag is read when a kernel is traced: jit a fresh function inside.
-  """
-  global TILE_SKIP
-  old = TILE_SKIP
-  TILE_SKIP = tile_skip
-  try:
-    yield
-  finally:
-    TILE_SKIP = old
+    top, index = common.argmax_finish(best, index)
+    return top, index, reference_, jnp.sum(sumexp)
 
 
 _ROW_DTYPES = (jnp.float32, jnp.int32) + common.STREAM_DTYPES
@@ -324,20 +188,16 @@ and the excluded id, when given)."""
 
 
 def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
-            fp64: bool, skip: bool, floored: bool, count_finite: bool,
-            excluding: bool = False, masked: bool = False, listing: int = 0):
+            fp64: bool, floored: bool, count_finite: bool,
+            excluding: bool = False, masked: bool = False):
   """One (row, split) program (``masked``: a ``bitmask.MaskedLogits``
-  words ref follows the row ref; ``listing``: the split's best ``listing``
-  race entries and the max of its logits, no sum-exp)."""
-  top = max(listing, 1)
+  words ref follows the row ref)."""
   refs = list(refs)
   table_ref, offset_ref, x_ref = refs[:3]  # table: gumbel_partials
   words_refs = refs[3:3 + masked]
   del refs[:3 + masked]
-  race_ref, index_ref, max_ref = refs[:3]
-  sumexp_ref = None if listing else refs[3]
-  del refs[:3 + (not listing)]
-  raced_ref = refs.pop(0) if skip else None
+  race_ref, index_ref, max_ref, sumexp_ref = refs[:4]
+  del refs[:4]
   kept_ref = refs.pop(0) if floored or count_finite else None
   race_lo_ref = refs
   row, split = pl.program_id(0), pl.program_id(1)
@@ -362,78 +222,26 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
   def greedy():
     best, index, *finite = common.split_argmax(
         plan, kmath, split_start, vocab, load, count_finite=count_finite)
-    if listing:  # the argmax first, then no candidates (computed -infs)
-      none = jnp.where(index == index, -jnp.inf, best)
-      return (best,) + (none,) * (top - 1) + (index,) * top + (best,)
     # Greedy rows need no sum-exp; it is a computed 1 because Triton's cond
     # lowering cannot yield a literal.
     one = (index - index + 1).astype(jnp.float32)
     return (best.astype(race_dtype), index, best, one, *finite) + (
-        index - index,) * (skip + floored)
+        index - index,) * floored
 
   def sampled():
-    race = GumbelRace(kmath, t, race_dtype, wide=fp64, top=top)
+    race = GumbelRace(kmath, t, race_dtype, wide=fp64)
     noise = common.Noise(generator, stream, offset, wide=fp64)
-    if listing:  # the best entries, and the max of the logits (NaN as inf)
-
-      def step(carry, chunk, x):
-        state, x_max = carry
-        x32 = x.astype(jnp.float32)
-        return race.chunk_step(state, chunk, x), jnp.maximum(
-            x_max, jnp.where(x32 != x32, jnp.inf, x32))
-
-      state, x_max = common.chunk_loop(
-          plan, kmath, split_start, vocab, race_load, step,
-          (race.init(first_index), jnp.full((plan.chunk,), -jnp.inf,
-                                             jnp.float32)), noise=noise)
-      values, ids, _, _ = race.finish(state)
-      if top == 1:
-        values, ids = (values,), (ids,)
-      return (*values, *ids, jnp.max(x_max))
     if floored or count_finite:  # and count the raced entries (kept)
-
-      def step(carry, chunk, x):
-        state, kept = carry
-        x = x.astype(jnp.float32)
-        inside = x > -jnp.inf  # counted (NaN is not)
-        if floored:  # the race and sum-exp over {x / T >= floor} only
-          below = common.below_floor(x, x_floor)  # (NaN still races)
-          inside = inside & ~below
-          x = jnp.where(below, -jnp.inf, x)
-        return race.chunk_step(state, chunk, x), kept + jnp.where(inside, 1, 0)
-
       state, kept = common.chunk_loop(
-          plan, kmath, split_start, vocab, race_load, step,
+          plan, kmath, split_start, vocab, race_load,
+          _counting_step(race, x_floor),
           (race.init(first_index), jnp.zeros((plan.chunk,), jnp.int32)),
           noise=noise)
       return (*race.finish(state), jnp.sum(kept, dtype=jnp.int32))
-    if not skip:
-      state = common.chunk_loop(plan, kmath, split_start, vocab, race_load,
-                                race.chunk_step, race.init(first_index),
-                                noise=noise)
-      return race.finish(state)
-    init = race.init(first_index), split_start * 0  # (state, raced tiles)
-
-    def step(carry, tile, loaded):
-      state, count = carry
-      state, raced = race.step(state, tile, loaded)
-      return state, count + raced
-
-    state, count = common.tile_loop(plan, kmath, split_start, vocab, race_load,
-                                    step, init, noise=noise)
-    return (*race.finish(state), count)
-
-  if listing:
-
-    @pl.when(active != 0)
-    def _():
-      out = lax.cond(t > 0, sampled, greedy)
-      for j in range(top):
-        race_ref[row, split * top + j] = out[j]
-        index_ref[row, split * top + j] = out[top + j] + offset
-      max_ref[row, split] = out[2 * top]
-
-    return
+    state = common.chunk_loop(plan, kmath, split_start, vocab, race_load,
+                              race.chunk_step, race.init(first_index),
+                              noise=noise)
+    return race.finish(state)
 
   @pl.when(active != 0)
   def _():
@@ -446,10 +254,27 @@ def _kernel(*refs, plan: common.KernelPlan, vocab: int, generator: str,
     index_ref[row, split] = index + offset
     max_ref[row, split] = m
     sumexp_ref[row, split] = s
-    if skip:
-      raced_ref[row, split] = counts[0]
     if kept_ref is not None:
       kept_ref[row, split] = counts[0]
+
+
+def _counting_step(race: GumbelRace, x_floor):
+  """``chunk_loop``'s step for ``(race state, kept)``: races a chunk and
+  counts its entries ``> -inf`` (NaN is not counted); with ``x_floor``
+  (``common.logit_floor``) only those with ``y >= floor``, the others
+  raced and summed as -inf (NaN still races)."""
+
+  def step(carry, chunk, x):
+    state, kept = carry
+    x = x.astype(jnp.float32)
+    inside = x > -jnp.inf
+    if x_floor is not None:
+      below = common.below_floor(x, x_floor)
+      inside = inside & ~below
+      x = jnp.where(below, -jnp.inf, x)
+    return race.chunk_step(state, chunk, x), kept + jnp.where(inside, 1, 0)
+
+  return step
 
 
 def gumbel_partials(logits: jax.Array, temperature: jax.Array,
@@ -485,16 +310,15 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
   if floored and count_finite:
     raise ValueError("count_finite counts rows without a floor")
   counted = floored or count_finite
-  skip = bool(TILE_SKIP) and not counted
   out_shape = [
       jax.ShapeDtypeStruct(shape, jnp.uint32 if fp64 else jnp.float32),
       jax.ShapeDtypeStruct(shape, jnp.int32),
       jax.ShapeDtypeStruct(shape, jnp.float32),
       jax.ShapeDtypeStruct(shape, jnp.float32),
-  ] + [jax.ShapeDtypeStruct(shape, jnp.int32)] * (skip + counted) + [
+  ] + [jax.ShapeDtypeStruct(shape, jnp.int32)] * counted + [
       jax.ShapeDtypeStruct(shape, jnp.uint32)] * fp64
   kernel = functools.partial(_kernel, plan=plan, vocab=vocab,
-                             generator=config.rng, fp64=fp64, skip=skip,
+                             generator=config.rng, fp64=fp64,
                              floored=floored, count_finite=count_finite,
                              excluding=exclude is not None,
                              masked=isinstance(logits, bitmask.MaskedLogits))
@@ -510,17 +334,9 @@ def gumbel_partials(logits: jax.Array, temperature: jax.Array,
   race, index, row_max, sumexp, *rest = call(table, offset,
                                               *bitmask.operands(logits))
   kept = rest.pop(0) if counted else None
-  if skip:  # raced loop steps
-    raced = rest[0].astype(jnp.float32) / plan.lane_groups
-  else:  # every tile of a sampled row races
-    starts = np.arange(plan.num_splits) * plan.split_len
-    tiles = np.minimum(-(-(vocab - starts) // plan.tile), plan.steps)
-    raced = jnp.where(temperature[:, None] > 0,
-                      jnp.asarray(tiles, jnp.float32)[None], 0.0)
-  race_lo = rest[skip:]
   if fp64:
-    race = common.join_fp64_words(race, race_lo[0])
-  return GumbelPartials(race, index, row_max, sumexp, raced, kept)
+    race = common.join_fp64_words(race, rest[0])
+  return GumbelPartials(race, index, row_max, sumexp, kept)
 
 
 def _row_table(temperature, streams: rng.RowStreams, active, extra):
@@ -530,44 +346,6 @@ def _row_table(temperature, streams: rng.RowStreams, active, extra):
   return rowwise.pack_rows([
       temperature.astype(jnp.float32), active, streams.key0, streams.key1,
       streams.base_hi, streams.base_lo, *extra], batch)
-
-
-def race_candidates(logits: jax.Array, temperature: jax.Array,
-                    streams: rng.RowStreams, config: SamplerConfig,
-                    top: int):
-  """The unrestricted race's best ``top`` entries per row (fp32 noise):
-  ``(values, ids)`` ``[B, top]`` in race order (descending ``y + g``,
-  smallest id first on ties; -inf values last, their ids undefined) and
-  ``x_max`` ``[B]``, the logits' max (NaN read as +inf).  Greedy rows list
-  their argmax first, invalid rows their first NaN, +inf or overflowing
-  entry (all -inf rows: id 0).  One pass (lane-wise lists, ``GumbelRace``),
-  then a ``lax.top_k`` over the splits' lists (ties: the lower split)."""
-  batch, vocab = logits.shape
-  if config.use_fp64_gumbel or top < 1:
-    raise ValueError("race_candidates: fp32 noise and top >= 1 only; got "
-                     f"use_fp64_gumbel={config.use_fp64_gumbel}, top={top}")
-  tuned = tuning.resolve(config.tuning)
-  plan = common.race_plan(batch, vocab, tuned.gumbel, tuned.occupancy,
-                          generator=config.rng, fp64=False)
-  splits = plan.num_splits
-  kernel = functools.partial(_kernel, plan=plan, vocab=vocab,
-                             generator=config.rng, fp64=False, skip=False,
-                             floored=False, count_finite=False,
-                             masked=isinstance(logits, bitmask.MaskedLogits),
-                             listing=top)
-  call = common.pallas_call(kernel, out_shape=[
-      jax.ShapeDtypeStruct((batch, splits * top), jnp.float32),
-      jax.ShapeDtypeStruct((batch, splits * top), jnp.int32),
-      jax.ShapeDtypeStruct((batch, splits), jnp.float32)],
-                            grid=(batch, splits),
-                            compiler_params=plan.compiler_params(),
-                            interpret=plan.interpret,
-                            name="jaxsample_gumbel_top")
-  race, index, x_max = call(_row_table(temperature, streams, None, []),
-                            jnp.zeros((1,), jnp.int32),
-                            *bitmask.operands(logits))
-  values, at = lax.top_k(race, top)
-  return values, jnp.take_along_axis(index, at, axis=-1), x_max.max(-1)
 
 
 def sample_untruncated(logits: jax.Array, params: SamplingParams,

@@ -10,15 +10,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxsample import race_first, reference, rng, rowwise, sampling_mask
-from jaxsample import xla_search
-from jaxsample.pallas import gumbel, threshold, tuning
+from jaxsample import rng, rowwise, sampling_mask
+from jaxsample.pallas import gumbel, threshold
 from jaxsample.params import SamplerConfig, SamplingParams
 from jaxsample.reference import SampleResult
 from jaxsample.sampling_mask import SamplingMask
 
 __all__ = ["extract_pallas", "kept_set_masks", "sample_pallas",
-           "sample_race_first", "untruncated_facts", "with_mask"]
+           "untruncated_facts", "with_mask"]
 
 
 # The kernel path's mask is assembled once, from per-row facts:
@@ -131,15 +130,15 @@ def sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   included) and invalid rows; and one branch, taken only when some row
   needs it (``lax.cond``), rows with large kept sets or overflowed
   candidate buffers (``threshold.sample_large``, with their masks; inside
-  it only the mask listing's fallback conds); with
-  ``tuning.Branching(conds=False)`` that route runs every call, no cond.
+  it only the mask listing's fallback conds).
   Where the caller's ``jit`` closes over the params, a batch without
   truncating rows compiles the Gumbel route alone (``rowwise.cond``);
   traced params run every route rather than a cond on the batch.  A
   ``lax.cond`` costs every step the trip of its predicate (6-10 us of a
-  decode loop's step on an H100, ``scripts/measure_host_gaps.py``): less
-  than running the large-set route idle; a cond on the batch would save
-  steps without filters about what it would cost filtered ones (``benchmarks/results/2026-11-24-idle-skips``).
+  decode loop's step on an H100, ``scripts/measure_host_gaps.py`` at
+  d785b4c): less than running the large-set route idle; a cond on the
+  batch would save steps without filters about what it would cost
+  filtered ones (``benchmarks/results/2026-11-24-idle-skips``).
 
   The FP64 path finds every kept set's threshold (``threshold.kept_sets``;
   with a mask, also the kept ids by probability) and races the kept set with
@@ -196,53 +195,17 @@ def sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   return (result, result_mask) if return_mask else result
 
 
-def sample_race_first(logits, params: SamplingParams,
-                      streams: rng.RowStreams,
-                      config: SamplerConfig) -> SampleResult:
-  """The kernel path's race-first route (``jaxsample.race_first``; logprobs
-  None): one race kernel lists every row's best ``config.race_candidates``
-  entries and its max (``gumbel.race_candidates``), one counting pass
-  (XLA: ``race_first.check``) decides them, and rows with no decided kept
-  candidate take the threshold kernels, behind one ``lax.cond`` that only
-  runs when some row needs it (``_threshold_tokens``)."""
-  values, ids, x_max = gumbel.race_candidates(
-      logits, params.temperature, streams, config, config.race_candidates)
-  ids = jnp.clip(ids, 0, logits.shape[-1] - 1)
-  candidate_y = jnp.where(values > -jnp.inf, xla_search.tempered(
-      jnp.take_along_axis(logits, ids, axis=-1), params.temperature),
-                          -jnp.inf)
-  return race_first.resolve(
-      xla_search.tempered(logits, params.temperature), params, ids,
-      candidate_y, reference.temper(x_max, params.temperature), ids[:, 0],
-      lambda rows: _threshold_tokens(logits, params, streams, config, rows))
-
-
-def _threshold_tokens(logits, params: SamplingParams,
-                      streams: rng.RowStreams, config: SamplerConfig, rows):
-  """``[B]`` tokens of the truncating ``rows`` by the threshold kernels
-  (``sample_pallas``'s routes without the Gumbel kernel's; the other rows
-  skip every kernel as rows without a filter, their tokens undefined)."""
-  params = SamplingParams(params.temperature,
-                          jnp.where(rows, params.top_k, 0),
-                          jnp.where(rows, params.top_p, 1.0),
-                          jnp.where(rows, params.min_p, 0.0))
-  trunc, _, large_outputs = _threshold_route(logits, params, streams, config,
-                                             width=0)
-  return jnp.where(trunc.complete, trunc.token, large_outputs[0])
-
-
 def _threshold_route(logits, params: SamplingParams, streams: rng.RowStreams,
                      config: SamplerConfig, width: int):
   """The threshold kernels' two stages: ``threshold.sample_truncated`` for
   every truncating row, then ``threshold.sample_large`` for the rows it
   leaves unfinished (large kept sets, overflowed buffers), behind the one
   cond (idle, that route's kernels and XLA glue cost more than the cond,
-  ``scripts/measure_host_gaps.py``; none under ``Branching(conds=False)``).
+  ``scripts/measure_host_gaps.py`` at d785b4c).
   Returns ``(trunc, unfinished, sample_large's outputs)``."""
   trunc = threshold.sample_truncated(logits, params, streams, config,
                                      order_width=width, finish_large=False)
   unfinished = trunc.unfinished(params)
   large_outputs = rowwise.only_if(unfinished, lambda: threshold.sample_large(
-      logits, params, trunc, streams, config, unfinished, order_width=width),
-      branch=tuning.conds(config.tuning))
+      logits, params, trunc, streams, config, unfinished, order_width=width))
   return trunc, unfinished, large_outputs

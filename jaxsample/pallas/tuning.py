@@ -22,7 +22,7 @@ import numbers
 import jax
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["BoundsLaunch", "Branching", "CompactLaunch", "conds", "DEFAULT",
+__all__ = ["BoundsLaunch", "CompactLaunch", "DEFAULT", "for_batch_shards",
            "H100_KIND", "H200_KIND", "Launch", "Measured", "MEASURED", "Occupancy",
            "overriding", "PackLaunch", "PassLaunch", "PivotLaunch",
            "RaceLaunch", "resolve", "SelectLaunch", "SpecStatsLaunch",
@@ -192,15 +192,22 @@ class Occupancy:
       most warps not above its own).
     one_warp_resident: 1-warp programs per SM past which a launch runs a
       short second wave.
+    batch_shards: the shards a call's batch is split into (1: none): plans
+      are made for ``batch_shards`` times a call's rows, so a batch shard
+      launches what the whole batch would and its kernels sum in the same
+      order (bit-identical logprobs).  ``jaxsample.partition`` sets it
+      (``for_batch_shards``).
   """
 
   sm_count: int = 132
   programs_per_sm: tuple[tuple[int, int], ...] = ((1, 15), (2, 6), (4, 3))
   one_warp_resident: int = 16
+  batch_shards: int = 1
 
   def __post_init__(self):
     _check(self, "sm_count", self.sm_count)
     _check(self, "one_warp_resident", self.one_warp_resident)
+    _check(self, "batch_shards", self.batch_shards)
     pairs = self.programs_per_sm
     if not (isinstance(pairs, tuple) and all(
         isinstance(p, tuple) and len(p) == 2 and all(
@@ -209,6 +216,10 @@ class Occupancy:
       raise ValueError(
           "Occupancy.programs_per_sm must be a tuple of (warps, programs) int "
           f"pairs with an entry for 1 warp; got {pairs!r}")
+
+  def planned_rows(self, batch: int) -> int:
+    """The rows a plan is made for: the whole batch's on a batch shard."""
+    return batch * self.batch_shards
 
   def splits(self, rows: int, n_tiles: int, num_warps: int) -> int:
     """Splits per row: ``programs_per_sm`` programs per SM, rounded up; for
@@ -226,35 +237,10 @@ class Occupancy:
 
 
 @dataclasses.dataclass(frozen=True)
-class Branching:
-  """Whether the kernel path skips routes that no row of a batch takes.
-
-  Attributes:
-    conds: True (the default): the routes few rows take (large kept sets
-      and overflowed candidate buffers, ``threshold.sample_large``; the
-      mask listing's whole-row fallback; the speculative verifier's kept
-      floors) run behind a ``lax.cond`` that skips them when no row needs
-      them (the FP64 path keeps its cond).  False: every route runs on every call, its kernels skipping
-      the rows that do not take it (the same results, bit for bit): no
-      data-dependent ``conditional`` in the program, so a GPU's host does
-      not wait for a predicate's copy before it can dispatch the rest
-      (``docs/serving.md``, Host and device), at the cost of the idle
-      routes' launches.
-  """
-
-  conds: bool = True
-
-  def __post_init__(self):
-    if not isinstance(self.conds, bool):
-      raise ValueError(f"Branching.conds must be a bool; got {self.conds!r}")
-
-
-@dataclasses.dataclass(frozen=True)
 class Tuning:
   """The launch configs of every kernel; a field left None takes the
   device's ``MEASURED`` entry, else the config class's defaults
-  (``resolve``).  ``spec_emit`` is pass 2 of the draft-logits verifier;
-  ``branching`` is no launch but how routes no row takes are skipped."""
+  (``resolve``).  ``spec_emit`` is pass 2 of the draft-logits verifier."""
 
   gumbel: RaceLaunch | None = None
   spec_emit: RaceLaunch | None = None
@@ -267,7 +253,6 @@ class Tuning:
   window: WindowLaunch | None = None
   pivot: PivotLaunch | None = None
   occupancy: Occupancy | None = None
-  branching: Branching | None = None
 
   def __post_init__(self):
     for field in dataclasses.fields(self):
@@ -281,8 +266,7 @@ _KINDS = {"gumbel": RaceLaunch, "spec_emit": RaceLaunch,
           "spec_stats": SpecStatsLaunch, "stats": StatsLaunch,
           "bounds": BoundsLaunch, "compact": CompactLaunch,
           "pack": PackLaunch, "select": SelectLaunch, "window": WindowLaunch,
-          "pivot": PivotLaunch, "occupancy": Occupancy,
-          "branching": Branching}
+          "pivot": PivotLaunch, "occupancy": Occupancy}
 
 DEFAULT = Tuning(**{name: kind() for name, kind in _KINDS.items()})
 """The heuristic: every config at its class's defaults."""
@@ -384,10 +368,15 @@ def _resolve(override: Tuning, device_kind: str) -> Tuning:
       for name in _KINDS})
 
 
-def conds(override: Tuning | None = None) -> bool:
-  """``Branching.conds`` of ``resolve(override)``: whether routes that no
-  row takes are skipped behind a ``lax.cond``."""
-  return resolve(override).branching.conds
+def for_batch_shards(override: Tuning | None, shards: int) -> Tuning | None:
+  """``override`` for a call on one of ``shards`` batch shards: its resolved
+  ``occupancy`` with ``batch_shards`` multiplied by ``shards`` (``override``
+  itself for 1 shard)."""
+  if shards == 1:
+    return override
+  occupancy = resolve(override).occupancy
+  return dataclasses.replace(override or Tuning(), occupancy=dataclasses.replace(
+      occupancy, batch_shards=occupancy.batch_shards * shards))
 
 
 def overriding(knobs: dict[str, int], device_kind: str | None = None) -> Tuning:

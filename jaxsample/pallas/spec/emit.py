@@ -105,15 +105,9 @@ def _emit_kernel(table_ref, target_ref, draft_ref, *outs, plan, vocab,
 
   def plain_race():
     race_load = common.excluding_loader(race_t, exclude, plan.chunk)
-    if gumbel.TILE_SKIP:
-      state = common.tile_loop(
-          plan, kmath, split_start, vocab, race_load,
-          lambda state, tile, loaded: race.step(state, tile, loaded)[0],
-          race.init(first_index), noise=noise)
-    else:
-      state = common.chunk_loop(plan, kmath, split_start, vocab, race_load,
-                                race.chunk_step, race.init(first_index),
-                                noise=noise)
+    state = common.chunk_loop(plan, kmath, split_start, vocab, race_load,
+                              race.chunk_step, race.init(first_index),
+                              noise=noise)
     write(race.finish(state))
 
   load_d = common.row_chunk_loader(draft_ref, row_d, plan.chunk)
@@ -208,5 +202,5 @@ def emit_partials(target2d, draft2d, temperature, req: EmitRequest,
     race = common.join_fp64_words(race, lo[0])
     plain_race = common.join_fp64_words(plain_race, lo[1])
   partials = gumbel.GumbelPartials(race=race, index=index, max=row_max,
-                                   sumexp=sumexp, raced_tiles=None)
+                                   sumexp=sumexp)
   return partials, (plain_race, plain_index)

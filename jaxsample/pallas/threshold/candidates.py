@@ -79,9 +79,7 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
     filter_list = jnp.where((flags & 2) != 0, list_bound - slack(list_bound),
                             jnp.inf)
 
-  def store(position, keep, index, x):
-    plgpu.store(x_out.at[row, split, position], x, mask=keep)
-    plgpu.store(id_out.at[row, split, position], index, mask=keep)
+  store = functools.partial(_store, x_out, id_out, row, split)
 
   def compact(carry, index, x):
     count, list_count, outside, *above = carry
@@ -115,15 +113,8 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
         position = count + before
         store(position, flag & (position < capacity), index, x)
         return
-      # One store of [2, chunk]: the candidates' slots, then the listing's.
-      first = lax.broadcasted_iota(jnp.int32, (2, plan.chunk), 0) == 0
-      position = jnp.where(first, count + (before & (_LISTED - 1)),
-                           list_count + (before >> 16))
-      keep = jnp.where(first, flag & (position < capacity),
-                       listed & (position < list_capacity))
-      wide = lambda v: jnp.broadcast_to(v, (2, plan.chunk))
-      store(jnp.where(first, position, capacity + position), keep,
-            wide(index), wide(x))
+      _store_with_listing(store, plan.chunk, capacity, list_capacity, before,
+                          count, list_count, flag, listed, index, x)
 
     pl.when(found > 0)(write)
     if listing:
@@ -157,35 +148,69 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
     return
 
   @pl.when(active & gather)
-  def _():  # rounds of one chunk: per_round listed segments each
-    _, listed_ref, listed_count_ref = gather_refs
-    per_round = plan.chunk // segment
-    listed = listed_count_ref[row]
-    rounds = (listed + per_round - 1) // per_round
-    mine = (rounds + plan.num_splits - 1) // plan.num_splits
-    slot = lax.broadcasted_iota(jnp.int32, (plan.chunk,), 0) // segment
-    offset = lax.broadcasted_iota(jnp.int32, (plan.chunk,), 0) % segment
-    last_entry = listed_ref.shape[1] - 1
-
-    def body(r, carry):
-      first = r * per_round
-      start = jnp.zeros((plan.chunk,), jnp.int32)
-      for j in range(per_round):
-        entry = jnp.minimum(first + j, last_entry)
-        start = jnp.where(slot == j, listed_ref[row, entry] * segment, start)
-      index = start + offset
-      load = (first + slot < listed) & (index < vocab)
-      index = jnp.where(load, index, 0)
-      x = plgpu.load(x_ref.at[row, index], mask=load, other=-jnp.inf)
-      if masked:
-        x = jnp.where(bitmask.allowed_at(*words_refs, row, index, load), x,
-                      -jnp.inf)
-      return compact(carry, index, x)
-
-    count, list_count, _, *above = lax.fori_loop(
-        jnp.minimum(split * mine, rounds),
-        jnp.minimum((split + 1) * mine, rounds), body, init)
+  def _():
+    count, list_count, _, *above = _walk_listed_segments(
+        plan, split, row, vocab, segment, gather_refs, x_ref, words_refs,
+        compact, init)
     finish(count, list_count, jnp.zeros((), jnp.float32), above)
+
+
+def _store(x_out, id_out, row, split, position, keep, index, x):
+  """The compact pass's store: ``x`` and ``index`` at ``position`` of the
+  program's output slots where ``keep``."""
+  plgpu.store(x_out.at[row, split, position], x, mask=keep)
+  plgpu.store(id_out.at[row, split, position], index, mask=keep)
+
+
+def _store_with_listing(store, chunk: int, capacity: int, list_capacity: int,
+                        before, count, list_count, flag, listed, index, x):
+  """A chunk's candidates and listed elements in one store of ``[2,
+  chunk]``: the candidates' slots, then the listing's after ``capacity``
+  (``before``: the prefix sum of words counting candidates in their low
+  half and listed elements in their high half, ``_LISTED``)."""
+  first = lax.broadcasted_iota(jnp.int32, (2, chunk), 0) == 0
+  position = jnp.where(first, count + (before & (_LISTED - 1)),
+                       list_count + (before >> 16))
+  keep = jnp.where(first, flag & (position < capacity),
+                   listed & (position < list_capacity))
+  wide = lambda v: jnp.broadcast_to(v, (2, chunk))
+  store(jnp.where(first, position, capacity + position), keep,
+        wide(index), wide(x))
+
+
+def _walk_listed_segments(plan: common.KernelPlan, split, row, vocab: int,
+                          segment: int, gather_refs, x_ref, words_refs, step,
+                          carry):
+  """Folds ``step(carry, index, x)`` over a gather row's listed segments
+  (``Segments``): rounds of one chunk, ``chunk // segment`` listed segments
+  each, the split taking its share of the rounds in order (``words_refs``:
+  a ``bitmask.MaskedLogits`` row's words)."""
+  _, listed_ref, listed_count_ref = gather_refs
+  per_round = plan.chunk // segment
+  listed = listed_count_ref[row]
+  rounds = (listed + per_round - 1) // per_round
+  mine = (rounds + plan.num_splits - 1) // plan.num_splits
+  slot = lax.broadcasted_iota(jnp.int32, (plan.chunk,), 0) // segment
+  offset = lax.broadcasted_iota(jnp.int32, (plan.chunk,), 0) % segment
+  last_entry = listed_ref.shape[1] - 1
+
+  def body(r, carry):
+    first = r * per_round
+    start = jnp.zeros((plan.chunk,), jnp.int32)
+    for j in range(per_round):
+      entry = jnp.minimum(first + j, last_entry)
+      start = jnp.where(slot == j, listed_ref[row, entry] * segment, start)
+    index = start + offset
+    load = (first + slot < listed) & (index < vocab)
+    index = jnp.where(load, index, 0)
+    x = plgpu.load(x_ref.at[row, index], mask=load, other=-jnp.inf)
+    if words_refs:
+      x = jnp.where(bitmask.allowed_at(*words_refs, row, index, load), x,
+                    -jnp.inf)
+    return step(carry, index, x)
+
+  return lax.fori_loop(jnp.minimum(split * mine, rounds),
+                       jnp.minimum((split + 1) * mine, rounds), body, carry)
 
 
 @jax.tree_util.register_dataclass

@@ -139,8 +139,7 @@ def sample_truncated(logits, params: SamplingParams,
   # Behind a cond, as in ``jaxsample.sample``: idle, the route costs more.
   found = rowwise.where_rows(
       left, rowwise.only_if(left, lambda: sample_large(
-          logits, params, trunc, streams, config, left),
-          branch=tuning.conds(config.tuning)),
+          logits, params, trunc, streams, config, left)),
       (token, logprob, trunc.complete, threshold, count, log_kept))
   return dataclasses.replace(trunc, **dict(zip(
       ("token", "logprob", "complete", "threshold", "count", "log_kept"),
@@ -255,9 +254,7 @@ def joint_kept_sets(queries, config: SamplerConfig) -> list[KeptSets]:
     # trip, and more when they run inside one (top-p 0.95 kept sets of
     # 110k ids: 8-20 us at B = 1, 15-27 at B = 128 on an H200,
     # benchmarks/results/2026-11-26e-h200-kept-sets).
-    finished = (rowwise.only_if(lefts, finish,
-                                branch=tuning.conds(config.tuning))
-                if any(q.order_width for q in queries) else finish())
+    finished = (rowwise.only_if(lefts, finish) if any(q.order_width for q in queries) else finish())
     return [_combine_sets(q.order_width, t, left, *f)
             for q, t, left, f in zip(queries, truncs, lefts, finished)]
 
@@ -572,5 +569,4 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
     return reference.top_ids(y, jnp.maximum(last, threshold), width)
 
   return jnp.where(listed_rows[:, None], ids,
-                   rowwise.only_if(missed, row_ids, pack=False,
-                                   branch=tuning.conds(config.tuning)))
+                   rowwise.only_if(missed, row_ids, pack=False))
