@@ -106,11 +106,15 @@ def test_rows_are_independent_of_slot_batch_size_and_padding(impl, gen):
 
 
 def test_kernel_plans_depend_on_the_batch_size():
-  """What the docs say of the kernels' plans: chosen from the rows and V
-  (more splits per row for fewer rows; 1-warp races from 32 rows)."""
+  """What docs/generation.md says of the kernels' plans (the heuristic):
+  chosen from the rows and V (at V = 151936 the race takes 38 splits per
+  row for 8 rows and 25 for 16; at V = 2048 one plan below 32 rows; 1-warp
+  races from 32 rows)."""
   config = SamplerConfig()
   few, many = (kernel_plans(rows, 151936, config) for rows in (8, 16))
-  assert few[0].num_splits > many[0].num_splits
+  assert (few[0].num_splits, many[0].num_splits) == (38, 25)
+  assert all(kernel_plans(rows, 2048, config) == kernel_plans(1, 2048, config)
+             for rows in range(1, 32))
   assert kernel_plans(1, 4096, config) == kernel_plans(8, 4096, config)
   assert (kernel_plans(31, 151936, config)[0].num_warps !=
           kernel_plans(32, 151936, config)[0].num_warps)
