@@ -115,11 +115,11 @@ FP32_EPS = float(np.finfo(np.float32).eps)
 # --no-loadscope-reorder``), so the longest start first and the short ones
 # fill the gaps at the end.
 _SLOWEST_MODULES = (
-    "test_sample.py", "test_serve_loop.py", "test_threshold.py",
+    "test_docs.py", "test_sample.py", "test_serve_loop.py", "test_threshold.py",
     "test_xla_search.py", "test_sharding.py", "test_spec_kernels.py",
     "test_threshold_search.py", "test_spec.py", "test_mask_kernels.py",
     "test_race_kernel.py", "test_spec_serving.py", "test_mask.py",
-    "test_truncated_sampling.py", "test_edges.py", "test_spec_edges.py",
+    "test_truncated_sampling.py", "test_batch_invariance.py", "test_edges.py", "test_spec_edges.py",
     "test_fp64_gumbel.py", "test_bench.py", "test_serving.py",
     "test_model.py")
 

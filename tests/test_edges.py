@@ -250,6 +250,50 @@ def test_random_bad_input_kernels(dtype):
     check_invariants(x, params, result)
 
 
+TILE = 2048  # the kernels' philox tile (rng.PHILOX_TILE; threefry's is 1024)
+
+
+def neg_inf_tile_batch():
+  """Rows over three tiles (V = 3 x TILE) with all ``-inf`` tiles: whole rows
+  (plain and top-p), the middle tile (plain and top-p), one finite entry in
+  the last tile (plain; at -3e38 with top-k; greedy) and the first two
+  tiles (min-p)."""
+  vocab, r = 3 * TILE, np.random.default_rng(47)
+  x = np.full((8, vocab), -np.inf, np.float32)
+  x[[2, 3]] = r.standard_normal((2, vocab)) * 3
+  x[[2, 3], TILE:2 * TILE] = -np.inf
+  x[4, vocab - 5], x[5, vocab - 5], x[7, vocab - 1] = 2.0, -3e38, 1.0
+  x[6, 2 * TILE:] = r.standard_normal(TILE) * 3
+  params = SamplingParams.make(
+      8, temperature=[1.0, 1.0, 1.0, 0.8, 1.0, 1.0, 0.7, 0.0],
+      top_k=[0, 0, 0, 0, 0, 3, 0, 0], top_p=[1.0, 0.9, 1.0, 0.9, 1, 1, 1, 1],
+      min_p=[0, 0, 0, 0, 0, 0, 0.05, 0])
+  return jnp.asarray(x), params
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("impl", ["xla", "xla_search", "pallas"])
+def test_neg_inf_rows_and_tiles(impl):
+  """docs/semantics.md, Bad input: all ``-inf`` rows are invalid with the
+  token 0 (the argmax) and logprob ``-inf``; all ``-inf`` tiles are never
+  sampled; a lone finite entry in the last tile is sampled with logprob 0.
+  Ids stay in ``[0, V)``, per-request keys at several positions."""
+  x, params = neg_inf_tile_batch()
+  keys = jax.random.split(jax.random.key(47), 8)
+  for position in (0, 1, 2**20):
+    result = _sample(x, params, keys, positions=jnp.full(8, position),
+                     config=SamplerConfig(implementation=impl))
+    check_invariants(x, params, result)
+    tokens, valid = np.asarray(result.tokens), np.asarray(result.valid)
+    np.testing.assert_array_equal(valid, [0, 0, 1, 1, 1, 1, 1, 1])
+    np.testing.assert_array_equal(tokens[[0, 1, 4, 5, 7]],
+                                  [0, 0, x.shape[1] - 5, x.shape[1] - 5,
+                                   x.shape[1] - 1])
+    assert np.isfinite(np.asarray(x)[np.arange(8), tokens][valid]).all()
+    np.testing.assert_allclose(np.asarray(result.logprobs)[[4, 5, 7]], 0,
+                               atol=1e-6)
+
+
 # ---------------------------------------------------------------------------
 # Interpret mode compiles once.
 # ---------------------------------------------------------------------------

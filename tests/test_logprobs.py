@@ -89,6 +89,23 @@ def test_modes_top_n_and_ranks_match_the_oracle(mode):
                                   rank_oracle(want, tokens)[finite_rows])
 
 
+@pytest.mark.parametrize("mode", logprobs.MODES)
+def test_top_ids_are_distinct_and_in_range_on_every_row(mode):
+  """No row's top-n repeats an id (the sampled token included), on rows with
+  ties, all ``-inf`` rows and a NaN row too; the sampled token, where it is
+  listed, sits within its rank (tied tokens share the largest rank)."""
+  *_, result, outputs = case()
+  tokens = np.asarray(result.tokens)
+  for n, got in zip(TOPS, outputs[mode][1]):
+    ids, ranks = np.asarray(got.top_ids), np.asarray(got.token_ranks)
+    assert ((0 <= ids) & (ids < VOCAB)).all()
+    for b in range(BATCH):
+      assert len(set(ids[b].tolist())) == n, (b, ids[b])
+      listed = np.flatnonzero(ids[b] == tokens[b])
+      if listed.size and not np.isnan(np.asarray(got.top_values)[b]).any():
+        assert listed[0] + 1 <= ranks[b], (b, listed, ranks[b])
+
+
 def test_case_covers_ties_greedy_and_invalid_rows():
   """The shared case exercises what the modes must get right."""
   logits, processed, *_ = case()
@@ -109,6 +126,27 @@ def test_processed_logprobs_hold_sample_s_logprob():
   *_, result, outputs = case()
   np.testing.assert_allclose(outputs["processed_logprobs"][1][0].token_values, result.logprobs, rtol=1e-5,
                              atol=1e-5)
+
+
+def test_raw_equals_processed_only_at_t1_without_filters_or_processors():
+  """docs/processing.md, Raw or processed: the token's raw logprob is its
+  processed one on a plain T = 1 row, and not under a temperature, a
+  filter, greedy sampling or a processor (all read from ``sample``)."""
+  logits = jax.random.normal(jax.random.key(3), (5, VOCAB)) * 2
+  params = js.SamplingParams.make(5, temperature=[1.0, 0.7, 1.0, 0.0, 1.0],
+                                  top_k=[0, 0, 5, 0, 0])
+  processors = js.LogitsProcessors.make(5, logit_bias=[None] * 4 + [{1: 3.0}])
+  result = jax.jit(js.sample, static_argnames="config")(
+      logits, params, jax.random.key(5), config="xla", processors=processors)
+  raw = logprobs.token_logprobs(logits, params, result.tokens,
+                                mode="raw_logprobs", processors=processors)
+  processed = logprobs.token_logprobs(logits, params, result.tokens,
+                                      mode="processed_logprobs",
+                                      processors=processors)
+  np.testing.assert_allclose(processed.token_values, result.logprobs,
+                             rtol=0, atol=1e-5)
+  gap = np.abs(np.asarray(raw.token_values) - np.asarray(result.logprobs))
+  assert gap[0] <= 1e-5 and (gap[1:] > 1e-3).all(), gap
 
 
 def test_token_logprobs_is_top_logprobs_and_checks_arguments():

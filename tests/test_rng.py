@@ -323,6 +323,39 @@ def test_uniform_fp64_extremes():
     assert np.all(np.isfinite(g))
 
 
+EDGE = np.concatenate([np.arange(2**16), np.arange(2**32 - 2**16, 2**32)]
+                      ).astype(U32)  # the lowest and highest 2^16 patterns
+
+
+def assert_noise_never_lifts_neg_inf(u, upper):
+  """``u`` in ``[tiny, upper]`` (never 0 or 1), its noise finite, and a
+  ``-inf`` logit plus that noise still ``-inf`` (not NaN): it never wins."""
+  assert u.min() > 0 and u.max() == upper
+  g = np.asarray(rng.gumbel(jnp.asarray(u)))
+  assert np.isfinite(g).all()
+  assert (np.float32(-np.inf) + g == -np.inf).all()
+  assert (np.argmax(np.stack([np.full_like(g, -np.inf), np.full_like(g, -3e38)
+                              + g]), axis=0) == 1).all()
+
+
+def test_uniform_fp32_never_0_or_1_at_the_extreme_bits():
+  """Every 32-bit pattern within 2^16 of all-zero or all-one bits."""
+  u = np.asarray(rng.uniform(jnp.asarray(EDGE)))
+  assert u.dtype == np.float32 and u[0] == np.float32(2.0**-126)
+  assert_noise_never_lifts_neg_inf(u, np.float32(1 - 2.0**-23))
+
+
+def test_uniform_fp64_never_0_or_1_at_the_extreme_bits():
+  """Both words at all-zero or all-one high bits, with every low word within
+  2^16 of all-zero or all-one bits."""
+  hi = np.repeat(np.array([0, 1, 0xFFFFFFFE, 0xFFFFFFFF], U32), EDGE.size)
+  lo = np.tile(EDGE, 4)
+  with jax.enable_x64(True):
+    u = np.asarray(rng.uniform((jnp.asarray(hi), jnp.asarray(lo))))
+    assert u.dtype == np.float64 and u[0] == 2.0**-1022
+    assert_noise_never_lifts_neg_inf(u, 1 - 2.0**-52)
+
+
 # ---------------------------------------------------------------------------
 # Per-request streams.
 # ---------------------------------------------------------------------------

@@ -324,7 +324,7 @@ def test_invalid_rows_through_kernel(gen, batch):
 
 
 # ---------------------------------------------------------------------------
-# jax.random compatibility and batch invariance.
+# jax.random compatibility (batch invariance: test_batch_invariance.py).
 # ---------------------------------------------------------------------------
 
 
@@ -347,44 +347,6 @@ def test_threefry_per_request_position0_matches_categorical(impl):
                    positions=jnp.zeros(B, jnp.int32))
   for b in range(B):
     assert out.tokens[b] == int(jax.random.categorical(keys[b], x[b]))
-
-
-@pytest.mark.parametrize("impl,gen", IMPLEMENTATIONS_BY_GENERATOR)
-def test_batch_invariance_per_request_keys(impl, gen):
-  x = random_logits(15, B, V, scale=1.0)
-  keys = jax.random.split(jax.random.key(15), B)
-  positions = jnp.asarray([0, 3, 3, 1000, 2**20], jnp.int32)
-  temps = np.float32([1.0, 0.8, 1.2, 0.0, 1.0])
-  params = SamplingParams.make(B, temperature=temps)
-  batch = run_sample(x, params, keys, positions=positions, impl=impl, rng=gen)
-  assert batch.valid.all()
-  # Alone.
-  for b in range(B):
-    alone = run_sample(x[b:b + 1], jax.tree.map(lambda a: a[b:b + 1], params),
-                       keys[b:b + 1], positions=positions[b:b + 1], impl=impl,
-                       rng=gen)
-    assert alone.tokens[0] == batch.tokens[b]
-    np.testing.assert_allclose(alone.logprobs[0], batch.logprobs[b], rtol=1e-5,
-                               atol=1e-5)
-  # Shuffled.
-  perm = np.array([3, 1, 4, 0, 2])
-  shuffled = run_sample(x[perm], jax.tree.map(lambda a: a[perm], params),
-                        keys[perm], positions=positions[perm], impl=impl, rng=gen)
-  np.testing.assert_array_equal(shuffled.tokens, batch.tokens[perm])
-  np.testing.assert_allclose(shuffled.logprobs, batch.logprobs[perm], rtol=1e-5,
-                             atol=1e-5)
-  # Padded: 3 junk rows with their own keys around the requests.
-  pad = 3
-  xp = jnp.concatenate([jnp.zeros((2, V)), x, random_logits(16, 1, V)])
-  kp = jnp.concatenate([jax.random.split(jax.random.key(99), 2), keys,
-                        jax.random.split(jax.random.key(98), 1)])
-  pp = jnp.concatenate([jnp.array([0, 7]), positions, jnp.array([5])])
-  params_p = SamplingParams.make(B + pad, temperature=[1.0, 0.0, *temps, 1.0])
-  padded = run_sample(xp, params_p, kp, positions=pp, impl=impl, rng=gen)
-  np.testing.assert_array_equal(padded.tokens[2:2 + B], batch.tokens)
-  # Positions matter: the next position gives other tokens somewhere.
-  moved = run_sample(x, params, keys, positions=positions + 1, impl=impl, rng=gen)
-  assert not np.array_equal(moved.tokens[temps > 0], batch.tokens[temps > 0])
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)

@@ -87,11 +87,10 @@ def test_bit_identical_across_runs_and_batch_compositions(request, which):
   batch's, so each request's arithmetic is too (on a GPU at full fp32
   matmul precision: ``full_precision``).  With an extra 30-token prompt
   (prompt bucket 16 -> 32; on the embedded model's 8 requests also 8 -> 16
-  slots) the model's matmuls have other shapes: bit for bit on CPU (XLA:CPU
-  sums each row alike at both shapes here); on a GPU, where XLA picks each
-  shape's GEMM algorithm (their summation orders may differ), the same
-  tokens and logprobs within ``atol`` (docs/generation.md,
-  Reproducibility)."""
+  slots) the model's matmuls have other shapes, which XLA blocks (CPU) or
+  picks a GEMM algorithm for (GPU) by shape, so their sums may round
+  otherwise: the same tokens and finish reasons, and logprobs within
+  ``atol`` (docs/generation.md, Reproducibility)."""
   model, prompts, settings, keys, budgets, atol, _ = workload(request, which,
                                                               0)
   n = len(prompts)
@@ -111,9 +110,6 @@ def test_bit_identical_across_runs_and_batch_compositions(request, which):
   wider = run(model, reordered[0] + [long_prompt], reordered[1] + [settings[1]],
               np.concatenate([reordered[2], keys[:1] + 7]),
               reordered[3] + [5])
-  if jax.default_backend() != "gpu":
-    assert choices(wider)[:n] == [full[i] for i in order]
-    return
   want = [first.to_openai()[i] for i in order]
   for got, one in zip(wider.to_openai()[:n], want, strict=True):
     assert [got[f] for f in ("token_ids", "finish_reason")] == [
