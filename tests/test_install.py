@@ -11,8 +11,11 @@ file again against a wheel installed without extras.
 """
 
 import os
+import pathlib
+import re
 import subprocess
 import sys
+import tomllib
 
 import jax
 import pytest
@@ -120,3 +123,56 @@ def test_core_runs_without_the_extras():
   run = subprocess.run([sys.executable, "-P", "-c", _WITHOUT_EXTRAS, ",".join(BLOCKED)],
                        capture_output=True, text=True, env=env, timeout=600)
   assert run.returncode == 0 and "CORE OK" in run.stdout, run.stdout + run.stderr
+
+
+# ---------------------------------------------------------------------------
+# What the README's Install section and CI promise.
+# ---------------------------------------------------------------------------
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _project() -> dict:
+  return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _name(requirement: str) -> str:
+  """``jax[cuda13]>=0.11.2`` -> ``jax[cuda13]``; ``jaxsample[models]`` -> ``models``."""
+  name = re.split(r"[<>=!~ ;]", requirement, maxsplit=1)[0]
+  return name[len("jaxsample["):-1] if name.startswith("jaxsample[") else name
+
+
+def test_readme_extras_table_is_pyprojects():
+  readme = (ROOT / "README.md").read_text()
+  table = readme[readme.index("| extra | adds | for |"):].split("\n\n")[0]
+  rows = [line.split("|")[1:3] for line in table.splitlines()[2:]]
+  listed = {extra.strip().strip("`"): {p.strip().strip("`") for p in adds.split(",")}
+            for extra, adds in rows}
+  declared = {extra: {_name(r) for r in reqs}
+              for extra, reqs in _project()["optional-dependencies"].items()}
+  assert listed == declared
+
+
+def test_one_jax_range_everywhere():
+  """pyproject (jax, jaxlib, the cuda extra) and the README name one range;
+  both CI stacks lie in it."""
+  want = ">=0.11.2,<0.13"
+  deps = _project()["dependencies"]
+  assert f"jax{want}" in deps and f"jaxlib{want}" in deps
+  assert _project()["optional-dependencies"]["cuda"] == [f"jax[cuda13]{want}"]
+  assert f"`jax{want}`" in (ROOT / "README.md").read_text()
+  for name, version in (("constraints.txt", "0.11.2"),
+                        ("constraints-jax012.txt", "0.12.0.1")):
+    pins = (ROOT / name).read_text().splitlines()
+    assert f"jax=={version}" in pins and f"jaxlib=={version}" in pins, name
+
+
+def test_ci_runs_both_tiers_and_fails_on_either():
+  """``set -e``, no ``|| true``, no ``exec`` before the second tier: a
+  failing tier (pytest's exit code 5, nothing collected, included) fails
+  the run."""
+  lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+           if line and not line.startswith("#")]
+  assert "set -euo pipefail" in lines
+  assert lines[-2:] == ["scripts/dev test -q", "scripts/dev compat -q"]
+  assert not any("||" in line or line.startswith("exec") for line in lines)
