@@ -55,16 +55,10 @@ spec = js.rejection_sample(jnp.stack([logits, logits], 1),
 assert spec.tokens.shape == (B, 2) and int(spec.num_accepted[0]) == 1
 
 
-class TinyLM(nnx.Module):  # a user's model: next-token logits from the last token
-  def __init__(self, vocab, rngs):
-    self.table = nnx.Embed(vocab, vocab, rngs=rngs)
-  def __call__(self, tokens, positions, cache):
-    return self.table(tokens).astype(jnp.float32), cache
-  def init_cache(self, batch_size, length):
-    return jnp.zeros((batch_size, length), jnp.int32)
+sys.path.insert(0, sys.argv[2])  # tests/: toy_lm
+from toy_lm import Bigram  # a user's own NNX module
 
-
-model = TinyLM(V, nnx.Rngs(0))
+model = Bigram(V, nnx.Rngs(0))
 table = np.asarray(model.table.embedding[...])
 greedy = js.SamplingParams.make(B, temperature=0.0)
 gen = serve_loop.generate(model, [[1, 2], [3]], params=greedy,
@@ -120,7 +114,8 @@ def test_core_runs_without_the_extras():
   if cache:  # the suite's compile cache (tests/conftest.py)
     env.update(JAX_COMPILATION_CACHE_DIR=cache,
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.1")
-  run = subprocess.run([sys.executable, "-P", "-c", _WITHOUT_EXTRAS, ",".join(BLOCKED)],
+  run = subprocess.run([sys.executable, "-P", "-c", _WITHOUT_EXTRAS, ",".join(BLOCKED),
+                        str(pathlib.Path(__file__).parent)],
                        capture_output=True, text=True, env=env, timeout=600)
   assert run.returncode == 0 and "CORE OK" in run.stdout, run.stdout + run.stderr
 
