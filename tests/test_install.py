@@ -7,7 +7,8 @@ packages the extras bring (safetensors, tokenizers: ``models``; tqdm,
 matplotlib: ``bench``, ``train``; torch and jinja2, which some stacks carry).
 optax is a dependency of flax itself (``flax.nnx`` imports it), so every
 install has it.  CI's compatibility tier (``scripts/dev compat``) runs this
-file again against a wheel installed without extras.
+file against a wheel installed without extras; the default tier leaves the
+interpreter's run (``slow``) to it.
 """
 
 import os
@@ -108,6 +109,7 @@ print("CORE OK")
 """
 
 
+@pytest.mark.slow  # the compatibility tier runs it (docs/testing.md, "Tiers")
 def test_core_runs_without_the_extras():
   env = dict(os.environ)
   cache = jax.config.jax_compilation_cache_dir
