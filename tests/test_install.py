@@ -21,6 +21,8 @@ import tomllib
 import jax
 import pytest
 
+from conftest import COMPAT_TESTS
+
 pytestmark = pytest.mark.compat
 
 BLOCKED = ("safetensors", "tokenizers", "tqdm", "matplotlib", "torch", "jinja2")
@@ -173,3 +175,11 @@ def test_ci_runs_both_tiers_and_fails_on_either():
   assert "set -euo pipefail" in lines
   assert lines[-2:] == ["scripts/dev test -q", "scripts/dev compat -q"]
   assert not any("||" in line or line.startswith("exec") for line in lines)
+
+
+def test_compat_tests_name_existing_tests():
+  """Each of ``conftest.COMPAT_TESTS`` names a test function of its file (a
+  renamed test would silently leave the compatibility tier)."""
+  for nodeid in COMPAT_TESTS:
+    path, _, test = nodeid.partition("::")
+    assert f"\ndef {test.split('[')[0]}(" in (ROOT / path).read_text(), nodeid
