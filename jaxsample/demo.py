@@ -19,7 +19,6 @@ import time
 
 import jax
 import numpy as np
-from tqdm import tqdm
 
 import jaxsample as js
 from jaxsample import serve_demo, serve_loop
@@ -70,7 +69,7 @@ def parse_args(argv):
   parser.add_argument("--rounds", type=int, default=1,
                       help="timed generate calls after the compiling warm-up "
                            "call, whose completions are printed (fresh keys "
-                           "each; a progress bar shows when > 1)")
+                           "each)")
   parser.add_argument("--masks", action="store_true",
                       help="print each token's logprob and sampling mask "
                            "(kept ids, or 'all' when nothing was cut, and logz)")
@@ -147,8 +146,7 @@ def main(argv=None) -> int:
   first = run(0)  # compiles
   compile_s = time.perf_counter() - warm
   timed, tokens = 0.0, 0
-  for r in tqdm(range(1, args.rounds + 1), desc="generate",
-                disable=args.rounds == 1):
+  for r in range(1, args.rounds + 1):
     t0 = time.perf_counter()
     out = run(r)
     timed += time.perf_counter() - t0

@@ -129,9 +129,25 @@ def pytest_unconfigure(config):
     shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
+# The compatibility tier (``scripts/dev compat``: jax 0.12, a wheel without
+# extras) runs these besides the ``compat``-marked files: one interpret-mode
+# case per kernel family (the Gumbel race, the threshold search with its
+# final select, the speculative verifier), each already in the default tier.
+# Cold, an interpret-mode program costs 20-60 CPU-seconds: keep it short
+# (docs/testing.md, "Compatibility tier").
+COMPAT_TESTS = (
+    "tests/test_sample.py::test_pallas_matches_xla[1x1007-float32-philox-fp32]",
+    "tests/test_threshold.py::test_kept_sets_match_oracle[1007]",
+    "tests/test_spec_kernels.py::test_kernel_edge_cases_match_the_reference[1-philox-False]",
+)
+
+
 def pytest_collection_modifyitems(items):
   rank = {name: i for i, name in enumerate(_SLOWEST_MODULES)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+  for item in items:
+    if item.nodeid in COMPAT_TESTS:
+      item.add_marker(pytest.mark.compat)
 
 
 # ---------------------------------------------------------------------------

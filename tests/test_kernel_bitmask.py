@@ -161,6 +161,7 @@ def test_pivot_search_reads_the_bitmask():
   np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.slow  # the GPU run compiles these kernels (docs/testing.md, "Tiers")
 def test_in_kernel_bitmask_lowers_to_triton(monkeypatch):
   """``sample`` with a mask and the in-kernel bitmask lowers to Triton IR
   for an abstract H100 (bf16, V not a multiple of 32): the same kernels as

@@ -13,6 +13,7 @@ from jaxsample.generation.generate import _generate
 from jaxsample.models import Transformer, TransformerConfig
 
 from conftest import on_gpu, slow_case
+from toy_lm import Bigram
 
 # Batch-shape independent logits on a GPU (``conftest.full_precision``).
 pytestmark = pytest.mark.usefixtures("full_precision")
@@ -227,19 +228,6 @@ def test_token_frequencies_through_the_loop_match_the_model():
     sigma = np.sqrt(probs * (1 - probs) / len(drawn))
     assert np.all(np.abs(freq - probs) <= 5 * sigma + 1.0 / len(drawn))
   assert np.count_nonzero(first) > 10  # a real distribution, not a point
-
-
-class Bigram(nnx.Module):
-  """A custom NNX model (the docs' example): logits from the last token only."""
-
-  def __init__(self, vocab, rngs):
-    self.table = nnx.Embed(vocab, vocab, rngs=rngs)
-
-  def __call__(self, tokens, positions, cache):
-    return self.table(tokens).astype(jnp.float32), cache
-
-  def init_cache(self, batch_size, length):
-    return jnp.zeros((batch_size, length), jnp.int32)
 
 
 def test_custom_module_and_function_lm_follow_the_contract(model):

@@ -214,8 +214,8 @@ def test_small_kept_sets_are_always_certified():
   assert tr.complete.all()
 
 
-@pytest.mark.parametrize("dtype", [
-    jnp.float32, slow_case(jnp.bfloat16, id="bfloat16")])
+@pytest.mark.slow  # the GPU run compiles these kernels (docs/testing.md, "Tiers")
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
 def test_kernels_lower_to_triton(monkeypatch, dtype):
   """The sampler with truncation (stats, select and candidate kernels, and the
   Gumbel kernel for the other rows) lowers to Triton IR for an abstract H100;

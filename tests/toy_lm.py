@@ -6,6 +6,7 @@ token), from random tables; its cache is the token history.  It meets the
 model contract (rows independent, cached positions past the query ignored)
 and its exact distributions are easy to enumerate (``next_logits``).
 ``tiny_transformer``: a random-weight ``jaxsample.models.Transformer``.
+``Bigram``: a user's own NNX module (docs/generation.md's example).
 """
 
 from __future__ import annotations
@@ -59,3 +60,16 @@ def tiny_transformer(seed: int = 0, vocab: int = 32, max_len: int = 64,
                              num_heads=4, num_kv_heads=2, mlp_dim=64,
                              max_len=max_len, tie_embeddings=False)
   return NnxLM.split(Transformer(config, rngs=nnx.Rngs(seed)))
+
+
+class Bigram(nnx.Module):
+  """A custom NNX model (the docs' example): logits from the last token only."""
+
+  def __init__(self, vocab, rngs):
+    self.table = nnx.Embed(vocab, vocab, rngs=rngs)
+
+  def __call__(self, tokens, positions, cache):
+    return self.table(tokens).astype(jnp.float32), cache
+
+  def init_cache(self, batch_size, length):
+    return jnp.zeros((batch_size, length), jnp.int32)

@@ -26,8 +26,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-__all__ = ["IdleWindow", "L2_BYTES", "busy_ns", "measure_bandwidth",
-           "time_op"]
+__all__ = ["IdleWindow", "L2_BYTES", "busy_ns", "kernel_calls",
+           "measure_bandwidth", "time_op"]
 
 L2_BYTES = 50 * 2**20  # the H100's and H200's L2 (50 MiB)
 
@@ -111,6 +111,51 @@ class IdleWindow:
     return 1 - self.busy_s / self.wall_s
 
 
+def _sub_jaxprs(eqn):
+  """The jaxprs an equation's params hold (call bodies, cond branches ...)."""
+  for value in eqn.params.values():
+    for item in value if isinstance(value, (tuple, list)) else (value,):
+      if isinstance(item, jax.extend.core.ClosedJaxpr):
+        yield item.jaxpr
+      elif isinstance(item, jax.extend.core.Jaxpr):
+        yield item
+
+
+def _count_kernels(jaxpr, used: list[bool], counts: list[int]) -> None:
+  """Adds to ``counts`` = [live, dead] the ``pallas_call``s of ``jaxpr``
+  whose outputs ``used`` needs or not.  An equation is live when one of its
+  outputs is (a backward pass); a body whose outputs map one to one to its
+  equation's (jit, cond branches, custom derivatives, shard_map) sees the
+  equation's used outputs, any other body (loops) all of them."""
+  live = {v for v, u in zip(jaxpr.outvars, used)
+          if u and isinstance(v, jax.extend.core.Var)}
+  for eqn in reversed(jaxpr.eqns):
+    outs = [v in live for v in eqn.outvars]
+    alive = any(outs) or bool(eqn.effects)
+    if eqn.primitive.name == "pallas_call":
+      counts[0 if alive else 1] += 1
+      # (its kernel body is not walked: it is one kernel launch)
+    else:
+      for body in _sub_jaxprs(eqn):
+        body_used = (outs if alive and len(body.outvars) == len(outs)
+                     else [alive] * len(body.outvars))
+        _count_kernels(body, body_used, counts)
+    if alive:
+      live.update(v for v in eqn.invars if isinstance(v, jax.extend.core.Var))
+
+
+def kernel_calls(fn: Callable, *args) -> tuple[int, int]:
+  """``(live, dead)``: the ``pallas_call``s in the program ``fn(*args)``
+  traces whose outputs reach its outputs, and those whose outputs it drops.
+  JAX >= 0.12 removes a dead one as dead code, so a timed function that
+  drops a kernel's outputs times less than it names (``time_op`` refuses
+  one)."""
+  closed = jax.make_jaxpr(fn)(*args)
+  counts = [0, 0]
+  _count_kernels(closed.jaxpr, [True] * len(closed.jaxpr.outvars), counts)
+  return counts[0], counts[1]
+
+
 def time_op(fn: Callable, inputs: list, iters: int, repeats: int) -> dict:
   """Median device and wall time (microseconds) of ``fn`` over rotating inputs.
 
@@ -118,8 +163,15 @@ def time_op(fn: Callable, inputs: list, iters: int, repeats: int) -> dict:
   ``wall_us``, and with device events ``device_us``, ``device_split`` (False
   when the event count is no multiple of the calls: then the mean over all
   calls), ``kernels_per_call`` and ``kernel_us`` (each device op's mean time
-  per call, by name, costliest first).
+  per call, by name, costliest first).  A ``ValueError`` if ``fn`` drops the
+  outputs of a Pallas kernel it calls (``kernel_calls``): return or reduce
+  every output.
   """
+  dead = kernel_calls(fn, inputs[0])[1]
+  if dead:
+    raise ValueError(f"time_op: {dead} Pallas kernel call(s) in the timed "
+                     f"function have outputs it drops (JAX removes them as "
+                     f"dead code): return or reduce every output of {fn!r}")
   jax.block_until_ready(fn(inputs[0]))
   calls = iters * repeats
 

@@ -6,23 +6,30 @@ A model directory holds ``config.json`` (the ``TransformerConfig`` fields),
 ``tokenizers`` file).  ``load_embedded`` opens the directory shipped in the
 package: a model trained on Shakespeare by ``scripts/train_model.py``
 (``docs/model.md``).
+
+safetensors and tokenizers come with the ``models`` extra and are imported
+when a function here needs them, so ``jaxsample.models`` (and the
+``Transformer``) import without them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import pathlib
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import safetensors.numpy
-import tokenizers
 from flax import nnx
 
 from jaxsample.models.transformer import (Transformer, TransformerConfig,
                                           fill_params, param_name)
+
+if TYPE_CHECKING:
+  import tokenizers
 
 __all__ = ["DRAFT_DIR", "EMBEDDED_DIR", "load_draft", "load_embedded",
            "load_model", "load_tokenizer", "save_model"]
@@ -32,6 +39,20 @@ EMBEDDED_DIR = pathlib.Path(__file__).parent / "data" / "shakespeare"
 # (``scripts/train_model.py --tokenizer``): the draft model of speculative
 # decoding.  Its ``training.json`` has the command and held-out loss.
 DRAFT_DIR = pathlib.Path(__file__).parent / "data" / "shakespeare-draft"
+
+
+MODELS_EXTRA_HINT = ("the embedded model (jaxsample.models checkpoints and "
+                     "tokenizers) needs safetensors and tokenizers: "
+                     'pip install "jaxsample[models]"')
+
+
+def _models_extra(module: str):
+  """Imports ``module`` (safetensors.numpy or tokenizers) of the ``models``
+  extra; an ``ImportError`` naming the extra if it is not installed."""
+  try:
+    return importlib.import_module(module)
+  except ImportError as err:
+    raise ImportError(f"{MODELS_EXTRA_HINT} ({err})") from err
 
 
 def save_model(model: Transformer, directory, *, dtype=None) -> None:
@@ -48,7 +69,8 @@ def save_model(model: Transformer, directory, *, dtype=None) -> None:
   flat = jax.tree_util.tree_flatten_with_path(nnx.state(model, nnx.Param))[0]
   tensors = {param_name(path): np.asarray(value, dtype=config["dtype"])
              for path, value in flat}
-  safetensors.numpy.save_file(tensors, str(directory / "model.safetensors"))
+  _models_extra("safetensors.numpy").save_file(
+      tensors, str(directory / "model.safetensors"))
 
 
 def load_model(directory=EMBEDDED_DIR, *, dtype: str | None = None) -> Transformer:
@@ -59,7 +81,8 @@ def load_model(directory=EMBEDDED_DIR, *, dtype: str | None = None) -> Transform
     fields["dtype"] = jnp.dtype(dtype).name
   config = TransformerConfig(**fields)
   model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
-  tensors = safetensors.numpy.load_file(str(directory / "model.safetensors"))
+  tensors = _models_extra("safetensors.numpy").load_file(
+      str(directory / "model.safetensors"))
   names = [param_name(path) for path, _ in jax.tree_util.tree_flatten_with_path(
       nnx.state(model, nnx.Param))[0]]
   missing = sorted(set(names) - set(tensors))
@@ -80,7 +103,7 @@ def load_model(directory=EMBEDDED_DIR, *, dtype: str | None = None) -> Transform
 
 def load_tokenizer(directory=EMBEDDED_DIR) -> tokenizers.Tokenizer:
   """The ``tokenizers.Tokenizer`` saved as ``tokenizer.json`` in ``directory``."""
-  return tokenizers.Tokenizer.from_file(
+  return _models_extra("tokenizers").Tokenizer.from_file(
       str(pathlib.Path(directory) / "tokenizer.json"))
 
 
