@@ -15,7 +15,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+import jax
 import numpy as np
+
+from jaxsample.models.text import TextGenerator
 
 __all__ = ["main", "parser"]
 
@@ -37,7 +40,8 @@ def parser() -> argparse.ArgumentParser:
                  help="default: generation_config (1: off)")
   p.add_argument("--stop", action="append", default=[],
                  help="a stop string (repeatable); the text ends before it")
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--seed", type=int, default=None,
+                 help="sampling seed (default: a fresh one)")
   p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                  help="default: the checkpoint's torch_dtype")
   p.add_argument("--max-len", type=int,
@@ -49,9 +53,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
   args = parser().parse_args(argv)
-  import jax
-
-  from jaxsample.models.text import TextGenerator
   mesh = None
   if args.devices > 1:
     devices = jax.devices()

@@ -15,9 +15,11 @@ PACKAGE = ROOT / "jaxsample"
 PUBLIC_API = {"jaxsample", "jaxsample.sampling", "jaxsample.mask",
               "jaxsample.spec", "jaxsample.sharded"}
 # Layers built on the public API (no sampler module imports them): the
-# decode and serving loops, and the applications.
+# decode and serving loops, and the applications (text generation from
+# checkpoints and its command line among them).
 APPS = ("jaxsample.bench", "jaxsample.demo", "jaxsample.generation",
-        "jaxsample.serve_loop", "jaxsample.serve_demo")
+        "jaxsample.serve_loop", "jaxsample.serve_demo",
+        "jaxsample.models.text", "jaxsample.generate")
 
 
 def is_app(name: str) -> bool:

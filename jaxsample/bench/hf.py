@@ -36,6 +36,7 @@ tokens instead of 256; ``--tiny`` swaps in tiny shapes (runs on CPU).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -45,7 +46,15 @@ import sys
 import tempfile
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+import jaxsample as js
+from jaxsample import serve_loop
+from jaxsample.bench.timing import time_op
+from jaxsample.generation.generate import MIN_NEW
+from jaxsample.models import load_pretrained
 
 __all__ = ["SHAPES", "TINY_SHAPES", "add_options", "main"]
 
@@ -95,8 +104,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 def _import_torch():
   try:
-    import torch
-    import transformers
+    torch = importlib.import_module("torch")
+    transformers = importlib.import_module("transformers")
   except ImportError as error:
     raise SystemExit(f"the hf suite needs torch and transformers ({error})")
   return torch, transformers
@@ -150,11 +159,6 @@ def time_jaxsample(model, prompts: np.ndarray, new: int, cache_len: int):
   the step ``(T(new) - T(k)) / (new - k)`` and the first token
   ``T(new) - (new - 1) * step``.
   """
-  import jax
-
-  import jaxsample as js
-  from jaxsample import serve_loop
-  from jaxsample.generation.generate import MIN_NEW
   if new < 2:
     raise SystemExit("--new-tokens must be >= 2")
   batch = len(prompts)
@@ -190,11 +194,6 @@ def time_transformers(torch, model, prompts: np.ndarray, new: int):
 
 def sampler_us(batch: int, vocab: int) -> float:
   """jaxsample top-k 50 + top-p 0.9 alone on ``[B, V]`` fp32 logits (us)."""
-  import jax
-  import jax.numpy as jnp
-
-  import jaxsample as js
-  from jaxsample.bench.timing import time_op
   params = js.SamplingParams.make(batch, temperature=1.0, top_k=TOP_K,
                                   top_p=TOP_P)
   keys = jax.random.split(jax.random.key(1), batch)
@@ -206,14 +205,12 @@ def sampler_us(batch: int, vocab: int) -> float:
 
 
 def _peak_bytes() -> int | None:
-  import jax
   stats = jax.local_devices()[0].memory_stats() or {}
   return stats.get("peak_bytes_in_use")
 
 
 def bench_shape(name, arch, fields, opts, root) -> list[dict]:
   torch, _ = _import_torch()
-  from jaxsample.models import load_pretrained
   device = "cuda" if torch.cuda.is_available() else "cpu"
   path = pathlib.Path(root) / name
   start = time.perf_counter()

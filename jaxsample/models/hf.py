@@ -18,6 +18,7 @@ Hugging Face's ``nn.Linear`` weights are ``[out, in]``; NNX kernels are
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import pathlib
 
@@ -43,7 +44,6 @@ _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads",
 
 def require(module: str):
   """Imports ``module`` or raises ImportError naming the extra to install."""
-  import importlib
   try:
     return importlib.import_module(module)
   except ImportError as error:

@@ -25,6 +25,8 @@ import json
 import pathlib
 from collections.abc import Iterator, Sequence
 
+from jaxsample.generation.requests import ProcessorLimits, Request
+from jaxsample.generation.serving import ServeLoop
 from jaxsample.models.hf import load_pretrained, require
 
 __all__ = ["GenerationDefaults", "TextGenerator", "TextStream",
@@ -102,13 +104,12 @@ def render_chat(template: str, messages: Sequence[dict], *,
   as transformers renders it: a sandboxed ``jinja2`` environment with
   ``trim_blocks`` and ``lstrip_blocks``, the ``tojson`` filter, and
   ``raise_exception``; ``variables`` (e.g. ``bos_token``) are passed on."""
-  require("jinja2")
-  from jinja2.sandbox import ImmutableSandboxedEnvironment
+  sandboxed = require("jinja2.sandbox").ImmutableSandboxedEnvironment
 
   def raise_exception(message):
     raise ValueError(f"chat template: {message}")
 
-  env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+  env = sandboxed(trim_blocks=True, lstrip_blocks=True)
   env.filters["tojson"] = lambda x, indent=None: json.dumps(
       x, ensure_ascii=False, indent=indent)
   env.globals["raise_exception"] = raise_exception
@@ -205,8 +206,6 @@ class TextGenerator:
   @property
   def loop(self):
     if self._loop is None:
-      from jaxsample.generation.requests import ProcessorLimits
-      from jaxsample.generation.serving import ServeLoop
       self._loop = ServeLoop(
           self.model, slots=self.slots,
           max_stop_tokens=max(4, len(self.defaults.eos_token_ids)),
@@ -231,39 +230,44 @@ class TextGenerator:
     return self.tokenizer.encode(text, add_special_tokens=False).ids
 
   def _request(self, prompt, *, chat, max_tokens, seed, settings):
-    from jaxsample.generation.requests import Request
     return Request(prompt=self.encode(prompt, chat=chat), max_tokens=max_tokens,
                    seed=seed, stop=self.defaults.eos_token_ids,
                    logprobs=False, **self.defaults.settings(**settings))
 
   def stream(self, prompt, *, chat: bool = False, max_tokens: int = 256,
-             stop: Sequence[str] = (), seed: int = 0, **settings
+             stop: Sequence[str] = (), seed: int | None = None, **settings
              ) -> Iterator[str]:
     """Yields text deltas of one completion (``TextStream``).  Generation
     ends at an EOS id, ``max_tokens`` or a ``stop`` string (excluded from
-    the text).  ``settings``: ``temperature``, ``top_k``, ``top_p``,
+    the text; the request is aborted there).  ``seed``: None draws a fresh
+    one (``ServeLoop``).  ``settings``: ``temperature``, ``top_k``, ``top_p``,
     ``repetition_penalty``, each overriding ``defaults`` unless None."""
     loop = self.loop
     request_id = loop.submit(self._request(
         prompt, chat=chat, max_tokens=max_tokens, seed=seed, settings=settings))
     text = TextStream(self.tokenizer, stop)
     for event in loop.events():
-      if event.request_id != request_id or text.stopped:
-        continue  # after a stop string: run the request out, unread
+      if event.request_id != request_id:
+        continue
       delta = text.push(event.token_ids)
       if delta:
         yield delta
+      if text.stopped:  # a stop string: the request ends here
+        loop.abort(request_id)
+        break
     rest = text.finish()
     if rest:
       yield rest
 
   def complete(self, prompts: Sequence, *, chat: bool = False,
                max_tokens: int = 256, stop: Sequence[str] = (),
-               seed: int = 0, **settings) -> list[str]:
+               seed: int | None = None, **settings) -> list[str]:
     """The completion text of each prompt (one batch in the loop; request
-    ``i`` gets seed ``seed + i``); as ``stream`` otherwise."""
+    ``i`` gets seed ``seed + i``, or a fresh one when ``seed`` is None); as
+    ``stream`` otherwise."""
     requests = [self._request(p, chat=chat, max_tokens=max_tokens,
-                              seed=seed + i, settings=settings)
+                              seed=None if seed is None else seed + i,
+                              settings=settings)
                 for i, p in enumerate(prompts)]
     texts = []
     for completion in self.loop.run(requests):
