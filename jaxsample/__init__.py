@@ -1,14 +1,15 @@
 """jaxsample: exact, reproducible LLM token samplers for JAX with Pallas GPU kernels."""
 
-from jaxsample.mask import extract_sampling_mask
-from jaxsample.params import SamplerConfig, SamplingParams
-from jaxsample.processors import LogitsProcessors
-from jaxsample.reference import SampleResult
-from jaxsample.sampling import sample
-from jaxsample.sampling_mask import SamplingMask
-from jaxsample.spec import rejection_sample
-from jaxsample.spec_reference import SpecResult
-from jaxsample import logprobs, pallas, sharded, spec  # pallas: see its __init__
+from jaxsample._src.mask import extract_sampling_mask
+from jaxsample._src.params import SamplerConfig, SamplingParams
+from jaxsample._src.processors import LogitsProcessors
+from jaxsample._src.reference import SampleResult
+from jaxsample._src.sampling import sample
+from jaxsample._src.sampling_mask import SamplingMask
+from jaxsample._src.spec import rejection_sample
+from jaxsample._src.spec_reference import SpecResult
+from jaxsample._src import logprobs, pallas, spec  # pallas: see its __init__
+from jaxsample._src.parallel import vocab as sharded
 
 __all__ = ["LogitsProcessors", "SampleResult", "SamplerConfig",
            "SamplingMask", "SamplingParams", "SpecResult",

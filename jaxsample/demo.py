@@ -23,7 +23,7 @@ import numpy as np
 import jaxsample as js
 from jaxsample import serve_demo, serve_loop
 from jaxsample.models import load_embedded
-from jaxsample.params import IMPLEMENTATIONS
+from jaxsample._src.params import IMPLEMENTATIONS
 
 __all__ = ["PROMPTS", "SETTINGS", "main"]
 

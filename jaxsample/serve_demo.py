@@ -35,7 +35,7 @@ from jaxsample.generation.requests import Request, Speculation
 from jaxsample.generation.serving import ServeLoop
 from jaxsample.models import (EMBEDDED_DIR, Transformer, TransformerConfig,
                               load_draft, load_embedded)
-from jaxsample.params import SamplerConfig
+from jaxsample._src.params import SamplerConfig
 
 __all__ = ["SETTINGS", "acceptance", "add_options", "build_loop",
            "load_stream", "load_target", "main", "make_requests", "parser",

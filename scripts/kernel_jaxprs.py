@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 
 import jaxsample
-from jaxsample import SamplerConfig, SamplingParams, spec
+from jaxsample import SamplerConfig, SamplingParams
+from jaxsample._src import spec
 
 parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

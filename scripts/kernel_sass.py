@@ -5,7 +5,7 @@
 Captures the Triton IR that Pallas lowers KERNEL to (``gumbel``, the default:
 ``jaxsample_gumbel_max``; ``compact``: the windowed compact pass of
 ``threshold.collect_candidates``; ``stats``: the truncation's stats pass)
-for B x V fp32 logits at the device's tuning (``jaxsample.pallas.tuning``),
+for B x V fp32 logits at the device's tuning (``jaxsample._src.tuning``),
 with the given knobs set (e.g. ``compact.num_warps=8``),
 compiles it with the installed ``triton`` for sm_90 (with the warps of the
 kernel's launch plan) and writes
@@ -26,8 +26,10 @@ import jax
 import jax.numpy as jnp
 from jax._src.pallas.triton import lowering, pallas_call_registration
 
-from jaxsample import SamplerConfig, SamplingParams, rng
-from jaxsample.pallas import common, gumbel, threshold, tuning
+from jaxsample import SamplerConfig, SamplingParams
+from jaxsample._src import rng
+from jaxsample._src.pallas import common, gumbel, threshold
+from jaxsample._src import tuning
 
 parser = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -14,10 +14,11 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import jaxsample
-from jaxsample import (SamplerConfig, SamplingParams, reference, rng, sharded,
-                       spec)
-from jaxsample.pallas import threshold
-from jaxsample.pallas.tuning import RaceLaunch, Tuning
+from jaxsample import SamplerConfig, SamplingParams
+from jaxsample._src import reference, rng, spec
+from jaxsample._src.parallel import vocab as sharded
+from jaxsample._src.pallas import threshold
+from jaxsample._src.tuning import RaceLaunch, Tuning
 
 from conftest import FP32_EPS, closing_over, oracle_keep, without_truncation
 
@@ -505,7 +506,7 @@ def edge_case_batch(seed, batch, k, vocab, *, with_draft):
 
 
 # ---------------------------------------------------------------------------
-# Vocab-parallel calls (``jaxsample.sharded``).
+# Vocab-parallel calls (``jaxsample._src.parallel.vocab``).
 # ---------------------------------------------------------------------------
 
 
@@ -514,7 +515,7 @@ VOCAB_SPLIT = P("b", "v")
 
 def vocab_parallel(fn, shape=(1, 2), *, specs=(VOCAB_SPLIT, P("b")),
                    out_specs=P("b"), check_vma=True):
-  """``fn`` (a ``jaxsample.sharded`` call on mesh axis ``"v"``) as one jitted
+  """``fn`` (a ``jaxsample._src.parallel.vocab`` call on mesh axis ``"v"``) as one jitted
   ``jax.shard_map`` over a ``("b", "v")`` mesh of ``shape``, called on whole
   arrays: ``run(*args)`` puts each argument on the mesh by its spec of
   ``specs`` (by default logits split ``P("b", "v")`` and params ``P("b")``;

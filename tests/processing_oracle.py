@@ -98,7 +98,7 @@ def _log_softmax(x, kept):
 
 
 def mode_oracle(mode, logits, processed, temperature, top_k, top_p, min_p):
-  """float64 ``[B, V]`` values of a logprob ``mode`` (``jaxsample.logprobs``):
+  """float64 ``[B, V]`` values of a logprob ``mode`` (``jaxsample._src.logprobs``):
   raw modes from the model's ``logits``, processed modes from the
   ``processed`` logits (``process_oracle``) tempered and truncated
   (``conftest.oracle_keep``; a row near a top-p/min-p rounding boundary is

@@ -18,8 +18,9 @@ import pytest
 
 from conftest import run_sample, slow_case
 from jaxsample import SamplerConfig, SamplingParams
-from jaxsample.pallas import common, tuning
-from jaxsample.pallas.threshold.base import pass_plan
+from jaxsample._src.pallas import common
+from jaxsample._src import tuning
+from jaxsample._src.pallas.threshold.base import pass_plan
 
 from cases import SAMPLE_SHAPE, random_logits
 

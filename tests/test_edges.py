@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import jaxsample
-from jaxsample import SamplerConfig, SamplingParams, spec
+from jaxsample import SamplerConfig, SamplingParams
+from jaxsample._src import spec
 
 from conftest import (FP32_EPS, IMPLEMENTATIONS_SLOW_KERNELS, LLVM_FAST_COMPILE,
                       slow_case)

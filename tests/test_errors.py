@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import jaxsample
-from jaxsample import SamplerConfig, SamplingParams, rng, spec
+from jaxsample import SamplerConfig, SamplingParams
+from jaxsample._src import rng, spec
 
 B, V = 3, 50
 

@@ -94,8 +94,8 @@ def test_fp64_extreme_noise_token_wins(impl, gen, position, v, vocab, overrides)
   keys = jax.random.key(0)[None]
   positions = jnp.array([position], jnp.int32)
   with jax.enable_x64(True):
-    streams, _ = jaxsample.rng.row_streams(keys, positions, 1, vocab)
-    g = np.asarray(jaxsample.rng.gumbel_noise(gen, streams, vocab, fp64=True))[0]
+    streams, _ = jaxsample._src.rng.row_streams(keys, positions, 1, vocab)
+    g = np.asarray(jaxsample._src.rng.gumbel_noise(gen, streams, vocab, fp64=True))[0]
   assert g[v] > 19  # the precondition the stream was chosen for
   x = np.full((1, vocab), -np.inf, np.float32)
   x[0, 0] = np.float32((g[v] + 16.0) / 2 - g[0])  # race of token 0 ~ 18

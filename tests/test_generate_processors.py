@@ -16,7 +16,7 @@ import pytest
 
 import jaxsample as js
 from jaxsample.generation.generate import _generate
-from jaxsample.processors import pack_bitmask
+from jaxsample._src.processors import pack_bitmask
 from jaxsample.serve_loop import DecodeState, decode_step, generate, prefill
 from conftest import on_gpu
 from toy_lm import bigram_lm, tiny_transformer

@@ -150,8 +150,8 @@ def test_kernel_division_equals_the_reference_tempering_on_gpu():
   on GPU (XLA's fp32 division is not the IEEE quotient there: both issue
   ``div.full.f32``)."""
   from jax.experimental import pallas as pl
-  from jaxsample import reference
-  from jaxsample.pallas import common
+  from jaxsample._src import reference
+  from jaxsample._src.pallas import common
   r = np.random.default_rng(12)
   x = jnp.asarray((r.standard_normal((6, 4096)) * 10).astype(np.float32))
   temps = jnp.float32([0.7, 0.3, 1.9, 3.3, 0.9, 1e-3])

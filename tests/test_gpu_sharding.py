@@ -16,7 +16,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jaxsample
-from jaxsample import sharded
+from jaxsample._src.parallel import vocab as sharded
 from cases import sample_vocab_parallel, vocab_parallel
 
 pytestmark = pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""GPU tests of the fused rejection-sampling kernels (``jaxsample.pallas.spec``).
+"""GPU tests of the fused rejection-sampling kernels (``jaxsample._src.pallas.spec``).
 
 Run on the GPU machine with ``python -m pytest -m gpu tests/test_gpu_spec.py``;
 skipped elsewhere (``require_gpu``).  Both passes must lower, compile and run
@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from conftest import oracle_keep, sort_operands
-from jaxsample import SamplerConfig, SamplingParams, spec
-from jaxsample.pallas.tuning import RaceLaunch, SpecStatsLaunch, Tuning
+from jaxsample import SamplerConfig, SamplingParams
+from jaxsample._src import spec
+from jaxsample._src.tuning import RaceLaunch, SpecStatsLaunch, Tuning
 
 from cases import (assert_masks_equal, assert_same, edge_case_batch, keys,
                    logits, run, tempered)

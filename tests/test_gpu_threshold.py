@@ -1,5 +1,5 @@
 """GPU-only tests of the truncated-sampling kernels
-(``jaxsample.pallas.threshold``): at V = 151936 they lower and run the stats,
+(``jaxsample._src.pallas.threshold``): at V = 151936 they lower and run the stats,
 select and candidate kernels on the device and compare tokens, kept sets and
 masks with the XLA reference.  The checks that also run in interpret mode
 (kept sets, masks, low-precision logits, masses, the logit floor) are one
@@ -18,8 +18,9 @@ import pytest
 
 import jaxsample
 from conftest import oracle_keep, run_sample
-from jaxsample import SamplerConfig, SamplingParams, reference, rng
-from jaxsample.pallas import threshold
+from jaxsample import SamplerConfig, SamplingParams
+from jaxsample._src import reference, rng
+from jaxsample._src.pallas import threshold
 
 from cases import kept_set_batch
 
@@ -231,7 +232,7 @@ def test_masks_match_reference(setting, kind, cap, fp64):
   alone = jax.jit(lambda x: jaxsample.extract_sampling_mask(
       x, params, config=config))(x)
   # sample's mask lists its token (in the last slot when the set overflows).
-  listed = jaxsample.sampling_mask.with_token(want, res.tokens, res.valid)
+  listed = jaxsample._src.sampling_mask.with_token(want, res.tokens, res.valid)
   for got, expect in ((m, listed), (alone, want)):
     for f in ("ids", "count", "truncated", "overflow"):
       np.testing.assert_array_equal(getattr(got, f), getattr(expect, f),

@@ -12,8 +12,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "jaxsample"
 # The public API: entry points that validate, canonicalize and dispatch.
-PUBLIC_API = {"jaxsample", "jaxsample.sampling", "jaxsample.mask",
-              "jaxsample.spec", "jaxsample.sharded"}
+PUBLIC_API = {"jaxsample", "jaxsample._src.sampling", "jaxsample._src.mask",
+              "jaxsample._src.spec", "jaxsample._src.parallel.vocab"}
 # Layers built on the public API (no sampler module imports them): the
 # decode and serving loops, and the applications (text generation from
 # checkpoints and its command line among them).
@@ -58,8 +58,8 @@ GRAPH = {name: imported_modules(name, ast.parse(path.read_text()))
 
 
 def test_tree_is_found():
-  assert {"jaxsample", "jaxsample.sampling", "jaxsample.pallas.gumbel",
-          "jaxsample.pallas.threshold.route"} <= set(MODULES)
+  assert {"jaxsample", "jaxsample._src.sampling", "jaxsample._src.pallas.gumbel",
+          "jaxsample._src.pallas.threshold.route"} <= set(MODULES)
 
 
 def third_party_imports() -> set[str]:

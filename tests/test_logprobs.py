@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jaxsample as js
-from jaxsample import logprobs
+from jaxsample._src import logprobs
 from processing_oracle import (mode_oracle, process_oracle, random_case,
                                rank_oracle, top_oracle)
 

@@ -7,7 +7,7 @@ import pathlib
 
 from jax.experimental.pallas import triton as plgpu
 
-from jaxsample.pallas import common
+from jaxsample._src.pallas import common
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""jaxsample.mask: the kept set each token was drawn from (mask.py docstring).
+"""jaxsample._src.mask: the kept set each token was drawn from (mask.py docstring).
 
 Masks are checked against the numpy float64 oracle in conftest.py, and masks
 returned by ``sample(..., return_mask=True)`` against the tokens and logprobs
@@ -24,8 +24,8 @@ from conftest import (IMPLEMENTATIONS, IMPLEMENTATIONS_SLOW_KERNELS,
                       assert_binned_chi2_fits, assert_chi2_fits,
                       chi2_critical, chi2_statistic, oracle_keep, slow_case)
 from jaxsample import SamplerConfig, SamplingMask, SamplingParams
-from jaxsample.mask import MaskOverflowError
-from jaxsample.pallas import threshold
+from jaxsample._src.mask import MaskOverflowError
+from jaxsample._src.pallas import threshold
 
 from cases import (KINDS, M_VALUES, P_VALUES, assert_mask_types,
                    assert_masks_equal, extract, k_values, listed, logsumexp64,

@@ -1,4 +1,4 @@
-"""jaxsample.mask on the kernel path: the truncation kernels' masks (interpret
+"""jaxsample._src.mask on the kernel path: the truncation kernels' masks (interpret
 mode here, GPU-marked cases compiled at V = 151936) against the numpy float64
 oracle on ``test_threshold``'s kept-set batch (``test_kernel_masks_match_oracle``),
 and overflowing masks (ids capped at K_cap, count and logz exact) on both
@@ -14,8 +14,9 @@ import pytest
 
 from conftest import (IMPLEMENTATIONS, IMPLEMENTATIONS_SLOW_KERNELS, on_gpu,
                       oracle_keep, slow_case)
-from jaxsample import SamplerConfig, SamplingParams, sampling_mask
-from jaxsample.pallas import sampler, threshold
+from jaxsample import SamplerConfig, SamplingParams
+from jaxsample._src import sampling_mask
+from jaxsample._src.pallas import sampler, threshold
 
 from cases import (KINDS, LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL, LSE_ATOL,
                    assert_mask_types, assert_masks_equal, extract,

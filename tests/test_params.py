@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxsample import SamplerConfig, SamplingParams
-from jaxsample.pallas.tuning import RaceLaunch, Tuning
+from jaxsample._src.tuning import RaceLaunch, Tuning
 
 # ---------------------------------------------------------------------------
 # SamplingParams.make validation.

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jaxsample as js
-from jaxsample import logprobs
+from jaxsample._src import logprobs
 from jaxsample.generation.spec_step import write_history
 from jaxsample.serve_loop import (DecodeState, FunctionLM, NgramDrafter,
                                   Request, ServeLoop, SpecState, decode_step,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxsample as js
-from jaxsample import logprobs, processors as procs, rowwise
+from jaxsample._src import logprobs, processors as procs, rowwise
 
 BATCH, VOCAB = 16, 100  # V not a multiple of 32: a partial bitmask word
 

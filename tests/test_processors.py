@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jaxsample as js
-from jaxsample import processors as procs, reference, spec
+from jaxsample._src import processors as procs, reference, spec
 from processing_oracle import process_oracle as oracle, random_case
 
 # Sort-based and sort-free XLA; the kernels (one Pallas interpret-mode

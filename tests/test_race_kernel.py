@@ -1,4 +1,4 @@
-"""The Gumbel race kernel (``jaxsample.pallas.gumbel``) through
+"""The Gumbel race kernel (``jaxsample._src.pallas.gumbel``) through
 ``jaxsample.sample``: launch-plan overrides keep the reference's result,
 peaked rows (the chunk filter skips most chunks) keep their tokens, the
 partials count finite entries and exclude one id, and exact race ties take
@@ -18,7 +18,7 @@ import pytest
 import jaxsample
 from conftest import GENERATORS_SLOW_THREEFRY, run_sample
 from jaxsample import SamplerConfig, SamplingParams
-from jaxsample.pallas import gumbel
+from jaxsample._src.pallas import gumbel
 
 from cases import (SAMPLE_SHAPE, assert_same_result, race, random_logits,
                    random_temps)
@@ -85,7 +85,7 @@ def test_kernel_counts_finite_entries():
   x[2] = -np.inf
   x[3, 500:] = -np.inf  # a greedy row
   temperature = jnp.asarray([1.0, 0.7, 1.0, 0.0])
-  streams, _ = jaxsample.rng.row_streams(jax.random.key(47), None, *x.shape)
+  streams, _ = jaxsample._src.rng.row_streams(jax.random.key(47), None, *x.shape)
   config = SamplerConfig(implementation="pallas", tuning=race(num_splits=3))
   partials = jax.jit(lambda x: gumbel.gumbel_partials(
       x, temperature, streams, config, count_finite=True))(jnp.asarray(x))
@@ -101,7 +101,7 @@ def test_kernel_excludes_one_id():
   x, params = llm_like_rows(53)
   x = np.array(x)
   temperature = params.canonical(x.shape[1]).temperature
-  streams, _ = jaxsample.rng.row_streams(jax.random.key(53), None, *x.shape)
+  streams, _ = jaxsample._src.rng.row_streams(jax.random.key(53), None, *x.shape)
   config = SamplerConfig(implementation="pallas", tuning=race(num_splits=3))
   run = lambda x, exclude: jax.tree.map(np.asarray, jax.jit(
       lambda x: gumbel.combine_partials(gumbel.gumbel_partials(
@@ -136,8 +136,8 @@ def test_peaked_rows_keep_tokens(gen):
 
 def _exact_race_tie(gen, key, vocab, a, b, level=30.0):
   """Logits where ids ``a < b`` tie exactly for the best fp32 race (T = 1)."""
-  streams, _ = jaxsample.rng.row_streams(key, None, 1, vocab)
-  g = np.asarray(jaxsample.rng.gumbel_noise(gen, streams, vocab))[0]
+  streams, _ = jaxsample._src.rng.row_streams(key, None, 1, vocab)
+  g = np.asarray(jaxsample._src.rng.gumbel_noise(gen, streams, vocab))[0]
   x = np.full(vocab, -np.inf, np.float32)
   race = lambda v, i: np.float32(np.float32(v) + g[i])
   xa = np.float32(level) - g[a]

@@ -1,4 +1,4 @@
-"""jaxsample.reference: the documented sampling semantics (reference.py docstring).
+"""jaxsample._src.reference: the documented sampling semantics (reference.py docstring).
 
 Kept sets are checked against the numpy float64 oracle in conftest.py; the
 sampled distribution against the exact processed distribution by chi-square;
@@ -17,7 +17,8 @@ import pytest
 
 from conftest import (STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB, assert_chi2_fits,
                       chi2_critical, chi2_statistic, make_params, oracle_keep)
-from jaxsample import SamplingParams, reference, rng
+from jaxsample import SamplingParams
+from jaxsample._src import reference, rng
 
 from cases import KINDS, oracle_grid
 

@@ -1,8 +1,8 @@
-"""jaxsample.rng: block ciphers, stream layout, uniforms and Gumbel noise.
+"""jaxsample._src.rng: block ciphers, stream layout, uniforms and Gumbel noise.
 
 Expected values come from JAX's own PRNG primitives (``threefry2x32_p``,
 ``philox4x32_p``, ``jax.random``), the Random123 known-answer vectors and the
-formulas of the ``jaxsample.rng`` module docstring evaluated in numpy.
+formulas of the ``jaxsample._src.rng`` module docstring evaluated in numpy.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from jax._src.random.philox4x32 import philox4x32_p
 from jax.extend.random import threefry2x32_p
 
-from jaxsample import rng
+from jaxsample._src import rng
 
 U32 = np.uint32
 LANES, TILE = 512, 2048  # documented PHILOX_LANES and tile width 4 * LANES

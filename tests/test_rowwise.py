@@ -1,4 +1,4 @@
-"""jaxsample.rowwise: per-row choices and branches run only when needed."""
+"""jaxsample._src.rowwise: per-row choices and branches run only when needed."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsample import rowwise
+from jaxsample._src import rowwise
 
 BATCH = 3
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxsample.generation import serving
-from jaxsample.params import SamplerConfig
+from jaxsample._src.params import SamplerConfig
 from jaxsample.serve_loop import ProcessorLimits, Request, ServeLoop
 
 from toy_lm import tiny_transformer

@@ -8,7 +8,8 @@ import pytest
 from flax import nnx
 
 import jaxsample as js
-from jaxsample import demo, reference, serve_loop
+from jaxsample import demo, serve_loop
+from jaxsample._src import reference
 from jaxsample.generation.generate import _generate
 from jaxsample.models import Transformer, TransformerConfig
 

@@ -20,7 +20,7 @@ import pytest
 
 import jaxsample as js
 from jaxsample.generation.generate import FINISH_REASONS
-from jaxsample.processors import pack_bitmask
+from jaxsample._src.processors import pack_bitmask
 from jaxsample.serve_loop import (DecodeState, NgramDrafter, ProcessorLimits,
                                   Request, ServeLoop, Speculation,
                                   decode_step, prefill)

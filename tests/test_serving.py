@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jaxsample import serve_demo
-from jaxsample.params import SamplerConfig, SamplingParams
+from jaxsample._src.params import SamplerConfig, SamplingParams
 from jaxsample.serve_loop import Request, ServeLoop, generate
 
 from conftest import on_gpu

@@ -16,8 +16,9 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxsample
-from jaxsample import reference, sharded, spec
-from jaxsample.pallas.tuning import RaceLaunch, Tuning
+from jaxsample._src import reference, spec
+from jaxsample._src.parallel import vocab as sharded
+from jaxsample._src.tuning import RaceLaunch, Tuning
 from cases import VOCAB_SPLIT, sample_vocab_parallel, vocab_parallel
 
 B, V, K = 8, 300, 2

@@ -1,6 +1,6 @@
-"""jaxsample.spec.rejection_sample: speculative sampling (spec.py docstring),
+"""jaxsample._src.spec.rejection_sample: speculative sampling (spec.py docstring),
 on both backends (``implementation="xla"`` and ``"pallas"``; on CPU the fused
-kernels of ``jaxsample.pallas.spec`` run in interpret mode): the theorem,
+kernels of ``jaxsample._src.pallas.spec`` run in interpret mode): the theorem,
 the synthetic mode's rates, the random layout and the masks.
 
 Statistics: the token emitted at slot ``i`` (given the request reached ``i``)
@@ -36,7 +36,8 @@ import numpy as np
 import pytest
 
 from conftest import assert_chi2_fits, run_sample, slow_case
-from jaxsample import SamplerConfig, SamplingParams, rng, spec
+from jaxsample import SamplerConfig, SamplingParams
+from jaxsample._src import rng, spec
 
 from cases import (PALLAS_SLICE, REFERENCE_ONLY, B, K, V, assert_mask_types,
                    assert_masks_equal, assert_padding, assert_same, extract,

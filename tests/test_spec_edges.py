@@ -1,4 +1,4 @@
-"""jaxsample.spec.rejection_sample's edge cases and API errors, on both
+"""jaxsample._src.spec.rejection_sample's edge cases and API errors, on both
 backends (``implementation="xla"`` and ``"pallas"``; interpret mode on CPU):
 padding slots, drafts without probability, a zero residual, invalid rows,
 k = 0, empty batches, bf16 logits, per-request and batch keys, jit and
@@ -20,7 +20,8 @@ import pytest
 import jaxsample
 from conftest import (IMPLEMENTATIONS, IMPLEMENTATIONS_SLOW_KERNELS,
                       make_params, run_sample, slow_case)
-from jaxsample import SamplerConfig, SamplingParams, spec
+from jaxsample import SamplerConfig, SamplingParams
+from jaxsample._src import spec
 
 from cases import (REFERENCE_ONLY, B, K, V, assert_mask_types, assert_padding,
                    assert_same, keys, logits, probs_np, run, slot)
@@ -298,4 +299,4 @@ def test_bad_inputs_raise_value_error(over, match, impl):
 
 
 def test_module_is_exported():
-  assert jaxsample.spec is spec
+  assert jaxsample._src.spec is spec

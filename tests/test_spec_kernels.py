@@ -1,5 +1,5 @@
-"""The fused rejection-sampling kernels (``jaxsample.pallas.spec``) against
-the XLA reference (``jaxsample.spec``) on fresh random inputs: edge cases,
+"""The fused rejection-sampling kernels (``jaxsample._src.pallas.spec``) against
+the XLA reference (``jaxsample._src.spec``) on fresh random inputs: edge cases,
 truncation (kept sets from the threshold kernels), vocab splits, bf16, FP64 noise, and the Triton lowering of every kernel variant.  On CPU
 the kernels run in interpret mode; tokens and counts must match exactly,
 logprobs within 1e-5 (``cases.assert_same``).  A separate file from
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from conftest import outside_conds, slow_case, sort_operands
-from jaxsample import SamplerConfig, SamplingParams, spec
-from jaxsample.pallas.tuning import RaceLaunch, SpecStatsLaunch, Tuning
+from jaxsample import SamplerConfig, SamplingParams
+from jaxsample._src import spec
+from jaxsample._src.tuning import RaceLaunch, SpecStatsLaunch, Tuning
 
 from cases import B, K, V, assert_same, edge_case_batch, logits, run
 

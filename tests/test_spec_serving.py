@@ -15,8 +15,9 @@ import pytest
 from flax import nnx
 
 from conftest import assert_chi2_fits, on_gpu, slow_case
-from jaxsample import reference, serve_demo
-from jaxsample.params import SamplerConfig, SamplingParams
+from jaxsample._src import reference
+from jaxsample import serve_demo
+from jaxsample._src.params import SamplerConfig, SamplingParams
 from jaxsample.serve_loop import (ModelDrafter, NgramDrafter, Request,
                                   ServeLoop, Speculation, layer_prefix)
 

@@ -1,4 +1,4 @@
-"""The truncated-sampling kernels (``jaxsample.pallas.threshold``) in interpret mode.
+"""The truncated-sampling kernels (``jaxsample._src.pallas.threshold``) in interpret mode.
 
 Kept sets against the numpy sort-based oracle, the exactness certificate
 (``complete``), invalid rows and the lowering.  The window and fixed-pass
@@ -16,8 +16,9 @@ import pytest
 
 from conftest import on_gpu, oracle_keep, slow_case, sort_operands
 import jaxsample
-from jaxsample import SamplerConfig, SamplingParams, reference, rng
-from jaxsample.pallas import common, gumbel, threshold
+from jaxsample import SamplerConfig, SamplingParams
+from jaxsample._src import reference, rng
+from jaxsample._src.pallas import common, gumbel, threshold
 
 from cases import kept_set_batch, truncate
 

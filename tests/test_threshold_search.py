@@ -1,5 +1,5 @@
 """The truncated-sampling kernels' searches for rows whose kept set no
-candidate buffer holds (``jaxsample.pallas.threshold``, interpret mode): the
+candidate buffer holds (``jaxsample._src.pallas.threshold``, interpret mode): the
 pivot search for overflowing top-k rows, the listed-segment reads, the
 window searches of large kept sets (their measures and the masks they
 list) and the fixed-pass pivot threshold, each against the numpy
@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 from conftest import oracle_keep, run_sample, slow_case
-from jaxsample import SamplerConfig, SamplingParams, reference, rng
-from jaxsample.pallas import threshold, tuning
-from jaxsample.pallas.tuning import PivotLaunch, Tuning
+from jaxsample import SamplerConfig, SamplingParams
+from jaxsample._src import reference, rng
+from jaxsample._src.pallas import threshold
+from jaxsample._src import tuning
+from jaxsample._src.tuning import PivotLaunch, Tuning
 
 from cases import truncate
 

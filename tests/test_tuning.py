@@ -1,4 +1,4 @@
-"""Launch tuning as data (``jaxsample.pallas.tuning``): each device kind
+"""Launch tuning as data (``jaxsample._src.tuning``): each device kind
 resolves to the launch constants the kernels used before they became data,
 an override reaches the kernel, and the old global knobs fail clearly."""
 
@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 
 import jaxsample
-from jaxsample import SamplerConfig, SamplingParams, rng
-from jaxsample.pallas import common, gumbel, tuning
-from jaxsample.pallas.tuning import (BoundsLaunch, CompactLaunch, Occupancy,
-                                     PackLaunch, PivotLaunch, RaceLaunch,
-                                     SelectLaunch, SpecStatsLaunch,
-                                     StatsLaunch, Tuning, WindowLaunch)
+from jaxsample import SamplerConfig, SamplingParams
+from jaxsample._src import rng
+from jaxsample._src.pallas import common, gumbel
+from jaxsample._src import tuning
+from jaxsample._src.tuning import (BoundsLaunch, CompactLaunch, Occupancy,
+                                   PackLaunch, PivotLaunch, RaceLaunch,
+                                   SelectLaunch, SpecStatsLaunch, StatsLaunch,
+                                   Tuning, WindowLaunch)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

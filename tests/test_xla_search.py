@@ -1,4 +1,4 @@
-"""jaxsample.xla_search: the sorting-free XLA path against the sort-based reference.
+"""jaxsample._src.xla_search: the sorting-free XLA path against the sort-based reference.
 
 Kept sets must be the reference's (or, where a top-p crossing lies within
 fp32 rounding of ``p``, another set the float64 oracle admits), tokens the
@@ -21,8 +21,9 @@ import pytest
 from cases import params_by_row
 from conftest import FP32_EPS, oracle_keep, slow_case, sort_operands
 import jaxsample
-from jaxsample import SamplerConfig, SamplingParams, dispatch, reference, rng
-from jaxsample import xla_search
+from jaxsample import SamplerConfig, SamplingParams
+from jaxsample._src import dispatch, reference, rng
+from jaxsample._src import xla_search
 
 GENERATORS = ("philox", "threefry")
 # One shape for every batch below: the jitted samplers compile once per
@@ -445,7 +446,7 @@ def test_spec_rejection_sample_matches_reference():
                                top_p=[0.9, 0.95, 1.0, 1.0],
                                min_p=[0.0, 0.0, 0.0, 0.05])
   run = lambda impl: jax.tree.map(np.asarray, jax.jit(
-      lambda t, d, tok, p: jaxsample.spec.rejection_sample(
+      lambda t, d, tok, p: jaxsample._src.spec.rejection_sample(
           t, tok, jnp.full((batch,), k), p, jax.random.key(18),
           draft_logits=d, config=SamplerConfig(implementation=impl,
                                                max_mask_ids=16),

@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsample.bench.timing import L2_BYTES
-from jaxsample.params import SamplingParams
-from jaxsample.processors import bitmask_width
+from jaxsample._src.params import SamplingParams
+from jaxsample._src.processors import bitmask_width
 
 __all__ = ["Case", "DISTS", "HEADS", "LLM_HEADS", "NAMED", "SETTINGS", "buffer_count", "grid",
            "make_logits", "processor_fields", "rotating_inputs"]

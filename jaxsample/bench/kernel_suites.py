@@ -27,8 +27,9 @@ from jax import lax
 from jaxsample.bench import cases as cases_lib
 from jaxsample.bench.runner import Group, Suite
 from jaxsample.bench.suites import grid_cases
-from jaxsample.pallas import common, threshold, tuning
-from jaxsample.params import SamplerConfig, SamplingParams
+from jaxsample._src.pallas import common, threshold
+from jaxsample._src import tuning
+from jaxsample._src.params import SamplerConfig, SamplingParams
 
 __all__ = ["PIVOT", "SORT"]
 

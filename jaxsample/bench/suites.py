@@ -18,10 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsample as js
-from jaxsample import dispatch, spec
+from jaxsample._src import dispatch, spec
 from jaxsample.bench import cases as cases_lib
 from jaxsample.bench.runner import Group, Suite
-from jaxsample.pallas import tuning
+from jaxsample._src import tuning
 
 __all__ = ["SUITES", "SpecCase", "breakdown", "grid_cases", "sample_ops"]
 
@@ -237,7 +237,7 @@ FP64 = Suite(
 
 
 # ---------------------------------------------------------------------------
-# sweep: launch configs (jaxsample.pallas.tuning), passed as SamplerConfig.tuning.
+# sweep: launch configs (jaxsample._src.tuning), passed as SamplerConfig.tuning.
 # ---------------------------------------------------------------------------
 
 
@@ -248,7 +248,7 @@ def _sweep_options(parser):
                       help="the Gumbel race's block_size values (threefry)")
   parser.add_argument("--knobs", default="",
                       help="';'-separated sets of ','-separated kernel.field=int knobs of "
-                           "jaxsample.pallas.tuning, e.g. 'stats.block_size=1024,"
+                           "jaxsample._src.tuning, e.g. 'stats.block_size=1024,"
                            "stats.chunks_per_step=2;compact.num_warps=8'")
 
 

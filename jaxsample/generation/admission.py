@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from jaxsample.generation.requests import ProcessorLimits, Request
-from jaxsample.params import SamplingParams, check_setting
-from jaxsample.processors import (MAX_BIAS, LogitsProcessors, bitmask_width,
-                                  neutral_field)
+from jaxsample._src.params import SamplingParams, check_setting
+from jaxsample._src.processors import (MAX_BIAS, LogitsProcessors,
+                                       bitmask_width, neutral_field)
 
 __all__ = ["SEED_LIMIT", "RequestRules", "admission_inputs", "check_limits",
            "pack_host_bitmask", "request_from_fields", "share_prompts",

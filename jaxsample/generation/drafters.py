@@ -16,7 +16,7 @@ slots of a ``jaxsample.generation.spec_step.SpecState``:
 ``NgramDrafter`` (prompt lookup) keeps no state and gives one-hot drafts;
 ``ModelDrafter`` runs a smaller language model and samples its drafts from
 the draft model's processed distribution (the request's own parameters), so
-``jaxsample.spec.rejection_sample`` gets its logits.
+``jaxsample._src.spec.rejection_sample`` gets its logits.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from flax import nnx
 
 from jaxsample.generation.lm import LanguageModel, NnxLM
 from jaxsample.models.transformer import Transformer
-from jaxsample.params import SamplerConfig, SamplingParams
-from jaxsample.sampling import sample
+from jaxsample._src.params import SamplerConfig, SamplingParams
+from jaxsample._src.sampling import sample
 
 __all__ = ["DRAFT_KEY_PURPOSE", "ModelDrafter", "NgramDrafter",
            "draft_keys", "layer_prefix"]
 
 # Draft-model noise uses fold_in(request key, 2); rejection_sample uses 0 and
-# 1 (jaxsample.spec.stream_keys), so the three streams are independent.
+# 1 (jaxsample._src.spec.stream_keys), so the three streams are independent.
 DRAFT_KEY_PURPOSE = 2
 
 
@@ -56,7 +56,7 @@ class NgramDrafter:
 
   ``num_draft`` is how many of those ``k`` tokens exist (0 without a match).
   Drafts are one-hot (no logits): exact for any distribution
-  (``jaxsample.spec``).
+  (``jaxsample._src.spec``).
   """
 
   num_draft: int

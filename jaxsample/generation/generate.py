@@ -35,10 +35,10 @@ import numpy as np
 from jaxsample.generation.lm import LanguageModel, as_language_model
 from jaxsample.generation.step import (DecodeState, StepOutput, decode_step,
                                        prefill, raw_keys)
-from jaxsample.mask import SamplingMask
-from jaxsample.params import SamplerConfig, SamplingParams
-from jaxsample.processors import (NEUTRAL, LogitsProcessors, neutral_field,
-                                  require_processors)
+from jaxsample._src.mask import SamplingMask
+from jaxsample._src.params import SamplerConfig, SamplingParams
+from jaxsample._src.processors import (NEUTRAL, LogitsProcessors, neutral_field,
+                                       require_processors)
 
 __all__ = ["Generation", "bucket", "generate"]
 
@@ -207,7 +207,7 @@ def _stop_lists(stop_tokens, batch: int) -> list[list[int]]:
 
 
 # The neutral value of each field (padding rows and columns): it changes
-# nothing (``jaxsample.processors``: ids -1 are ignored, all bits allow).
+# nothing (``jaxsample._src.processors``: ids -1 are ignored, all bits allow).
 _ID_LISTS = ("bias_ids", "bias_values", "allowed_ids", "banned_ids",
              "stop_ids")
 

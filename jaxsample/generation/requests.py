@@ -45,7 +45,7 @@ class Request:
   loop's ``top_logprobs``; masks need a loop built with
   ``return_masks=True``).
 
-  Logits processors (``jaxsample.processors``, vLLM/OpenAI semantics; a loop
+  Logits processors (``jaxsample._src.processors``, vLLM/OpenAI semantics; a loop
   built with ``processors=ProcessorLimits(...)``): ``repetition_penalty``
   (> 0, 1 off; prompt and output tokens), ``presence_penalty`` and
   ``frequency_penalty`` (0 off; output tokens), ``logit_bias`` (``{id:
@@ -185,7 +185,7 @@ class Speculation:
     drafter: an ``NgramDrafter`` or ``ModelDrafter`` (``drafters``).
     draft_weights: the draft model's weights (``ModelDrafter``), else None.
     synthetic_rates: ``k`` per-position acceptance probabilities for
-      benchmarks (``jaxsample.spec``, synthetic mode: every step verifies
+      benchmarks (``jaxsample._src.spec``, synthetic mode: every step verifies
       ``k`` drafts, the drafter's padded with the last token;
       ``spec_step``), else None.
   """

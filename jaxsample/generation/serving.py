@@ -65,8 +65,8 @@ from jaxsample.generation.requests import (ABORT, ERROR, Completion,
                                            ProcessorLimits, Request,
                                            Speculation, StreamEvent)
 from jaxsample.generation.tracked import Tracked
-from jaxsample.logprobs import MODES, check_num_top
-from jaxsample.params import SamplerConfig
+from jaxsample._src.logprobs import MODES, check_num_top
+from jaxsample._src.params import SamplerConfig
 
 __all__ = ["DEFAULT_STEPS_PER_CALL", "ServeLoop"]
 
@@ -107,7 +107,7 @@ class ServeLoop:
     top_logprobs: the most top logprobs a request may ask for (0 to 20;
       plain decoding only).
     logprobs_mode: the values ``top_logprobs`` report, one of
-      ``jaxsample.logprobs.MODES`` (vLLM's ``logprobs_mode``).
+      ``jaxsample._src.logprobs.MODES`` (vLLM's ``logprobs_mode``).
     processors: a ``ProcessorLimits`` (which logits processors requests may
       use, the widths of their per-slot tables), or None (none).
     overlap: dispatch each step's programs before reading the previous

@@ -39,9 +39,9 @@ import numpy as np
 from jaxsample.generation.spec_step import SpecState, spec_step, write_history
 from jaxsample.generation.step import (DecodeState, decode_step, emit,
                                        prompt_logits)
-from jaxsample.logprobs import TokenLogprobs
-from jaxsample.mask import SamplingMask
-from jaxsample.params import SamplingParams
+from jaxsample._src.logprobs import TokenLogprobs
+from jaxsample._src.mask import SamplingMask
+from jaxsample._src.params import SamplingParams
 
 __all__ = ["Output", "Programs", "admit", "empty_state", "pack", "programs",
            "prompt", "scatter_rows", "step"]

@@ -6,7 +6,7 @@ Slot ``b`` (last token ``t`` at position ``p``, not yet cached) runs:
    slots);
 2. the target model reads ``[t, d_0 .. d_{k-1}]`` at positions ``p .. p + k``
    (one forward of ``k + 1`` tokens; row ``i`` scores position ``p + 1 + i``);
-3. ``jaxsample.spec.rejection_sample`` verifies the drafts with the slot's
+3. ``jaxsample._src.spec.rejection_sample`` verifies the drafts with the slot's
    key and parameters at positions ``p + 1 ..`` and emits ``j + 1`` tokens
    (``j`` accepted drafts, then a corrected or bonus token); with
    ``synthetic_rates`` acceptance is ``u_i < rate_i`` instead and every
@@ -30,7 +30,7 @@ by the model, then overwritten.  The target cache (and the history) needs
 
 Greedy slots emit exactly the plain greedy tokens; sampled slots emit tokens
 distributed exactly as plain sampling (not the same tokens for the same key:
-the verification draws from other streams, ``jaxsample.spec``).
+the verification draws from other streams, ``jaxsample._src.spec``).
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ import jax.numpy as jnp
 
 from jaxsample.generation.lm import LanguageModel
 from jaxsample.generation.step import DecodeState
-from jaxsample.mask import SamplingMask
-from jaxsample.params import SamplerConfig
-from jaxsample.processors import apply_to_slots
-from jaxsample.spec import rejection_sample
+from jaxsample._src.mask import SamplingMask
+from jaxsample._src.params import SamplerConfig
+from jaxsample._src.processors import apply_to_slots
+from jaxsample._src.spec import rejection_sample
 
 __all__ = ["SpecOutput", "SpecState", "spec_step", "write_history"]
 

@@ -13,11 +13,11 @@ Finished slots (``finished[b]``) still run through the model (fixed shapes)
 but emit nothing and keep their state; they are free for a new request,
 installed by writing the slot's entries (``DecodeState.replace_slots``).
 
-With ``processors`` (``jaxsample.processors``) every step samples from the
+With ``processors`` (``jaxsample._src.processors``) every step samples from the
 processed logits (``sample(..., processors=...)``) and appends each emitted
 token to the slot's output history (``LogitsProcessors.append_output``), so
 penalties and min tokens see what the slot generated.  ``emit``'s
-``num_top`` and ``logprob_mode`` add top-n logprobs (``jaxsample.logprobs``).
+``num_top`` and ``logprob_mode`` add top-n logprobs (``jaxsample._src.logprobs``).
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxsample import rng
+from jaxsample._src import rng
 from jaxsample.generation.lm import LanguageModel
-from jaxsample.logprobs import TokenLogprobs, token_logprobs
-from jaxsample.mask import SamplingMask
-from jaxsample.params import SamplerConfig, SamplingParams
-from jaxsample.processors import LogitsProcessors
-from jaxsample.sampling import sample
+from jaxsample._src.logprobs import TokenLogprobs, token_logprobs
+from jaxsample._src.mask import SamplingMask
+from jaxsample._src.params import SamplerConfig, SamplingParams
+from jaxsample._src.processors import LogitsProcessors
+from jaxsample._src.sampling import sample
 
 __all__ = ["DecodeState", "StepOutput", "decode_step", "emit", "prefill",
            "prompt_logits"]
@@ -117,7 +117,7 @@ def emit(state: DecodeState, logits: jax.Array, *,
   spends one unit of ``remaining``, appends it to the processors' output
   history, and finishes on a stop token, an empty budget, or invalid
   (processed) logits (NaN / +inf / no finite entry: nothing emitted).
-  ``logprob_mode`` (static, a ``jaxsample.logprobs.MODES`` entry) with
+  ``logprob_mode`` (static, a ``jaxsample._src.logprobs.MODES`` entry) with
   ``num_top`` (static, 0 to 20) fills ``StepOutput.top``.
   """
   new_position = state.positions + 1

@@ -1,0 +1,211 @@
+"""The kernel path of ``sample`` and ``extract_sampling_mask``: each row's
+route through the Gumbel and the truncation kernels, and the masks of
+their kept sets."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jaxsample._src import rng, rowwise, sampling_mask
+from jaxsample._src.pallas import gumbel, threshold
+from jaxsample._src.params import SamplerConfig, SamplingParams
+from jaxsample._src.reference import SampleResult
+from jaxsample._src.sampling_mask import SamplingMask
+
+__all__ = ["extract_pallas", "kept_set_masks", "sample_pallas",
+           "untruncated_facts", "with_mask"]
+
+
+# The kernel path's mask is assembled once, from per-row facts:
+# ``sampling_mask.assemble``'s keyword arguments but ``valid``, ``greedy``,
+# ``token`` (the route's ``SampleResult``) and ``max_ids`` (``width`` =
+# K_cap, or 0 without a mask: then the facts are None).
+
+
+def _untruncated_rows(logits, params: SamplingParams, streams: rng.RowStreams,
+                      config: SamplerConfig, width: int, active=None):
+  """``(SampleResult, facts)`` of ``active`` rows raced with no filter
+  (``gumbel.sample_untruncated``): their kept set is every finite entry."""
+  result, row_max, lse, *finite = gumbel.sample_untruncated(
+      logits, params, streams, config, active=active, count_finite=bool(width))
+  return result, untruncated_facts(row_max, lse, finite[0] if width else None,
+                                   width)
+
+
+def untruncated_facts(row_max, lse, finite, width: int):
+  """Facts of rows raced with no filter (their kept set is every finite
+  entry): ``row_max``, ``lse`` and ``finite`` (the count of entries ``>
+  -inf``) ``[B]`` each; None without a mask (``width`` 0).  The kernel
+  path's and the vocab-parallel races' (``jaxsample._src.parallel.vocab``)."""
+  return dict(
+      count=finite, finite=finite, logz=jnp.zeros_like(lse), lse=lse,
+      row_max=row_max,
+      ordered_ids=jnp.zeros((lse.shape[0], width), jnp.int32)
+  ) if width else None
+
+
+def _kept_facts(count, log_kept, ordered_ids, rows, width: int):
+  """Facts of kept sets ``ordered_ids``; ``rows`` (a ``Truncation`` or
+  ``KeptSets``) gives each row's ``finite``, ``row_max`` and ``lse``."""
+  if not width:
+    return None
+  return dict(count=count, finite=rows.finite,
+              logz=(rows.row_max + log_kept) - rows.lse, lse=rows.lse,
+              row_max=rows.row_max, ordered_ids=ordered_ids)
+
+
+def _choose(where, a, b, width: int):
+  """Per row, route ``a``'s or ``b``'s ``(SampleResult, facts)``."""
+  if not width:
+    return rowwise.where_rows(where, a[0], b[0]), None
+  pad = lambda ids: jnp.pad(ids, ((0, 0), (0, width - ids.shape[1])),
+                            constant_values=-1)
+  a, b = ((r, dict(f, ordered_ids=pad(f["ordered_ids"]))) for r, f in (a, b))
+  return rowwise.where_rows(where, a, b)
+
+
+def with_mask(result, facts, params: SamplingParams, width: int):
+  """``(result, mask)``: one ``sampling_mask.assemble`` of ``facts``, or
+  ``(result, None)`` without a mask."""
+  if not width:
+    return result, None
+  return result, sampling_mask.assemble(
+      valid=result.valid, greedy=params.temperature == 0,
+      token=result.tokens, max_ids=width, **facts)
+
+
+def kept_set_masks(logits, params: SamplingParams, sets,
+                   config: SamplerConfig) -> SamplingMask:
+  """The masks of ``logits`` ``[B, V]`` under canonical ``params`` from
+  their kept sets ``sets``, each measured (``threshold.kept_sets(logits,
+  params, config, order_width=config.max_mask_ids, measure_all=True)``'s,
+  in 32 bits), equal to ``sample``'s (``logz``/``lse`` up to fp32
+  rounding).  Rows without a kept set (threshold -inf: greedy, no filter,
+  invalid) take the Gumbel kernel.  ``extract_sampling_mask``'s kernel path
+  and the spec sampler's masks (its ``kept_floors`` found the sets)."""
+  width = config.max_mask_ids
+  config = dataclasses.replace(config, use_fp64_gumbel=False)
+  zeros = jnp.zeros((logits.shape[0],), jnp.uint32)
+  streams = rng.RowStreams(*(zeros,) * 4)
+  kept = sets.threshold > -jnp.inf
+  with jax.enable_x64(False):
+    facts = _kept_facts(sets.count, sets.log_kept, sets.ordered_ids, sets,
+                        width)
+    return with_mask(*_choose(
+        kept, (SampleResult(zeros.astype(jnp.int32),
+                            jnp.zeros(zeros.shape, jnp.float32), kept), facts),
+        _untruncated_rows(logits, params, streams, config, width, ~kept),
+        width), params, width)[1]
+
+
+def extract_pallas(logits, params: SamplingParams,
+                   config: SamplerConfig) -> SamplingMask:
+  """``extract_sampling_mask``'s kernel path (canonical ``params``, ``B >=
+  1``): the kept sets with their ids by probability and every set measured
+  (``threshold.kept_sets``), then ``kept_set_masks``; no race.  Params
+  known while tracing to truncate no row compile the Gumbel kernel alone
+  (as ``sample``)."""
+  with jax.ensure_compile_time_eval():  # known for concrete params
+    truncating = jnp.any(params.truncates() & (params.temperature > 0))
+  width = config.max_mask_ids
+  kept = lambda: threshold.kept_sets(logits, params, config,
+                                     order_width=width, measure_all=True)
+  sets = rowwise.cond(truncating, kept, lambda: threshold.untruncated_sets(
+      logits.shape[:1], width), unknown=kept)
+  return kept_set_masks(logits, params, sets, config)
+
+
+def sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
+                  config: SamplerConfig, return_mask: bool):
+  """The kernel path (``sample``'s result, with the mask if asked).
+
+  A batch without truncating rows runs the Gumbel kernel alone.  Otherwise
+  each row takes its route, and every route's kernels skip the rows of the
+  others: the truncation kernels (``jaxsample._src.pallas.threshold``) sample the
+  truncating rows; the Gumbel kernel rows with no filter (greedy rows
+  included) and invalid rows; and one branch, taken only when some row
+  needs it (``lax.cond``), rows with large kept sets or overflowed
+  candidate buffers (``threshold.sample_large``, with their masks; inside
+  it only the mask listing's fallback conds).
+  Where the caller's ``jit`` closes over the params, a batch without
+  truncating rows compiles the Gumbel route alone (``rowwise.cond``);
+  traced params run every route rather than a cond on the batch.  A
+  ``lax.cond`` costs every step the trip of its predicate (6-10 us of a
+  decode loop's step on an H100, ``scripts/measure_host_gaps.py`` at
+  d785b4c): less than running the large-set route idle; a cond on the
+  batch would save steps without filters about what it would cost
+  filtered ones (``benchmarks/results/2026-11-24-idle-skips``).
+
+  The FP64 path finds every kept set's threshold (``threshold.kept_sets``;
+  with a mask, also the kept ids by probability) and races the kept set with
+  FP64 noise (one more pass, which also counts the set and sums its mass).
+  No path sorts the vocabulary.
+  """
+  with jax.ensure_compile_time_eval():  # known for concrete params
+    truncating = params.truncates() & (params.temperature > 0)
+    any_truncating = jnp.any(truncating)
+  width = config.max_mask_ids if return_mask else 0
+  untruncated_rows = functools.partial(_untruncated_rows, logits, params,
+                                       streams, config, width)
+
+  def floored_fp64_batch():
+    """FP64 noise: the kept sets (with their ids by probability, for the
+    mask), then one FP64 race per row, which also counts the kept set and
+    sums its mass."""
+    sets = threshold.kept_sets(logits, params, config, order_width=width)
+    floor = sets.threshold
+    floored = floor > -jnp.inf  # a threshold of -inf keeps every finite y
+    result, count, log_kept = threshold.floored_race(
+        logits, params, streams, config, floored, floor, sets.row_max)
+    return _choose(floored, (result, _kept_facts(
+        count, log_kept, sets.ordered_ids, sets, width)),
+                   untruncated_rows(~floored), width)
+
+  def any_batch():
+    """Every row, by its route (rows skip the kernels of other routes)."""
+    trunc, unfinished, large_outputs = _threshold_route(
+        logits, params, streams, config, width)
+    done = trunc.complete
+    rows = (SampleResult(trunc.token, trunc.logprob, done),
+            _kept_facts(trunc.count, trunc.log_kept, trunc.ordered_ids, trunc,
+                        width))
+    # invalid rows: the argmax, as without a filter
+    plain = ~truncating | ~jnp.isfinite(trunc.row_max)
+    token, logprob, _, _, count, log_kept, *ordered = large_outputs
+    large = (SampleResult(token, logprob, unfinished),
+             _kept_facts(count, log_kept, ordered[0] if ordered else None,
+                         trunc, width))
+    return _choose(done, rows, _choose(unfinished, large,
+                                       untruncated_rows(plain), width), width)
+
+  # Params known while tracing (closed over by the caller's jit) compile
+  # one route; otherwise every route's kernels run, skipping the rows of
+  # other routes, rather than a cond on the batch (the FP64 path: a cond).
+  if config.use_fp64_gumbel:
+    routes = rowwise.cond(any_truncating, floored_fp64_batch,
+                          untruncated_rows)
+  else:
+    routes = rowwise.cond(any_truncating, any_batch, untruncated_rows,
+                          unknown=any_batch)
+  result, result_mask = with_mask(*routes, params, width)
+  return (result, result_mask) if return_mask else result
+
+
+def _threshold_route(logits, params: SamplingParams, streams: rng.RowStreams,
+                     config: SamplerConfig, width: int):
+  """The threshold kernels' two stages: ``threshold.sample_truncated`` for
+  every truncating row, then ``threshold.sample_large`` for the rows it
+  leaves unfinished (large kept sets, overflowed buffers), behind the one
+  cond (idle, that route's kernels and XLA glue cost more than the cond,
+  ``scripts/measure_host_gaps.py`` at d785b4c).
+  Returns ``(trunc, unfinished, sample_large's outputs)``."""
+  trunc = threshold.sample_truncated(logits, params, streams, config,
+                                     order_width=width, finish_large=False)
+  unfinished = trunc.unfinished(params)
+  large_outputs = rowwise.only_if(unfinished, lambda: threshold.sample_large(
+      logits, params, trunc, streams, config, unfinished, order_width=width))
+  return trunc, unfinished, large_outputs
