@@ -1,4 +1,9 @@
-"""jaxsample: exact, reproducible LLM token samplers for JAX with Pallas GPU kernels."""
+"""jaxsample: exact, reproducible LLM token samplers for JAX with Pallas GPU kernels.
+
+The public face: the names of ``__all__``; the modules ``logprobs``,
+``processors``, ``sharded`` and ``tuning``; and, imported on demand,
+``jaxsample.serve_loop`` (decode steps, generation, serving), ``jaxsample.models``
+and ``jaxsample.bench``.  Everything under ``jaxsample._src`` is private."""
 
 from jaxsample._src.mask import extract_sampling_mask
 from jaxsample._src.params import SamplerConfig, SamplingParams
@@ -8,8 +13,7 @@ from jaxsample._src.sampling import sample
 from jaxsample._src.sampling_mask import SamplingMask
 from jaxsample._src.spec import rejection_sample
 from jaxsample._src.spec_reference import SpecResult
-from jaxsample._src import logprobs, pallas, spec  # pallas: see its __init__
-from jaxsample._src.parallel import vocab as sharded
+from jaxsample import logprobs, processors, sharded, tuning
 
 __all__ = ["LogitsProcessors", "SampleResult", "SamplerConfig",
            "SamplingMask", "SamplingParams", "SpecResult",

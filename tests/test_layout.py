@@ -14,6 +14,9 @@ PACKAGE = ROOT / "jaxsample"
 # The public API: entry points that validate, canonicalize and dispatch.
 PUBLIC_API = {"jaxsample", "jaxsample._src.sampling", "jaxsample._src.mask",
               "jaxsample._src.spec", "jaxsample._src.parallel.vocab"}
+# The public modules: faces that only hand on names of the private core.
+PUBLIC_FACES = {"jaxsample.logprobs", "jaxsample.processors",
+                "jaxsample.sharded", "jaxsample.tuning"}
 # Layers built on the public API (no sampler module imports them): the
 # decode and serving loops, and the applications (text generation from
 # checkpoints and its command line among them).
@@ -168,7 +171,7 @@ def test_backends_do_not_import_the_public_api():
   """Only the public modules (and applications) import the public API; the
   reference, the shared helpers and the Pallas routes sit below it."""
   found = {name: GRAPH[name] & PUBLIC_API for name in MODULES
-           if name not in PUBLIC_API and not is_app(name)}
+           if name not in PUBLIC_API | PUBLIC_FACES and not is_app(name)}
   assert not {name: deps for name, deps in found.items() if deps}
 
 
@@ -196,3 +199,15 @@ def test_every_public_module_declares_all():
     if not any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
       missing.append(name)
   assert not missing
+
+
+def test_public_face_is_the_api_only():
+  """A fresh ``import jaxsample`` shows ``__all__`` and the public modules,
+  and no internal module (those live under the private ``jaxsample._src``)."""
+  code = ("import jaxsample; print(' '.join(sorted(n for n in dir(jaxsample)"
+          " if not n.startswith('_')))); print(' '.join(jaxsample.__all__))")
+  shown, api = subprocess.run(
+      [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+      cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.splitlines()
+  faces = {name.rpartition(".")[2] for name in PUBLIC_FACES}
+  assert set(shown.split()) == set(api.split()) | faces
