@@ -168,6 +168,13 @@ def test_flashinfer_resolve_source_names_the_fix(tmp_path, monkeypatch):
   assert flashinfer_peers.source_commit(full) == "fb28d72 flashinfer-ai/flashinfer"
 
 
+def test_flashinfer_kernels_describe_the_copy_and_the_build(tmp_path):
+  kernels = flashinfer_peers.FlashInferKernels(root=tmp_path, commit="fb28d72", module=None,
+                                               build_s=93.25)
+  assert kernels.describe() == dict(source=str(tmp_path), commit="fb28d72",
+                                    files=list(flashinfer_peers.FILES), build_s=93.2)
+
+
 def test_flashinfer_binding_sources_are_shipped():
   for source in flashinfer_peers.SOURCES:
     assert source.is_file(), source
