@@ -176,10 +176,12 @@ def test_flashinfer_kernels_describe_the_copy_and_the_build(tmp_path):
 
 
 def test_flashinfer_binding_sources_are_shipped():
-  for source in flashinfer_peers.SOURCES:
-    assert source.is_file(), source
-  text = flashinfer_peers.SOURCES[0].read_text()
-  assert "<flashinfer/sampling.cuh>" in text and "PYBIND11_MODULE" in text
+  module, *launchers = flashinfer_peers.SOURCES
+  assert module.name == "binding.cpp" and "PYBIND11_MODULE" in module.read_text()
+  exported = module.read_text().count("m.def(")
+  assert len(launchers) == exported == 7
+  for source in launchers:
+    assert "#include <flashinfer/sampling.cuh>" in source.read_text(), source
 
 
 def test_flashinfer_build_flags_name_one_architecture():

@@ -6,7 +6,7 @@ FlashInfer's source holding at least ``FILES`` (the header-only kernels of
 ``include/flashinfer/sampling.cuh`` and the headers it includes) at their
 upstream paths, and a ``COMMIT`` file naming the upstream version (recorded in
 the report).  ``load`` compiles jaxsample's own binding
-(``flashinfer_binding/*.cu``, launchers of those headers' entry points) against
+(``flashinfer_binding/``: one launcher per entry point of those headers) against
 the copy with torch's C++ extension loader (nvcc and ninja; one ``-gencode`` for
 the GPU at hand) into a build folder under the temporary directory.
 
@@ -62,9 +62,10 @@ ENV_VAR = "JAXSAMPLE_FLASHINFER_SRC"
 FILES = tuple(f"include/flashinfer/{name}" for name in (
     "sampling.cuh", "topk.cuh", "topk_common.cuh", "allocator.h", "exception.h", "math.cuh",
     "utils.cuh", "vec_dtypes.cuh"))
-# jaxsample's binding: two translation units, so ninja compiles them side by side.
-SOURCES = tuple(pathlib.Path(__file__).with_name("flashinfer_binding") / name
-                for name in ("sampling.cu", "topk.cu"))
+# jaxsample's binding: the module (binding.cpp) and one translation unit per launcher,
+# so that ninja compiles them side by side.
+BINDING = pathlib.Path(__file__).with_name("flashinfer_binding")
+SOURCES = (BINDING / "binding.cpp", *sorted(BINDING.glob("launch_*.cu")))
 SAMPLER = "flashinfer sampling"
 JOINT = "flashinfer joint top-k/top-p"
 # FlashInfer's top_k_first fast path: a scalar k in (0, 256] and V >= 65536.
