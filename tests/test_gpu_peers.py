@@ -42,13 +42,18 @@ def torch():
   return module
 
 
+def _load_copy(module, source: str):
+  """``module.load(source)`` (a copied peer), or a skip naming the missing copy."""
+  try:
+    module.resolve_source(source)
+  except ValueError as error:  # VllmSourceError, FlashInferSourceError
+    pytest.skip(f"needs the source copy: {error}")
+  return module.load(source)
+
+
 @pytest.fixture(scope="module")
 def kernels(torch):
-  try:
-    vllm_peers.resolve_source(VLLM_SRC)
-  except vllm_peers.VllmSourceError as error:
-    pytest.skip(f"needs vLLM's source copy: {error}")
-  return vllm_peers.load(VLLM_SRC)
+  return _load_copy(vllm_peers, VLLM_SRC)
 
 
 def _peaked_rows(batch: int, vocab: int, dtype, seed: int):
@@ -120,11 +125,7 @@ def test_report_times_every_peer(kernels, tmp_path):
 
 @pytest.fixture(scope="module")
 def flashinfer(torch):
-  try:
-    flashinfer_peers.resolve_source(FLASHINFER_SRC)
-  except flashinfer_peers.FlashInferSourceError as error:
-    pytest.skip(f"needs FlashInfer's source copy: {error}")
-  return flashinfer_peers.load(FLASHINFER_SRC)
+  return _load_copy(flashinfer_peers, FLASHINFER_SRC)
 
 
 def _kept(logits: np.ndarray, filters: dict, temperature: float, joint: bool = False,

