@@ -16,10 +16,12 @@
 #              1 and 8 steps per call, without the host/device overlap) and a
 #              Qwen2.5-0.5B-shaped random model
 #   multigpu   (2 GPUs) tests/test_gpu_sharding.py and a 2-process jax.distributed run
-#   peers      tests/test_gpu_peers.py: torch's and vLLM's samplers (vLLM's copy: .peers/vllm)
+#   peers      tests/test_gpu_peers.py: torch's, vLLM's and FlashInfer's samplers (the copies:
+#              .peers/vllm, .peers/flashinfer)
 #   report-V-DTYPE, reportspec-V-DTYPE   one slice of python -m jaxsample.bench report (the
 #              sample part / the verification part at vocabulary V in DTYPE) into $OUT/STEP/,
-#              with vLLM's kernels from $VLLM_SRC (default .peers/vllm) where that folder exists
+#              with vLLM's kernels from $VLLM_SRC (default .peers/vllm) and FlashInfer's from
+#              $FLASHINFER_SRC (default .peers/flashinfer) where those folders exist
 # $BENCH_ARGS is appended to every benchmark step's command (e.g. "--batch 128 --iters 16").
 # Logs and JSON go to $OUT (the device tool's output folder) or ./gpu-out, one STEP.log and
 # STEP.json per step.  GPU_TEST_WORKERS: pytest-xdist workers for the tests (default 6; 0: none).
@@ -89,9 +91,11 @@ for step in "${steps[@]}"; do
     report-*-*|reportspec-*-*)
       IFS=- read -r kind vocab dtype <<< "$step"
       part=--no-spec; [[ "$kind" == reportspec ]] && part=--no-sample
-      vllm=(); [[ -d "${VLLM_SRC:-.peers/vllm}" ]] && vllm=(--vllm-src "${VLLM_SRC:-.peers/vllm}")
+      copies=(); [[ -d "${VLLM_SRC:-.peers/vllm}" ]] && copies=(--vllm-src "${VLLM_SRC:-.peers/vllm}")
+      [[ -d "${FLASHINFER_SRC:-.peers/flashinfer}" ]] &&
+        copies+=(--flashinfer-src "${FLASHINFER_SRC:-.peers/flashinfer}")
       # shellcheck disable=SC2086  # BENCH_ARGS is a word list
-      python3 -m jaxsample.bench report --vocab "$vocab" --dtypes "$dtype" "$part" "${vllm[@]}" \
+      python3 -m jaxsample.bench report --vocab "$vocab" --dtypes "$dtype" "$part" "${copies[@]}" \
         --no-progress ${BENCH_ARGS:-} --out "$out/$step" 2>&1 | quiet | tee "$out/$step.log"
       status=$((status | ${PIPESTATUS[0]})) ;;
     *) echo "unknown step $step (bash scripts/gpu_run.sh --help)" >&2; exit 2 ;;

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from jaxsample.bench import cases, cli, peers, report, runner, vllm_peers
+from jaxsample.bench import cases, cli, flashinfer_peers, peers, report, runner, vllm_peers
 
 TINY = ["--batch", "2", "--vocab", "256", "--dtypes", "float32", "--iters", "1",
         "--repeats", "1", "--bandwidth-gib", "0.001", "--no-progress"]
@@ -222,24 +222,28 @@ def test_report_grid_and_options():
                                        "--dtypes", "bfloat16", "--spec-k", "4"])
   assert [(j.suite.name, j.case.k) for j in report.jobs(spec_only, set())] == [("spec", 4)] * 4
   with pytest.raises(SystemExit, match="expected a comma-separated subset"):
-    cli.main(["report", "--peers", "jax,flashinfer", "--out", "unused"])
+    cli.main(["report", "--peers", "jax,sglang", "--out", "unused"])
 
 
-def test_report_names_the_fix_for_a_missing_vllm_copy(tmp_path, monkeypatch):
-  monkeypatch.delenv(vllm_peers.ENV_VAR, raising=False)
-  with pytest.raises(SystemExit, match="--vllm-src PATH or set JAXSAMPLE_VLLM_SRC"):
-    cli.main(["report", "--peers", "jax,vllm", "--out", str(tmp_path)])
+@pytest.mark.parametrize("name,module,files", [
+    ("vllm", vllm_peers, vllm_peers.FILES.values()),
+    ("flashinfer", flashinfer_peers, flashinfer_peers.FILES)])
+def test_report_names_the_fix_for_a_missing_source_copy(tmp_path, monkeypatch, name, module,
+                                                        files):
+  monkeypatch.delenv(module.ENV_VAR, raising=False)
+  with pytest.raises(SystemExit, match=f"--{name}-src PATH or set {module.ENV_VAR}"):
+    cli.main(["report", "--peers", f"jax,{name}", "--out", str(tmp_path)])
   with pytest.raises(SystemExit, match="no such folder"):
-    cli.main(["report", "--peers", "vllm", "--vllm-src", str(tmp_path / "nope"),
+    cli.main(["report", "--peers", name, f"--{name}-src", str(tmp_path / "nope"),
               "--out", str(tmp_path)])
   assert not list(tmp_path.iterdir())  # nothing timed, nothing written
   if peers.torch_module() is None:
-    source = tmp_path / "vllm"
-    for name in vllm_peers.FILES.values():
-      (source / name).parent.mkdir(parents=True, exist_ok=True)
-      (source / name).write_text("")
+    source = tmp_path / name
+    for file in files:
+      (source / file).parent.mkdir(parents=True, exist_ok=True)
+      (source / file).write_text("")
     with pytest.raises(SystemExit, match="need torch"):
-      cli.main(["report", "--peers", "vllm", "--vllm-src", str(source), "--out", str(source)])
+      cli.main(["report", "--peers", name, f"--{name}-src", str(source), "--out", str(source)])
 
 
 def test_a_failing_external_peer_is_recorded_then_left_out(capsys):

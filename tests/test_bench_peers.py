@@ -1,13 +1,16 @@
-"""The vLLM peers' loader on CPU: source resolution, the stand-in ``vllm.*``
-modules and the launch binding of vLLM's Triton dispatchers (the kernels
-themselves run in tests/test_gpu_peers.py)."""
+"""The copied peers' CPU-side logic: the vLLM loader (source resolution, the
+stand-in ``vllm.*`` modules, the launch binding of vLLM's Triton dispatchers)
+and the FlashInfer peers (source resolution, build flags, the path each setting
+takes, registration in the report); the kernels themselves run in
+tests/test_gpu_peers.py."""
 
 import sys
 import types
 
+import numpy as np
 import pytest
 
-from jaxsample.bench import peers, vllm_peers
+from jaxsample.bench import cli, flashinfer_peers, peers, report, vllm_peers
 
 
 def _source_tree(root, files=vllm_peers.FILES.values()):
@@ -143,3 +146,112 @@ def test_dispatcher_launches_the_kernel_with_the_bound_arguments():
   assert launched == [((6,), dict(BLOCK=128, X=x, N=3, X_STRIDE_0=64))]
   with pytest.raises(NotImplementedError, match="kernel="):
     helper.triton_kernel_dispatcher_with_warmup(warmup_inputs=None)
+
+
+def test_flashinfer_resolve_source_names_the_fix(tmp_path, monkeypatch):
+  monkeypatch.delenv(flashinfer_peers.ENV_VAR, raising=False)
+  with pytest.raises(flashinfer_peers.FlashInferSourceError,
+                     match="--flashinfer-src PATH or set JAXSAMPLE_FLASHINFER_SRC"):
+    flashinfer_peers.resolve_source(None)
+  with pytest.raises(flashinfer_peers.FlashInferSourceError, match="no such folder"):
+    flashinfer_peers.resolve_source(tmp_path / "absent")
+  partial = _source_tree(tmp_path / "partial", flashinfer_peers.FILES[:2])
+  with pytest.raises(flashinfer_peers.FlashInferSourceError) as error:
+    flashinfer_peers.resolve_source(partial)
+  assert "include/flashinfer/vec_dtypes.cuh" in str(error.value)
+  assert "include/flashinfer/sampling.cuh" not in str(error.value)
+  full = _source_tree(tmp_path / "full", flashinfer_peers.FILES)
+  assert flashinfer_peers.resolve_source(full) == full
+  monkeypatch.setenv(flashinfer_peers.ENV_VAR, str(full))
+  assert flashinfer_peers.resolve_source(None) == full
+  (full / "COMMIT").write_text("fb28d72 flashinfer-ai/flashinfer\n")
+  assert flashinfer_peers.source_commit(full) == "fb28d72 flashinfer-ai/flashinfer"
+
+
+def test_flashinfer_kernels_describe_the_copy_and_the_build(tmp_path):
+  kernels = flashinfer_peers.FlashInferKernels(root=tmp_path, commit="fb28d72", module=None,
+                                               build_s=93.25)
+  assert kernels.describe() == dict(source=str(tmp_path), commit="fb28d72",
+                                    files=list(flashinfer_peers.FILES), build_s=93.2)
+
+
+def test_flashinfer_binding_sources_are_shipped():
+  module, *launchers = flashinfer_peers.SOURCES
+  assert module.name == "binding.cpp" and "PYBIND11_MODULE" in module.read_text()
+  exported = module.read_text().count("m.def(")
+  assert len(launchers) == exported == 7
+  for source in launchers:
+    assert "#include <flashinfer/sampling.cuh>" in source.read_text(), source
+
+
+def test_flashinfer_build_flags_name_one_architecture():
+  flags = flashinfer_peers.build_flags((9, 0))
+  assert [f for f in flags if "arch" in f] == ["-gencode=arch=compute_90,code=sm_90"]
+  assert "-U__CUDA_NO_HALF_OPERATORS__" in flags and "-U__CUDA_NO_HALF2_OPERATORS__" in flags
+  assert "-gencode=arch=compute_100,code=sm_100" in flashinfer_peers.build_flags((10, 0))
+
+
+@pytest.mark.parametrize("filters,joint,vocab,want", [
+    ({}, False, 151936, "logits"),
+    (dict(top_k=50, top_p=0.9), False, 151936, "top_k_first"),
+    (dict(top_k=256, top_p=0.9), False, 65536, "top_k_first"),
+    (dict(top_k=257, top_p=0.9), False, 151936, None),  # FlashInfer's masking fallback
+    (dict(top_k=50, top_p=0.9), False, 32000, None),  # below the fast path's vocabulary
+    (dict(top_k=50, top_p=0.9), True, 151936, "joint"),
+    (dict(top_k=50, top_p=0.9), True, 32000, "joint"),
+    (dict(top_p=0.95), False, 151936, "top_p"),
+    (dict(top_p=0.95), True, 151936, None),
+    (dict(min_p=0.1), False, 151936, "min_p"),
+    (dict(top_k=50), False, 151936, "top_k"),
+    (dict(top_k=50, min_p=0.1), False, 151936, None),
+    (dict(top_p=1.0), False, 151936, "logits"),
+], ids=str)
+def test_flashinfer_plan_picks_the_api_path(filters, joint, vocab, want):
+  assert flashinfer_peers.plan(filters, 0.7, vocab, joint) == want
+
+
+def test_flashinfer_plan_times_nothing_at_temperature_zero():
+  assert flashinfer_peers.plan({}, 0.0, 151936, False) is None
+  assert flashinfer_peers.plan(dict(top_k=50, top_p=0.9), 0.0, 151936, True) is None
+
+
+def test_torch_peer_times_nothing_where_the_sampler_declines(monkeypatch):
+  made = []
+
+  def make(torch, shape, filters, temperature):
+    made.append((shape, filters, temperature))
+    return None
+
+  monkeypatch.setattr(peers, "torch_module", lambda: object())
+  rows = [np.zeros((3, 16), np.float32)]
+  assert peers.torch_peer(make)({"top_p": 0.9}, 0.7)(rows, 2, 1) is None
+  assert made == [((3, 16), {"top_p": 0.9}, 0.7)]
+  monkeypatch.setattr(peers, "torch_module", lambda: None)
+  assert peers.torch_peer(make)({}, 0.7)(rows, 2, 1) is None and len(made) == 1
+
+
+def test_report_registers_flashinfer_beside_vllm(tmp_path, monkeypatch):
+  assert "flashinfer" in report.PEERS
+  opts = cli.parser().parse_args(["report", "--flashinfer-src", str(tmp_path)])
+  assert opts.flashinfer_src == str(tmp_path) and opts.vllm_src == ""
+  monkeypatch.setattr(peers, "torch_module", lambda: object())  # as on the GPU machine
+  monkeypatch.delenv(vllm_peers.ENV_VAR, raising=False)
+  assert report._chosen_peers(opts) == {"jax", "torch", "flashinfer"}  # auto: the copy given
+  monkeypatch.delenv(flashinfer_peers.ENV_VAR, raising=False)
+  bare = cli.parser().parse_args(["report"])
+  assert report._chosen_peers(bare) == {"jax", "torch"}
+  monkeypatch.setenv(flashinfer_peers.ENV_VAR, str(tmp_path))
+  assert report._chosen_peers(bare) == {"jax", "torch", "flashinfer"}
+
+
+def test_report_records_a_copy_that_fails_to_build(tmp_path, monkeypatch, capsys):
+  def broken(path):
+    raise RuntimeError("nvcc: error in sampling.cuh")
+
+  monkeypatch.setattr(flashinfer_peers, "load", broken)
+  failures = []
+  opts = cli.parser().parse_args(["report", "--flashinfer-src", str(tmp_path)])
+  assert report._load_copied({"jax", "flashinfer"}, opts, failures) == {}
+  assert failures[0]["peer"] == "flashinfer (loading the source copy)"
+  assert "nvcc: error in sampling.cuh" in failures[0]["error"]
+  assert "left out" in capsys.readouterr().err

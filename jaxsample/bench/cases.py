@@ -47,6 +47,7 @@ SETTINGS = {
     "top_p0.9": dict(top_p=0.9),
     "top_p0.95": dict(top_p=0.95),
     "min_p0.05": dict(min_p=0.05),
+    "min_p0.1": dict(min_p=0.1),
     "top_k50+top_p0.9": dict(top_k=50, top_p=0.9),
     # Large top-k (above max_candidates / 2: the window searches).
     "top_k1000": dict(top_k=1000),

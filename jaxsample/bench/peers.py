@@ -9,7 +9,9 @@
 * ``torch sort top-k/top-p`` (opt-in): a torch sort-based sampler in the style
   of vLLM's fallback, timed with CUDA events on the same GPU and the same rows
   (shared through DLPack), as CUDA-graph replays (``time_torch``); the report
-  also times vLLM's own Triton kernels this way (``jaxsample.bench.vllm_peers``).
+  also times vLLM's own Triton kernels (``jaxsample.bench.vllm_peers``) and
+  FlashInfer's CUDA kernels (``jaxsample.bench.flashinfer_peers``) this way,
+  each from a local copy of its source (``resolve_source_copy``).
 
 ``K`` and ``P`` are the case's top-k and top-p, or 50 and 0.9 where it has none.
 """
@@ -18,14 +20,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import pathlib
 import statistics
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["TORCH_AVAILABLE", "TORCH_SORT", "peer_ops", "time_torch", "torch_module",
-           "torch_sort_op", "torch_sort_sampler"]
+__all__ = ["TORCH_AVAILABLE", "TORCH_SORT", "peer_ops", "resolve_source_copy", "source_commit",
+           "time_torch", "torch_module", "torch_peer", "torch_sort_op", "torch_sort_sampler"]
 
 DEFAULT_TOP_K = 50
 DEFAULT_TOP_P = 0.9
@@ -149,14 +153,54 @@ def torch_sort_sampler(torch, filters: dict, temperature: float) -> Callable:
   return sample
 
 
+def torch_peer(make_sampler: Callable) -> Callable:
+  """A runner peer (``factory(filters, temperature) -> op(rows, iters, repeats)``)
+  from ``make_sampler(torch, (batch, V), filters, temperature)``, which returns
+  a torch sampler of ``[batch, V]`` logits or None where the setting is not the
+  peer's; ``op`` is ``time_torch`` of that sampler on the rows, or None (nothing
+  timed) without a sampler or without torch on CUDA."""
+
+  def for_case(filters: dict, temperature: float) -> Callable:
+    def op(rows, iters, repeats):
+      torch = torch_module()
+      if torch is None:
+        return None
+      sample = make_sampler(torch, tuple(rows[0].shape), filters, temperature)
+      return None if sample is None else time_torch(sample, rows, iters, repeats)
+
+    return op
+
+  return for_case
+
+
 def torch_sort_op(filters: dict, temperature: float) -> Callable:
   """``op(rows, iters, repeats)``: ``time_torch`` of the torch sort-based
   sampler, or None without torch or a CUDA device."""
+  make = lambda torch, shape, filters, temperature: torch_sort_sampler(torch, filters, temperature)
+  return torch_peer(make)(filters, temperature)
 
-  def op(rows, iters, repeats):
-    torch = torch_module()
-    if torch is None:
-      return None
-    return time_torch(torch_sort_sampler(torch, filters, temperature), rows, iters, repeats)
 
-  return op
+def resolve_source_copy(path: str | os.PathLike | None, *, project: str, option: str,
+                        env_var: str, files, how: str, error: type[Exception]) -> pathlib.Path:
+  """A local copy of ``project``'s source for its peers: ``path``, else
+  ``$env_var``.  Raises ``error`` naming the fix (``option``, ``env_var``,
+  ``how``) when neither is given, the folder is absent or lacks any of
+  ``files`` (paths inside the copy, as upstream lays them out)."""
+  path = path or os.environ.get(env_var, "")
+  if not path:
+    raise error(f"the {project} peers need a local copy of {project}'s source: pass "
+                f"{option} PATH or set {env_var}; {how}")
+  root = pathlib.Path(path)
+  if not root.is_dir():
+    raise error(f"{option} {str(path)!r}: no such folder; {how}")
+  missing = [f for f in files if not (root / f).is_file()]
+  if missing:
+    raise error(f"{option} {str(path)!r} lacks {missing}: copy these files of "
+                f"{project}'s source there at the same paths")
+  return root
+
+
+def source_commit(root: pathlib.Path) -> str | None:
+  """The first line of a source copy's ``COMMIT`` file (the upstream version), or None."""
+  commit = root / "COMMIT"
+  return commit.read_text().strip().splitlines()[0] if commit.is_file() else None

@@ -6,7 +6,8 @@ suite's ops (jaxsample with params traced and closed over, with a sampling
 mask on truncating settings, greedy on plain rows, the sort-based XLA
 reference with a token check) and the peers (``peers``: ``jnp.max``,
 ``jax.random.categorical``, ``lax.top_k``, an XLA sort top-p, torch's sort
-sampler; ``vllm_peers``: vLLM's Triton kernels), then the ``spec`` suite's
+sampler; ``vllm_peers``: vLLM's Triton kernels; ``flashinfer_peers``:
+FlashInfer's CUDA kernels, built from a source copy), then the ``spec`` suite's
 verification (one-hot drafts, ``k`` draft tokens per row) per setting.  One
 progress bar covers every case.  Into ``--out DIR`` it writes ``report.json``
 (every row, the device, versions, bandwidth, command, git commit, peers),
@@ -30,13 +31,13 @@ import sys
 import time
 
 from jaxsample.bench import cases as cases_lib
-from jaxsample.bench import peers, plots, runner, suites, vllm_peers
+from jaxsample.bench import flashinfer_peers, peers, plots, runner, suites, vllm_peers
 from jaxsample.bench.timing import measure_bandwidth
 
 __all__ = ["JAXSAMPLE", "JSON_KEYS", "MAX", "PEERS", "SPEC_MAX", "add_options", "jobs",
            "main", "render", "run"]
 
-PEERS = ("jax", "torch", "vllm")
+PEERS = ("jax", "torch", "vllm", "flashinfer")
 JSON_KEYS = ("report", "device", "backend", "jax", "jaxsample", "bandwidth_bytes_per_s",
              "argv", "command", "git_commit", "options", "peers", "rows")
 JAXSAMPLE = "jaxsample"  # the plain sample's op (params traced): the ratios' base
@@ -70,10 +71,14 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                       help="a short run: --iters 4 --repeats 2, params traced only, the "
                       "first draft length only, a 0.25 GiB bandwidth copy")
   parser.add_argument("--peers", default="auto",
-                      help="comma-separated peers among jax,torch,vllm, or none; auto: jax, "
-                      "torch where it runs on CUDA, vllm where a source copy is given")
+                      help="comma-separated peers among jax,torch,vllm,flashinfer, or none; "
+                      "auto: jax, torch where it runs on CUDA, vllm and flashinfer where a "
+                      "source copy is given")
   parser.add_argument("--vllm-src", default="",
                       help=f"a local copy of vLLM's source (or ${vllm_peers.ENV_VAR})")
+  parser.add_argument("--flashinfer-src", default="",
+                      help=f"a local copy of FlashInfer's source, built at run time (or "
+                      f"${flashinfer_peers.ENV_VAR})")
   parser.add_argument("--implementation", default="auto",
                       choices=("auto", "pallas", "xla_search", "xla"))
   parser.add_argument("--iters", type=int, default=16, help="calls per timed block")
@@ -105,6 +110,16 @@ def _quick(opts: argparse.Namespace) -> argparse.Namespace:
       spec_k=",".join(_names(opts.spec_k)[:1])))
 
 
+# The peers built from a local source copy: name -> (module, the copy's option's value).
+_COPIED = {"vllm": (vllm_peers, lambda opts: opts.vllm_src),
+           "flashinfer": (flashinfer_peers, lambda opts: opts.flashinfer_src)}
+
+
+def _source(opts: argparse.Namespace, name: str) -> str | None:
+  """The ``--NAME-src`` option of a copied peer, or None (its environment variable)."""
+  return _COPIED[name][1](opts) or None
+
+
 def _chosen_peers(opts: argparse.Namespace) -> set[str]:
   if opts.peers == "none":
     return set()
@@ -112,22 +127,39 @@ def _chosen_peers(opts: argparse.Namespace) -> set[str]:
     chosen = {"jax"}
     if peers.torch_module() is not None:
       chosen |= {"torch"}
-      chosen |= {"vllm"} if opts.vllm_src or os.environ.get(vllm_peers.ENV_VAR) else set()
+      chosen |= {name for name, (module, _) in _COPIED.items()
+                 if _source(opts, name) or os.environ.get(module.ENV_VAR)}
     return chosen
   chosen = set(_names(opts.peers))
   unknown = chosen - set(PEERS)
   if unknown:
     raise SystemExit(f"--peers {opts.peers!r}: unknown {sorted(unknown)}; expected a "
                      f"comma-separated subset of {list(PEERS)}, 'auto' or 'none'")
-  if "vllm" in chosen:
+  for name in chosen & set(_COPIED):
     try:
-      vllm_peers.resolve_source(opts.vllm_src or None)
-    except vllm_peers.VllmSourceError as error:
+      _COPIED[name][0].resolve_source(_source(opts, name))
+    except ValueError as error:  # VllmSourceError, FlashInferSourceError
       raise SystemExit(str(error)) from None
-  if chosen & {"torch", "vllm"} and peers.torch_module() is None:
-    raise SystemExit(f"--peers {opts.peers}: torch and vLLM's kernels need torch (and Triton) "
-                     "with a CUDA device; leave them out here")
+  if chosen - {"jax"} and peers.torch_module() is None:
+    raise SystemExit(f"--peers {opts.peers}: torch, vLLM's and FlashInfer's kernels need torch "
+                     "(and Triton, nvcc) with a CUDA device; leave them out here")
   return chosen
+
+
+def _load_copied(chosen: set[str], opts: argparse.Namespace, failures: list) -> dict:
+  """``{name: loaded kernels}`` of the chosen copied peers; a copy that fails to
+  load (e.g. a kernel this Triton or nvcc cannot compile) is recorded in
+  ``failures`` and left out."""
+  loaded = {}
+  for name in sorted(chosen & set(_COPIED)):
+    module = _COPIED[name][0]
+    try:
+      loaded[name] = module.load(_source(opts, name))
+    except ValueError as error:  # the copy vanished since _chosen_peers
+      raise SystemExit(str(error)) from None
+    except Exception as error:  # noqa: BLE001 -- recorded in the report
+      _record(failures, f"{name} (loading the source copy)", {}, None, error)
+  return loaded
 
 
 def _suite_args(suite: runner.Suite, opts, chosen: set[str], extra: list[str]):
@@ -201,19 +233,13 @@ def run(opts: argparse.Namespace, argv: list[str]) -> dict:
   plots.require_matplotlib()
   opts = _quick(opts)
   chosen = _chosen_peers(opts)
-  failures, kernels = [], None
-  if "vllm" in chosen:
-    try:
-      kernels = vllm_peers.load(opts.vllm_src or None)
-    except vllm_peers.VllmSourceError as error:
-      raise SystemExit(str(error)) from None
-    except Exception as error:  # noqa: BLE001 -- e.g. a Triton too old for the copy
-      _record(failures, "vllm (loading the source copy)", {}, None, error)
+  failures = []
+  loaded = _load_copied(chosen, opts, failures)
   factories = {}
   if "torch" in chosen:
     factories[peers.TORCH_SORT] = peers.torch_sort_op
-  if kernels is not None:
-    factories.update(vllm_peers.peer_factories(kernels))
+  for name, kernels in loaded.items():
+    factories.update(_COPIED[name][0].peer_factories(kernels))
   external = {name: _guarded(name, factory, failures) for name, factory in factories.items()}
   if factories and os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower() != "false":
     print("warning: torch shares the GPU with JAX, which takes 75% of its memory up front "
@@ -233,7 +259,8 @@ def run(opts: argparse.Namespace, argv: list[str]) -> dict:
                 elapsed_s=round(time.perf_counter() - start, 1), complete=complete,
                 left_out=left_out, options=vars(opts),
                 peers=dict(names=sorted(chosen), external=sorted(external),
-                           vllm=kernels.describe() if kernels is not None else None,
+                           **{name: loaded[name].describe() if name in loaded else None
+                              for name in _COPIED},
                            failures=failures),
                 rows=rows)
 
@@ -374,7 +401,9 @@ def _spec_table(rows: list[dict], vocab: int, dtype: str, k: int) -> list[str]:
 
 def _markdown(doc: dict, figures: dict) -> str:
   rows = doc["rows"]
-  vllm = (doc.get("peers") or {}).get("vllm")
+  copies = [f"{label} kernels from {(doc.get('peers') or {})[name]['commit']}"
+            for name, label in (("vllm", "vLLM"), ("flashinfer", "FlashInfer"))
+            if (doc.get("peers") or {}).get(name)]
   lines = ["# jaxsample benchmark report", "",
            f"- device: {doc['device']} ({doc['backend']}); jax {doc['jax']}, jaxsample "
            f"{doc['jaxsample']}; git commit {doc.get('git_commit')}",
@@ -382,7 +411,7 @@ def _markdown(doc: dict, figures: dict) -> str:
            "bytes read once / copy bandwidth",
            f"- command: `{doc['command']}`{_seconds(doc)}",
            f"- peers: {', '.join((doc.get('peers') or {}).get('names', [])) or 'none'}"
-           + (f"; vLLM kernels from {vllm['commit']}" if vllm else "")]
+           + "".join(f"; {copy}" for copy in copies)]
   lines += [f"- merged run: `{m['command']}` on {m['device']}{_seconds(m)}"
             for m in doc.get("merged", [])]
   lines += [f"- FAILED peer {f['peer']} ({f['dtype']} {f['shape']}, {f['filters']}): "
@@ -394,7 +423,7 @@ def _markdown(doc: dict, figures: dict) -> str:
               + (f" (first: {left[0]})" if left else " or by a cut run (the rows written "
                  "before it)")]
   lines += ["", "Times are device time per call (profiler-summed kernels for JAX ops; "
-            "CUDA-graph replays for torch and vLLM), medians over blocks of calls on "
+            "CUDA-graph replays for torch, vLLM and FlashInfer), medians over blocks of calls on "
             "rotating inputs; off GPU, wall time.", ""]
   sample = [r for r in rows if r["suite"] == "sample"]
   for vocab, dtype in _unique((r["vocab"], r["dtype"]) for r in rows):

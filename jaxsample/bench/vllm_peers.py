@@ -35,6 +35,7 @@ import types
 from collections.abc import Callable
 
 from jaxsample.bench import peers
+from jaxsample.bench.peers import source_commit
 
 __all__ = ["ENV_VAR", "FILES", "GUMBEL", "SAMPLER", "VllmKernels", "VllmSourceError",
            "bind_launch", "load", "peer_factories", "resolve_source", "shim_modules",
@@ -60,24 +61,8 @@ class VllmSourceError(ValueError):
 def resolve_source(path: str | os.PathLike | None = None) -> pathlib.Path:
   """The vLLM source folder: ``path``, else ``$JAXSAMPLE_VLLM_SRC``; every file
   of ``FILES`` must be there."""
-  path = path or os.environ.get(ENV_VAR, "")
-  if not path:
-    raise VllmSourceError(f"the vLLM peers need a local copy of vLLM's source: pass "
-                          f"--vllm-src PATH or set {ENV_VAR}; {_HOW}")
-  root = pathlib.Path(path)
-  if not root.is_dir():
-    raise VllmSourceError(f"--vllm-src {str(path)!r}: no such folder; {_HOW}")
-  missing = [f for f in FILES.values() if not (root / f).is_file()]
-  if missing:
-    raise VllmSourceError(f"--vllm-src {str(path)!r} lacks {missing}: copy these files of "
-                          f"vLLM's source there at the same paths")
-  return root
-
-
-def source_commit(root: pathlib.Path) -> str | None:
-  """The first line of the copy's ``COMMIT`` file (the upstream version), or None."""
-  commit = root / "COMMIT"
-  return commit.read_text().strip().splitlines()[0] if commit.is_file() else None
+  return peers.resolve_source_copy(path, project="vLLM", option="--vllm-src", env_var=ENV_VAR,
+                                   files=FILES.values(), how=_HOW, error=VllmSourceError)
 
 
 # ---------------------------------------------------------------------------
@@ -285,13 +270,8 @@ def peer_factories(kernels: VllmKernels) -> dict[str, Callable]:
   """``{name: factory(filters, temperature) -> op(rows, iters, repeats)}`` for the
   runner's ``external`` peers."""
 
-  def factory(plain):
-    def for_case(filters, temperature):
-      def op(rows, iters, repeats):
-        fn = _sampler(kernels, peers.torch_module(), rows[0].shape[0], filters, temperature,
-                      plain)
-        return peers.time_torch(fn, rows, iters, repeats)
-      return op
-    return for_case
+  def sampler(plain):
+    return lambda torch, shape, filters, temperature: _sampler(kernels, torch, shape[0],
+                                                               filters, temperature, plain)
 
-  return {SAMPLER: factory(plain=False), GUMBEL: factory(plain=True)}
+  return {SAMPLER: peers.torch_peer(sampler(False)), GUMBEL: peers.torch_peer(sampler(True))}
