@@ -98,7 +98,7 @@ import jaxsample  # noqa: E402
 from jaxsample.models import EMBEDDED_DIR, load_embedded  # noqa: E402
 
 # JAXSAMPLE_TEST_COMPILE_LOG=FILE: per-test compile accounting (the hook).
-from compile_log import pytest_runtest_protocol  # noqa: E402,F401
+from helpers.compile_log import pytest_runtest_protocol  # noqa: E402,F401
 
 IMPLEMENTATIONS = ("xla", "pallas")
 GENERATORS = ("philox", "threefry")

@@ -22,7 +22,7 @@ from jaxsample._src.pallas import common
 from jaxsample._src import tuning
 from jaxsample._src.pallas.threshold.base import pass_plan
 
-from cases import SAMPLE_SHAPE, random_logits
+from helpers.cases import SAMPLE_SHAPE, random_logits
 
 B, V = SAMPLE_SHAPE
 IMPLEMENTATIONS = (  # (implementation, generator)

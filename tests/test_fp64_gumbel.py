@@ -16,8 +16,8 @@ from conftest import (GENERATORS, GENERATORS_SLOW_THREEFRY, IMPLEMENTATIONS,
                       IMPLEMENTATIONS_BY_GENERATOR, run_sample)
 from jaxsample import SamplerConfig, SamplingParams
 
-from cases import (assert_result_types, assert_same_result, race,
-                   random_logits)
+from helpers.cases import (assert_result_types, assert_same_result, race,
+                           random_logits)
 
 
 FP64_SHAPE = (4, 3000)

@@ -29,7 +29,7 @@ import jaxsample as js
 from jaxsample import serve_loop
 from jaxsample.models import load_pretrained
 
-from hf_folders import check_close, prefill_and_decode
+from helpers.hf_folders import check_close, prefill_and_decode
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu",
                                                       "full_precision")]

@@ -20,8 +20,8 @@ from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import spec
 from jaxsample._src.tuning import RaceLaunch, SpecStatsLaunch, Tuning
 
-from cases import (assert_masks_equal, assert_same, edge_case_batch, keys,
-                   logits, run, tempered)
+from helpers.cases import (assert_masks_equal, assert_same, edge_case_batch, keys,
+                           logits, run, tempered)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 

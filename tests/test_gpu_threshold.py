@@ -22,7 +22,7 @@ from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import reference, rng
 from jaxsample._src.pallas import threshold
 
-from cases import kept_set_batch
+from helpers.cases import kept_set_batch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 

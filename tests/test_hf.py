@@ -1,5 +1,5 @@
 """``load_pretrained`` against a float64 NumPy forward of Llama / Qwen2
-(``tests/hf_folders.py``) on tiny random Hugging Face folders: the name
+(``tests/helpers/hf_folders.py``) on tiny random Hugging Face folders: the name
 mapping, RoPE (llama3 scaling), GQA, biases, tied and untied heads, prefill
 and decode through the KV cache, greedy generation, bf16, sharded files and
 the errors."""
@@ -16,9 +16,9 @@ from jaxsample import serve_loop
 from jaxsample.models import load_pretrained
 from jaxsample.models.hf import hf_names, read_config
 
-from hf_folders import (LLAMA, QWEN2, check_close, hf_weights,
-                        prefill_and_decode, reference_greedy, reference_logits,
-                        write_folder)
+from helpers.hf_folders import (LLAMA, QWEN2, check_close, hf_weights,
+                                prefill_and_decode, reference_greedy, reference_logits,
+                                write_folder)
 
 PROMPTS = [[3, 17, 5, 60, 2], [9, 1, 44, 7, 7, 30, 12, 8, 50, 4, 19], [33, 6]]
 CACHE = 64

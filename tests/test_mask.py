@@ -27,10 +27,10 @@ from jaxsample import SamplerConfig, SamplingMask, SamplingParams
 from jaxsample._src.mask import MaskOverflowError
 from jaxsample._src.pallas import threshold
 
-from cases import (KINDS, M_VALUES, P_VALUES, assert_mask_types,
-                   assert_masks_equal, extract, k_values, listed, logsumexp64,
-                   make_row, mask_kept, oracle_order, rebuilt_logprob,
-                   sample_masked, sample_with_mask, tempered, to_np)
+from helpers.cases import (KINDS, M_VALUES, P_VALUES, assert_mask_types,
+                           assert_masks_equal, extract, k_values, listed, logsumexp64,
+                           make_row, mask_kept, oracle_order, rebuilt_logprob,
+                           sample_masked, sample_with_mask, tempered, to_np)
 
 
 def mixed_batch(seed, batch, vocab, *, truncating):

@@ -18,11 +18,11 @@ from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import sampling_mask
 from jaxsample._src.pallas import sampler, threshold
 
-from cases import (KINDS, LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL, LSE_ATOL,
-                   assert_mask_types, assert_masks_equal, extract,
-                   kept_set_batch, listed, logsumexp64, mass_tolerance,
-                   oracle_order, rebuilt_logprob, sample_with_mask, tempered,
-                   to_np)
+from helpers.cases import (KINDS, LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL, LSE_ATOL,
+                           assert_mask_types, assert_masks_equal, extract,
+                           kept_set_batch, listed, logsumexp64, mass_tolerance,
+                           oracle_order, rebuilt_logprob, sample_with_mask, tempered,
+                           to_np)
 
 
 def with_token(ids, token) -> list:

@@ -20,8 +20,8 @@ from conftest import GENERATORS_SLOW_THREEFRY, run_sample
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src.pallas import gumbel
 
-from cases import (SAMPLE_SHAPE, assert_same_result, race, random_logits,
-                   random_temps)
+from helpers.cases import (SAMPLE_SHAPE, assert_same_result, race, random_logits,
+                           random_temps)
 
 B, V = SAMPLE_SHAPE  # the shared workhorse shape
 

@@ -20,7 +20,7 @@ from conftest import (STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB, assert_chi2_fits,
 from jaxsample import SamplingParams
 from jaxsample._src import reference, rng
 
-from cases import KINDS, oracle_grid
+from helpers.cases import KINDS, oracle_grid
 
 
 @functools.partial(jax.jit, static_argnames=("generator",))

@@ -28,8 +28,8 @@ from conftest import (GENERATORS, GENERATORS_SLOW_THREEFRY, IMPLEMENTATIONS,
                       run_sample, slow_case)
 from jaxsample import SamplerConfig, SamplingParams
 
-from cases import (SAMPLE_SHAPE, assert_result_types, assert_same_result,
-                   random_logits, random_temps)
+from helpers.cases import (SAMPLE_SHAPE, assert_result_types, assert_same_result,
+                           random_logits, random_temps)
 
 B, V = SAMPLE_SHAPE  # the shared workhorse shape
 

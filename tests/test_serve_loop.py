@@ -14,7 +14,7 @@ from jaxsample.generation.generate import _generate
 from jaxsample.models import Transformer, TransformerConfig
 
 from conftest import on_gpu, slow_case
-from toy_lm import Bigram
+from helpers.toy_lm import Bigram
 
 # Batch-shape independent logits on a GPU (``conftest.full_precision``).
 pytestmark = pytest.mark.usefixtures("full_precision")

@@ -25,7 +25,7 @@ from jaxsample.serve_loop import (DecodeState, NgramDrafter, ProcessorLimits,
                                   Request, ServeLoop, Speculation,
                                   decode_step, prefill)
 from test_serving import CompileCounter
-from toy_lm import tiny_transformer
+from helpers.toy_lm import tiny_transformer
 
 # Batch-shape independent logits on a GPU (``conftest.full_precision``).
 pytestmark = pytest.mark.usefixtures("full_precision")

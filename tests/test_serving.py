@@ -18,7 +18,7 @@ from jaxsample._src.params import SamplerConfig, SamplingParams
 from jaxsample.serve_loop import Request, ServeLoop, generate
 
 from conftest import on_gpu
-from toy_lm import tiny_transformer
+from helpers.toy_lm import tiny_transformer
 
 # Batch-shape independent logits on a GPU (``conftest.full_precision``).
 pytestmark = pytest.mark.usefixtures("full_precision")

@@ -39,10 +39,10 @@ from conftest import assert_chi2_fits, run_sample, slow_case
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import rng, spec
 
-from cases import (PALLAS_SLICE, REFERENCE_ONLY, B, K, V, assert_mask_types,
-                   assert_masks_equal, assert_padding, assert_same, extract,
-                   keys, logits, mask_kept, probs_np, rebuilt_logprob, run,
-                   slot, tempered)
+from helpers.cases import (PALLAS_SLICE, REFERENCE_ONLY, B, K, V, assert_mask_types,
+                           assert_masks_equal, assert_padding, assert_same, extract,
+                           keys, logits, mask_kept, probs_np, rebuilt_logprob, run,
+                           slot, tempered)
 
 
 def assert_rate(hits, n, p, sigmas=4.0):

@@ -23,8 +23,8 @@ from conftest import (IMPLEMENTATIONS, IMPLEMENTATIONS_SLOW_KERNELS,
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import spec
 
-from cases import (REFERENCE_ONLY, B, K, V, assert_mask_types, assert_padding,
-                   assert_same, keys, logits, probs_np, run, slot)
+from helpers.cases import (REFERENCE_ONLY, B, K, V, assert_mask_types, assert_padding,
+                           assert_same, keys, logits, probs_np, run, slot)
 
 
 @pytest.mark.parametrize("impl", REFERENCE_ONLY)

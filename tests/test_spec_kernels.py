@@ -18,7 +18,7 @@ from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import spec
 from jaxsample._src.tuning import RaceLaunch, SpecStatsLaunch, Tuning
 
-from cases import B, K, V, assert_same, edge_case_batch, logits, run
+from helpers.cases import B, K, V, assert_same, edge_case_batch, logits, run
 
 # Triton kernels of ``threshold.kept_sets``: stats, bound; compact, pack
 # and select of the candidates and of the top-k and top-p windows; two window

@@ -22,7 +22,7 @@ from jaxsample.serve_loop import (ModelDrafter, NgramDrafter, Request,
                                   ServeLoop, Speculation, layer_prefix)
 
 from test_serving import CompileCounter
-from toy_lm import bigram_lm, next_logits, tiny_transformer
+from helpers.toy_lm import bigram_lm, next_logits, tiny_transformer
 
 # Batch-shape independent logits on a GPU (``conftest.full_precision``).
 pytestmark = pytest.mark.usefixtures("full_precision")

@@ -20,7 +20,7 @@ from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import reference, rng
 from jaxsample._src.pallas import common, gumbel, threshold
 
-from cases import kept_set_batch, truncate
+from helpers.cases import kept_set_batch, truncate
 
 
 def test_order_key_is_monotone_and_invertible():

@@ -23,7 +23,7 @@ from jaxsample._src.pallas import threshold
 from jaxsample._src import tuning
 from jaxsample._src.tuning import PivotLaunch, Tuning
 
-from cases import truncate
+from helpers.cases import truncate
 
 
 def test_overflowing_rows_take_the_pivot_search():

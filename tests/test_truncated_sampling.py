@@ -21,8 +21,8 @@ from conftest import on_gpu, oracle_keep, run_sample, slow_case
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import reference
 
-from cases import (LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL, LSE_ATOL,
-                   logsumexp64, mass_tolerance)
+from helpers.cases import (LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL, LSE_ATOL,
+                           logsumexp64, mass_tolerance)
 
 
 @pytest.mark.parametrize("gen,max_candidates,fp64", [

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cases import params_by_row
+from helpers.cases import params_by_row
 from conftest import FP32_EPS, oracle_keep, slow_case, sort_operands
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams
