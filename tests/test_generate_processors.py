@@ -18,7 +18,8 @@ import jaxsample as js
 from jaxsample.generation.generate import _generate
 from jaxsample._src.processors import pack_bitmask
 from jaxsample.serve_loop import DecodeState, decode_step, generate, prefill
-from conftest import on_gpu
+
+from helpers.parametrize import on_gpu
 from helpers.toy_lm import bigram_lm, tiny_transformer
 
 # Batch-shape independent logits on a GPU (``conftest.full_precision``).

@@ -19,8 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import GENERATORS, run_sample
 from jaxsample import SamplingParams
+
+from helpers.parametrize import GENERATORS
+from helpers.sampling import run_sample
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 

@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxsample
 from jaxsample._src.parallel import vocab as sharded
+
 from helpers.cases import sample_vocab_parallel, vocab_parallel
 
 pytestmark = pytest.mark.gpu

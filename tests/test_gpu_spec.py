@@ -15,13 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import oracle_keep, sort_operands
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import spec
 from jaxsample._src.tuning import RaceLaunch, SpecStatsLaunch, Tuning
 
 from helpers.cases import (assert_masks_equal, assert_same, edge_case_batch, keys,
                            logits, run, tempered)
+from helpers.oracle import oracle_keep
+from helpers.programs import sort_operands
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 

@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 
 import jaxsample
-from conftest import oracle_keep, run_sample
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import reference, rng
 from jaxsample._src.pallas import threshold
 
 from helpers.cases import kept_set_batch
+from helpers.oracle import oracle_keep
+from helpers.sampling import run_sample
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("require_gpu")]
 

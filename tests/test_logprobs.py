@@ -12,6 +12,7 @@ import pytest
 
 import jaxsample as js
 from jaxsample._src import logprobs
+
 from helpers.processing_oracle import (mode_oracle, process_oracle, random_case,
                                        rank_oracle, top_oracle)
 

@@ -12,8 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import (IMPLEMENTATIONS, IMPLEMENTATIONS_SLOW_KERNELS, on_gpu,
-                      oracle_keep, slow_case)
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import sampling_mask
 from jaxsample._src.pallas import sampler, threshold
@@ -23,6 +21,8 @@ from helpers.cases import (KINDS, LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL, LSE_ATO
                            kept_set_batch, listed, logsumexp64, mass_tolerance,
                            oracle_order, rebuilt_logprob, sample_with_mask, tempered,
                            to_np)
+from helpers.oracle import oracle_keep
+from helpers.parametrize import IMPLEMENTATIONS_SLOW_KERNELS, on_gpu
 
 
 def with_token(ids, token) -> list:

@@ -13,6 +13,7 @@ import pytest
 
 import jaxsample as js
 from jaxsample._src import processors as procs, reference, spec
+
 from helpers.processing_oracle import process_oracle as oracle, random_case
 
 # Sort-based and sort-free XLA; the kernels (one Pallas interpret-mode

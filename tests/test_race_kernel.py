@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 
 import jaxsample
-from conftest import GENERATORS_SLOW_THREEFRY, run_sample
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src.pallas import gumbel
 
 from helpers.cases import (SAMPLE_SHAPE, assert_same_result, race, random_logits,
                            random_temps)
+from helpers.parametrize import GENERATORS_SLOW_THREEFRY
+from helpers.sampling import run_sample
 
 B, V = SAMPLE_SHAPE  # the shared workhorse shape
 

@@ -1,6 +1,6 @@
 """jaxsample._src.reference: the documented sampling semantics (reference.py docstring).
 
-Kept sets are checked against the numpy float64 oracle in conftest.py; the
+Kept sets are checked against the numpy float64 oracle (helpers/oracle.py); the
 sampled distribution against the exact processed distribution by chi-square;
 Gumbel-max against ``jax.random.categorical``.
 """
@@ -15,12 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import (STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB, assert_chi2_fits,
-                      chi2_critical, chi2_statistic, make_params, oracle_keep)
 from jaxsample import SamplingParams
 from jaxsample._src import reference, rng
 
 from helpers.cases import KINDS, oracle_grid
+from helpers.oracle import oracle_keep
+from helpers.sampling import make_params
+from helpers.stats import (STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB,
+                           assert_chi2_fits, chi2_critical, chi2_statistic)
 
 
 @functools.partial(jax.jit, static_argnames=("generator",))

@@ -13,7 +13,7 @@ from jaxsample._src import reference
 from jaxsample.generation.generate import _generate
 from jaxsample.models import Transformer, TransformerConfig
 
-from conftest import on_gpu, slow_case
+from helpers.parametrize import on_gpu, slow_case
 from helpers.toy_lm import Bigram
 
 # Batch-shape independent logits on a GPU (``conftest.full_precision``).

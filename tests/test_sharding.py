@@ -19,6 +19,7 @@ import jaxsample
 from jaxsample._src import reference, spec
 from jaxsample._src.parallel import vocab as sharded
 from jaxsample._src.tuning import RaceLaunch, Tuning
+
 from helpers.cases import VOCAB_SPLIT, sample_vocab_parallel, vocab_parallel
 
 B, V, K = 8, 300, 2

@@ -13,12 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import outside_conds, slow_case, sort_operands
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import spec
 from jaxsample._src.tuning import RaceLaunch, SpecStatsLaunch, Tuning
 
 from helpers.cases import B, K, V, assert_same, edge_case_batch, logits, run
+from helpers.parametrize import slow_case
+from helpers.programs import outside_conds, sort_operands
 
 # Triton kernels of ``threshold.kept_sets``: stats, bound; compact, pack
 # and select of the candidates and of the top-k and top-p windows; two window

@@ -14,13 +14,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import on_gpu, oracle_keep, slow_case, sort_operands
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import reference, rng
 from jaxsample._src.pallas import common, gumbel, threshold
 
 from helpers.cases import kept_set_batch, truncate
+from helpers.oracle import oracle_keep
+from helpers.parametrize import on_gpu, slow_case
+from helpers.programs import sort_operands
 
 
 def test_order_key_is_monotone_and_invertible():

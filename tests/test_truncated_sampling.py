@@ -17,12 +17,14 @@ import numpy as np
 import pytest
 
 import jaxsample
-from conftest import on_gpu, oracle_keep, run_sample, slow_case
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import reference
 
 from helpers.cases import (LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL, LSE_ATOL,
                            logsumexp64, mass_tolerance)
+from helpers.oracle import oracle_keep
+from helpers.parametrize import on_gpu, slow_case
+from helpers.sampling import run_sample
 
 
 @pytest.mark.parametrize("gen,max_candidates,fp64", [

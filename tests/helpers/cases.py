@@ -1,6 +1,6 @@
 """Input batches, runners and checks that several test modules share (the
-float64 oracle and the statistics live in ``conftest``; small models in
-``toy_lm``).  No test module imports another."""
+float64 oracle lives in ``helpers.oracle``, the statistics in
+``helpers.stats``, small models in ``helpers.toy_lm``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from jaxsample._src.parallel import vocab as sharded
 from jaxsample._src.pallas import threshold
 from jaxsample._src.tuning import RaceLaunch, Tuning
 
-from conftest import FP32_EPS, closing_over, oracle_keep, without_truncation
+from helpers.oracle import FP32_EPS, oracle_keep
+from helpers.sampling import closing_over, without_truncation
 
 
 # ---------------------------------------------------------------------------
@@ -283,7 +284,7 @@ sample_masked = jax.jit(functools.partial(jaxsample.sample, return_mask=True),
 
 def sample_with_mask(logits, params, key, *, impl, positions=None, **config_kw):
   """``sample(..., return_mask=True)``, jitted; kernel runs of batches without
-  filters close over the params (``conftest.closing_over``)."""
+  filters close over the params (``helpers.sampling.closing_over``)."""
   config = SamplerConfig(implementation=impl, **config_kw)
   if impl == "pallas" and without_truncation(params, np.shape(logits)[1]):
     fn = closing_over(params, lambda p: lambda x, k, pos: jaxsample.sample(
@@ -367,7 +368,7 @@ def run(target, drafts, num_draft, params, key, *, draft_logits=None,
         return_mask=False, **config_kw):
   """``rejection_sample`` as numpy; jitted with explicit positions (default
   0) unless ``jit=False`` (kernel runs of batches without filters close over
-  the params: ``conftest.closing_over``).  Pallas batches of per-request keys
+  the params: ``helpers.sampling.closing_over``).  Pallas batches of per-request keys
   larger than ``PALLAS_SLICE`` run slice by slice (the last slice padded by
   wrapping), unless ``return_mask``."""
   batch = len(num_draft)
