@@ -102,7 +102,8 @@ from helpers.compile_log import pytest_runtest_protocol  # noqa: E402,F401
 # fill the gaps at the end.
 _SLOWEST_MODULES = (
     "test_docs.py", "test_sample.py", "test_serve_loop.py", "test_threshold.py",
-    "test_xla_search.py", "test_sharding.py", "test_spec_kernels.py",
+    "test_xla_search.py", "test_vocab_parallel.py", "test_sharding.py",
+    "test_spec_kernels.py",
     "test_threshold_search.py", "test_spec.py", "test_mask_kernels.py",
     "test_race_kernel.py", "test_spec_serving.py", "test_mask.py",
     "test_truncated_sampling.py", "test_batch_invariance.py", "test_edges.py", "test_spec_edges.py",

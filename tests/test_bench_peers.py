@@ -1,13 +1,26 @@
-"""The vLLM peers' loader on CPU: source resolution, the stand-in ``vllm.*``
-modules and the launch binding of vLLM's Triton dispatchers (the kernels
-themselves run in tests/test_gpu_peers.py)."""
+"""The report's non-JAX peers (``jaxsample.bench.peers``, ``vllm_peers``).
 
+On CPU: the vLLM loader's source resolution, the stand-in ``vllm.*`` modules
+and the launch binding of vLLM's Triton dispatchers.  On a GPU (the
+``gpu``-marked tests at the end): torch's sort sampler and vLLM's Triton
+kernels loaded from a local copy of vLLM's source (``.peers/vllm`` or
+``$JAXSAMPLE_VLLM_SRC``; skipped without torch on CUDA or, the vLLM tests,
+without the copy): the vLLM sampler keeps exactly the top token under
+filters that keep one token and samples a small row's distribution (total
+variation bounded by the sample count)."""
+
+import json
+import os
+import pathlib
 import sys
 import types
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from jaxsample.bench import peers, vllm_peers
+from jaxsample.bench import cli, peers, vllm_peers
 
 
 def _source_tree(root, files=vllm_peers.FILES.values()):
@@ -143,3 +156,101 @@ def test_dispatcher_launches_the_kernel_with_the_bound_arguments():
   assert launched == [((6,), dict(BLOCK=128, X=x, N=3, X_STRIDE_0=64))]
   with pytest.raises(NotImplementedError, match="kernel="):
     helper.triton_kernel_dispatcher_with_warmup(warmup_inputs=None)
+
+
+# ---------------------------------------------------------------------------
+# On a GPU: torch's sort sampler and vLLM's kernels (module docstring).
+# ---------------------------------------------------------------------------
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+VLLM_SRC = os.environ.get(vllm_peers.ENV_VAR) or str(ROOT / ".peers" / "vllm")
+VOCAB = 151936
+
+
+@pytest.fixture(scope="module")
+def torch():
+  module = peers.torch_module()
+  if module is None:
+    pytest.skip("needs torch with CUDA")
+  return module
+
+
+@pytest.fixture(scope="module")
+def kernels(torch):
+  try:
+    vllm_peers.resolve_source(VLLM_SRC)
+  except vllm_peers.VllmSourceError as error:
+    pytest.skip(f"needs vLLM's source copy: {error}")
+  return vllm_peers.load(VLLM_SRC)
+
+
+def _peaked_rows(batch: int, vocab: int, dtype, seed: int):
+  """``2 N(0, 1)`` rows with one token 8 above the rest at a random id, and its ids."""
+  key_x, key_id = jax.random.split(jax.random.key(seed))
+  x = 2 * jax.random.normal(key_x, (batch, vocab), jnp.float32)
+  ids = jax.random.randint(key_id, (batch,), 0, vocab)
+  x = x.at[jnp.arange(batch), ids].set(jnp.max(x, axis=-1) + 8)
+  return x.astype(dtype), np.asarray(ids)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("batch", [4, 100])  # <= 64: vLLM's split top-p pipeline
+@pytest.mark.parametrize("filters", [dict(top_k=1), dict(top_p=1e-6), dict(min_p=0.5),
+                                     dict(top_k=50, top_p=1e-6)], ids=str)
+def test_vllm_sampler_keeps_only_the_top_token(kernels, torch, filters, batch, dtype):
+  x, top = _peaked_rows(batch, VOCAB, dtype, seed=batch)
+  sample = vllm_peers._sampler(kernels, torch, batch, filters, 0.7, plain=False)
+  tokens = sample(torch.from_dlpack(jax.block_until_ready(x))).cpu().numpy()
+  np.testing.assert_array_equal(tokens, top)
+
+
+@pytest.mark.gpu
+def test_vllm_samplers_draw_the_row_distribution(kernels, torch):
+  """Many rows of one small distribution, each with its own seed: plain
+  (``gumbel_sample`` alone and the whole path) and top-k 4 frequencies within
+  a total-variation bound of the exact probabilities."""
+  vocab, rows, temperature = 16, 8192, 0.7
+  logits = np.linspace(-2.0, 1.5, vocab, dtype=np.float32)
+  x = jnp.broadcast_to(jnp.asarray(logits), (rows, vocab))
+  tensor = torch.from_dlpack(jax.block_until_ready(x))
+  bound = 3 * np.sqrt(vocab / rows)
+  for filters, plain in (({}, True), ({}, False), (dict(top_k=4), False)):
+    sample = vllm_peers._sampler(kernels, torch, rows, filters, temperature, plain)
+    tokens = sample(tensor).cpu().numpy()
+    want = np.exp((logits - logits.max()) / temperature)
+    if filters:
+      want[:-4] = 0
+      assert set(np.unique(tokens)) <= set(range(vocab - 4, vocab))
+    want /= want.sum()
+    got = np.bincount(tokens, minlength=vocab) / rows
+    assert 0.5 * np.abs(got - want).sum() < bound, (filters, plain, got, want)
+
+
+@pytest.mark.gpu
+def test_time_torch_replays_a_graph(torch):
+  rows = [_peaked_rows(8, VOCAB, jnp.float32, seed)[0] for seed in range(3)]
+  result = peers.time_torch(peers.torch_sort_sampler(torch, dict(top_k=50, top_p=0.9), 0.7),
+                            rows, iters=4, repeats=2)
+  assert result["graph"], result
+  assert result["us"] > 0 and result["wall_us"] > 0
+
+
+@pytest.mark.gpu
+def test_report_times_every_peer(kernels, tmp_path):
+  out = tmp_path / "report"
+  assert cli.main(["report", "--out", str(out), "--batch", "1,100", "--vocab", str(VOCAB),
+                   "--dtypes", "bfloat16", "--settings", "plain,top_p0.95,min_p0.05",
+                   "--quick", "--no-spec", "--peers", "jax,torch,vllm",
+                   "--vllm-src", str(kernels.root), "--no-progress"]) == 0
+  doc = json.loads((out / "report.json").read_text())
+  assert doc["peers"]["failures"] == [] and doc["peers"]["vllm"]["commit"] == kernels.commit
+  for setting in ("plain", "top_p0.95", "min_p0.05"):
+    for batch in (1, 100):
+      found = {r["op"]: r for r in doc["rows"] if r["setting"] == setting and
+               r["batch"] == batch}
+      for name in (vllm_peers.SAMPLER, vllm_peers.GUMBEL, peers.TORCH_SORT):
+        assert found[name]["graph"] and found[name]["us"] > 0, (setting, batch, name)
+  md = (out / "report.md").read_text()
+  assert vllm_peers.SAMPLER in md and str(kernels.commit) in md

@@ -161,7 +161,8 @@ def test_top_ids_is_a_stable_descending_order(width):
 
 def test_temper_is_xla_division_and_leaves_greedy_rows():
   """Step 2: y = x / T by the platform's XLA fp32 division (correctly rounded
-  on GPU: tests/test_gpu.py checks that); greedy rows (T = 0) keep y = x."""
+  on GPU: test_race_kernel.py's GPU division test checks that); greedy rows
+  (T = 0) keep y = x."""
   r = np.random.default_rng(12)
   x = (r.standard_normal((6, 4096)) * 10).astype(np.float32)
   x[0, :5] = [np.inf, -np.inf, 0.0, -0.0, 3e38]

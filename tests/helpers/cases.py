@@ -11,12 +11,10 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec as P
 
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import reference, rng, spec
-from jaxsample._src.parallel import vocab as sharded
 from jaxsample._src.pallas import threshold
 from jaxsample._src.tuning import RaceLaunch, Tuning
 
@@ -504,39 +502,3 @@ def edge_case_batch(seed, batch, k, vocab, *, with_draft):
   params = SamplingParams.make(batch, temperature=temps)
   return (target, drafts, n, params, keys(batch, seed)), dict(
       draft_logits=draft if with_draft else None, positions=pos)
-
-
-# ---------------------------------------------------------------------------
-# Vocab-parallel calls (``jaxsample._src.parallel.vocab``).
-# ---------------------------------------------------------------------------
-
-
-VOCAB_SPLIT = P("b", "v")
-
-
-def vocab_parallel(fn, shape=(1, 2), *, specs=(VOCAB_SPLIT, P("b")),
-                   out_specs=P("b"), check_vma=True):
-  """``fn`` (a ``jaxsample._src.parallel.vocab`` call on mesh axis ``"v"``) as one jitted
-  ``jax.shard_map`` over a ``("b", "v")`` mesh of ``shape``, called on whole
-  arrays: ``run(*args)`` puts each argument on the mesh by its spec of
-  ``specs`` (by default logits split ``P("b", "v")`` and params ``P("b")``;
-  a None argument stays None) and returns ``fn``'s results ``out_specs``."""
-  mesh = jax.make_mesh(shape, ("b", "v"))
-  body = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=specs,
-                               out_specs=out_specs, check_vma=check_vma))
-
-  def run(*args):
-    with jax.set_mesh(mesh):
-      return body(*(None if a is None else jax.device_put(a, s)
-                    for a, s in zip(args, specs, strict=True)))
-
-  return run
-
-
-def sample_vocab_parallel(key, config, shape=(1, 2), *, return_mask=False,
-                          check_vma=True):
-  """``vocab_parallel`` of ``sharded.sample_sharded(x, params, key)``:
-  ``run(x, params)``."""
-  return vocab_parallel(lambda x, p: sharded.sample_sharded(
-      x, p, key, axis_name="v", config=config, return_mask=return_mask),
-                        shape, check_vma=check_vma)
