@@ -90,7 +90,7 @@ def test_shims_leave_sys_modules_as_they_were():
   saved = sys.modules.get("vllm")
   sys.modules["vllm"] = sentinel
   try:
-    with vllm_peers._shims_installed():
+    with vllm_peers.shims_installed():
       assert sys.modules["vllm"] is not sentinel
       assert "vllm.utils.math_utils" in sys.modules
     assert sys.modules["vllm"] is sentinel and "vllm.utils.math_utils" not in sys.modules
@@ -201,7 +201,7 @@ def _peaked_rows(batch: int, vocab: int, dtype, seed: int):
                                      dict(top_k=50, top_p=1e-6)], ids=str)
 def test_vllm_sampler_keeps_only_the_top_token(kernels, torch, filters, batch, dtype):
   x, top = _peaked_rows(batch, VOCAB, dtype, seed=batch)
-  sample = vllm_peers._sampler(kernels, torch, batch, filters, 0.7, plain=False)
+  sample = vllm_peers.sampler(kernels, torch, batch, filters, 0.7, plain=False)
   tokens = sample(torch.from_dlpack(jax.block_until_ready(x))).cpu().numpy()
   np.testing.assert_array_equal(tokens, top)
 
@@ -217,7 +217,7 @@ def test_vllm_samplers_draw_the_row_distribution(kernels, torch):
   tensor = torch.from_dlpack(jax.block_until_ready(x))
   bound = 3 * np.sqrt(vocab / rows)
   for filters, plain in (({}, True), ({}, False), (dict(top_k=4), False)):
-    sample = vllm_peers._sampler(kernels, torch, rows, filters, temperature, plain)
+    sample = vllm_peers.sampler(kernels, torch, rows, filters, temperature, plain)
     tokens = sample(tensor).cpu().numpy()
     want = np.exp((logits - logits.max()) / temperature)
     if filters:

@@ -39,8 +39,8 @@ def test_order_key_is_monotone_and_invertible():
 
 
 def test_key_searches_from_a_shared_prefix():
-  """``_key_prefix(lower, upper)`` holds the high bits every key in
-  ``[lower, upper]`` shares; a search started there (``_largest_key``'s
+  """``key_prefix(lower, upper)`` holds the high bits every key in
+  ``[lower, upper]`` shares; a search started there (``largest_key``'s
   ``start``) finds the answer when it lies in that block, the block's
   largest key when it lies above, and 0 when it lies below."""
   r = np.random.default_rng(3)
@@ -50,7 +50,7 @@ def test_key_searches_from_a_shared_prefix():
                                                      60)).astype(np.float32)
   a[:3], b[:3] = [-np.inf, 1.5, -2.0], [np.inf, 1.5, -1.999]
   for lower, upper in zip(a, b):
-    prefix, known = threshold.search._key_prefix(jnp.float32(lower),
+    prefix, known = threshold.search.key_prefix(jnp.float32(lower),
                                                  jnp.float32(upper))
     middle = (lower / 2 + upper / 2) if np.isfinite(lower) and np.isfinite(
         upper) else 0.0

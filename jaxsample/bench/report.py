@@ -33,8 +33,8 @@ from jaxsample.bench import cases as cases_lib
 from jaxsample.bench import peers, plots, runner, suites, vllm_peers
 from jaxsample.bench.timing import measure_bandwidth
 
-__all__ = ["JAXSAMPLE", "JSON_KEYS", "MAX", "PEERS", "SPEC_MAX", "add_options", "jobs",
-           "main", "render", "run"]
+__all__ = ["JAXSAMPLE", "JSON_KEYS", "MAX", "PEERS", "SPEC_MAX", "add_options", "guarded",
+           "jobs", "main", "render", "run"]
 
 PEERS = ("jax", "torch", "vllm")
 JSON_KEYS = ("report", "device", "backend", "jax", "jaxsample", "bandwidth_bytes_per_s",
@@ -214,7 +214,7 @@ def run(opts: argparse.Namespace, argv: list[str]) -> dict:
     factories[peers.TORCH_SORT] = peers.torch_sort_op
   if kernels is not None:
     factories.update(vllm_peers.peer_factories(kernels))
-  external = {name: _guarded(name, factory, failures) for name, factory in factories.items()}
+  external = {name: guarded(name, factory, failures) for name, factory in factories.items()}
   if factories and os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower() != "false":
     print("warning: torch shares the GPU with JAX, which takes 75% of its memory up front "
           "unless XLA_PYTHON_CLIENT_PREALLOCATE=false (scripts/gpu_run.sh sets it)",
@@ -269,7 +269,7 @@ def _record(failures: list, peer: str, filters: dict, rows, error: Exception) ->
         file=sys.stderr, flush=True)
 
 
-def _guarded(name: str, factory, failures: list):
+def guarded(name: str, factory, failures: list):
   """``factory`` whose ops record an exception in ``failures`` and time nothing
   (a peer that fails once, e.g. a kernel this Triton cannot compile, is left
   out of the remaining cases) instead of ending the run."""
