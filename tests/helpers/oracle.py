@@ -1,6 +1,6 @@
 """Numpy float64 oracle of the kept set (reference.py docstring, step 4): an
 independent re-implementation of the documented semantics (the
-``jaxsample._src.reference`` and ``jaxsample.params`` docstrings); it never
+``jaxsample._src.reference`` and ``jaxsample._src.params`` docstrings); it never
 calls the code under test."""
 
 from __future__ import annotations
