@@ -3,7 +3,8 @@
 #   bash scripts/gpu_run.sh [STEP ...]        (default: smoke tests bench)
 # Steps:
 #   smoke      scripts/gpu_smoke.py: every kernel variant lowers and matches the reference
-#   tests      the gpu-marked tests of tests/test_gpu.py;  alltests: every gpu, kernels or slow test of tests/
+#   tests      the gpu-marked tests of tests/test_race_kernel.py (the Gumbel kernel at production
+#              shapes);  alltests: every gpu, kernels or slow test of tests/
 #   main       the README's table (sample suite, B = 1, 32, 128, V = 151936; plain, top-k 50 +
 #              top-p 0.9, top-p 0.95, min-p 0.05): main-fp32 and main-bf16, one dtype each
 #   bench      the Gumbel kernel: sample suite, all B, fp32/bf16, randn and llm rows, FP64
@@ -15,9 +16,10 @@
 #   serve      python -m jaxsample.bench serve: the embedded model (no drafts, n-gram, draft model, synthetic;
 #              1 and 8 steps per call, without the host/device overlap) and a
 #              Qwen2.5-0.5B-shaped random model
-#   multigpu   (2 GPUs) tests/test_gpu_sharding.py and a 2-process jax.distributed run
-#   peers      tests/test_gpu_peers.py: torch's, vLLM's and FlashInfer's samplers (the copies:
-#              .peers/vllm, .peers/flashinfer)
+#   multigpu   (2 GPUs) the gpu-marked tests of tests/test_sharding.py and tests/test_vocab_parallel.py,
+#              and a 2-process jax.distributed run
+#   peers      the gpu-marked tests of tests/test_bench_peers.py: torch's, vLLM's and FlashInfer's samplers
+#              (the copies: .peers/vllm, .peers/flashinfer)
 #   report-V-DTYPE, reportspec-V-DTYPE   one slice of python -m jaxsample.bench report (the
 #              sample part / the verification part at vocabulary V in DTYPE) into $OUT/STEP/,
 #              with vLLM's kernels from $VLLM_SRC (default .peers/vllm) and FlashInfer's from
@@ -45,7 +47,7 @@ for step in "${steps[@]}"; do
   case "$step" in
     smoke) python3 scripts/gpu_smoke.py 2>&1 | quiet | tee "$out/smoke.log" || exit 1 ;;
     tests|alltests)
-      files=(tests/test_gpu.py); marks=gpu
+      files=(tests/test_race_kernel.py); marks=gpu
       [[ "$step" == alltests ]] && files=(tests/) && marks="gpu or kernels or slow"
       python3 -m pytest -m "$marks" -q -rA -p no:cacheprovider "${xdist[@]}" "${files[@]}" \
         2>&1 | quiet > "$out/gpu-$step.log"
@@ -76,7 +78,8 @@ for step in "${steps[@]}"; do
         | tee "$out/serve.log"
       status=$((status | ${PIPESTATUS[0]})) ;;
     multigpu)
-      python3 -m pytest -m gpu -v -rfE -p no:cacheprovider tests/test_gpu_sharding.py 2>&1 \
+      python3 -m pytest -m gpu -v -rfE -p no:cacheprovider tests/test_sharding.py \
+        tests/test_vocab_parallel.py 2>&1 \
         | quiet > "$out/gpu-multigpu.log"
       status=$((status | ${PIPESTATUS[0]})); tail -n 3 "$out/gpu-multigpu.log"
       for i in 0 1; do
@@ -85,7 +88,7 @@ for step in "${steps[@]}"; do
       done
       wait; cat "$out/multiprocess.txt"; grep -q '^True' "$out/multiprocess.txt" || status=1 ;;
     peers)
-      python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_gpu_peers.py 2>&1 | quiet \
+      python3 -m pytest -m gpu -q -rA -p no:cacheprovider tests/test_bench_peers.py tests/test_flashinfer_peer.py 2>&1 | quiet \
         > "$out/gpu-peers.log"
       status=$((status | ${PIPESTATUS[0]})); tail -n 30 "$out/gpu-peers.log" ;;
     report-*-*|reportspec-*-*)

@@ -16,13 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import run_sample, slow_case
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src.pallas import common
 from jaxsample._src import tuning
 from jaxsample._src.pallas.threshold.base import pass_plan
 
-from cases import SAMPLE_SHAPE, random_logits
+from helpers.cases import SAMPLE_SHAPE, random_logits
+from helpers.parametrize import slow_case
+from helpers.sampling import run_sample
 
 B, V = SAMPLE_SHAPE
 IMPLEMENTATIONS = (  # (implementation, generator)

@@ -255,7 +255,7 @@ def test_a_failing_external_peer_is_recorded_then_left_out(capsys):
       raise RuntimeError("this Triton cannot compile that kernel")
     return op
 
-  guarded = report._guarded("broken peer", factory, failures)
+  guarded = report.guarded("broken peer", factory, failures)
   rows = [np.zeros((2, 8), np.float32)]
   assert guarded({}, 1.0)(rows, 1, 1) is None
   assert guarded({"top_k": 5}, 1.0)(rows, 1, 1) is None  # not tried again

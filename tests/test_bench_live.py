@@ -45,12 +45,12 @@ def test_time_op_refuses_a_function_that_drops_kernel_outputs():
 
 
 def test_the_sample_suites_sampler_keeps_its_kernels():
-  """``_sampler`` (the sample, truncation, profile, fp64 and sweep suites'
+  """``sampler`` (the sample, truncation, profile, fp64 and sweep suites'
   op) returns the whole result, the mask included."""
   x = jnp.zeros((B, V))
   params = js.SamplingParams.make(B, temperature=0.8, min_p=0.05)
   live, dead = timing.kernel_calls(
-      suites._sampler(params, mask_cap=8, implementation="pallas"), x)
+      suites.sampler(params, mask_cap=8, implementation="pallas"), x)
   assert live > 1 and dead == 0
 
 

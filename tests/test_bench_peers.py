@@ -1,23 +1,32 @@
-"""The copied peers' CPU-side logic: the vLLM loader (source resolution, the
-stand-in ``vllm.*`` modules, the launch binding of vLLM's Triton dispatchers)
-and the FlashInfer peers (source resolution, build flags, the path each setting
-takes, registration in the report); the kernels themselves run in
-tests/test_gpu_peers.py."""
+"""The report's non-JAX peers (``jaxsample.bench.peers``, ``vllm_peers``;
+FlashInfer's: ``test_flashinfer_peer.py``).
 
+On CPU: the vLLM loader's source resolution, the stand-in ``vllm.*`` modules
+and the launch binding of vLLM's Triton dispatchers.  On a GPU (the
+``gpu``-marked tests at the end): torch's sort sampler and vLLM's Triton
+kernels loaded from a local copy of vLLM's source (``.peers/vllm`` or
+``$JAXSAMPLE_VLLM_SRC``; skipped without torch on CUDA or, the vLLM tests,
+without the copy): the vLLM sampler keeps exactly the top token under
+filters that keep one token and samples a small row's distribution (total
+variation bounded by the sample count)."""
+
+import json
+import os
+import pathlib
 import sys
 import types
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsample.bench import cli, flashinfer_peers, peers, report, vllm_peers
+from helpers import peers as helpers_peers
+from jaxsample.bench import cli, peers, vllm_peers
 
 
 def _source_tree(root, files=vllm_peers.FILES.values()):
-  for name in files:
-    (root / name).parent.mkdir(parents=True, exist_ok=True)
-    (root / name).write_text("# stand-in\n")
-  return root
+  return helpers_peers.source_tree(root, files)
 
 
 def test_resolve_source_names_the_fix(tmp_path, monkeypatch):
@@ -80,7 +89,7 @@ def test_shims_leave_sys_modules_as_they_were():
   saved = sys.modules.get("vllm")
   sys.modules["vllm"] = sentinel
   try:
-    with vllm_peers._shims_installed():
+    with vllm_peers.shims_installed():
       assert sys.modules["vllm"] is not sentinel
       assert "vllm.utils.math_utils" in sys.modules
     assert sys.modules["vllm"] is sentinel and "vllm.utils.math_utils" not in sys.modules
@@ -148,110 +157,87 @@ def test_dispatcher_launches_the_kernel_with_the_bound_arguments():
     helper.triton_kernel_dispatcher_with_warmup(warmup_inputs=None)
 
 
-def test_flashinfer_resolve_source_names_the_fix(tmp_path, monkeypatch):
-  monkeypatch.delenv(flashinfer_peers.ENV_VAR, raising=False)
-  with pytest.raises(flashinfer_peers.FlashInferSourceError,
-                     match="--flashinfer-src PATH or set JAXSAMPLE_FLASHINFER_SRC"):
-    flashinfer_peers.resolve_source(None)
-  with pytest.raises(flashinfer_peers.FlashInferSourceError, match="no such folder"):
-    flashinfer_peers.resolve_source(tmp_path / "absent")
-  partial = _source_tree(tmp_path / "partial", flashinfer_peers.FILES[:2])
-  with pytest.raises(flashinfer_peers.FlashInferSourceError) as error:
-    flashinfer_peers.resolve_source(partial)
-  assert "include/flashinfer/vec_dtypes.cuh" in str(error.value)
-  assert "include/flashinfer/sampling.cuh" not in str(error.value)
-  full = _source_tree(tmp_path / "full", flashinfer_peers.FILES)
-  assert flashinfer_peers.resolve_source(full) == full
-  monkeypatch.setenv(flashinfer_peers.ENV_VAR, str(full))
-  assert flashinfer_peers.resolve_source(None) == full
-  (full / "COMMIT").write_text("fb28d72 flashinfer-ai/flashinfer\n")
-  assert flashinfer_peers.source_commit(full) == "fb28d72 flashinfer-ai/flashinfer"
+# ---------------------------------------------------------------------------
+# On a GPU: torch's sort sampler and vLLM's kernels (module docstring).
+# ---------------------------------------------------------------------------
 
 
-def test_flashinfer_kernels_describe_the_copy_and_the_build(tmp_path):
-  kernels = flashinfer_peers.FlashInferKernels(root=tmp_path, commit="fb28d72", module=None,
-                                               build_s=93.25)
-  assert kernels.describe() == dict(source=str(tmp_path), commit="fb28d72",
-                                    files=list(flashinfer_peers.FILES), build_s=93.2)
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+VLLM_SRC = os.environ.get(vllm_peers.ENV_VAR) or str(ROOT / ".peers" / "vllm")
+VOCAB = 151936
 
 
-def test_flashinfer_binding_sources_are_shipped():
-  module, *launchers = flashinfer_peers.SOURCES
-  assert module.name == "binding.cpp" and "PYBIND11_MODULE" in module.read_text()
-  exported = module.read_text().count("m.def(")
-  assert len(launchers) == exported == 7
-  for source in launchers:
-    assert "#include <flashinfer/sampling.cuh>" in source.read_text(), source
+@pytest.fixture(scope="module")
+def kernels(torch):
+  return helpers_peers.load_copy(vllm_peers, VLLM_SRC)
 
 
-def test_flashinfer_build_flags_name_one_architecture():
-  flags = flashinfer_peers.build_flags((9, 0))
-  assert [f for f in flags if "arch" in f] == ["-gencode=arch=compute_90,code=sm_90"]
-  assert "-U__CUDA_NO_HALF_OPERATORS__" in flags and "-U__CUDA_NO_HALF2_OPERATORS__" in flags
-  assert "-gencode=arch=compute_100,code=sm_100" in flashinfer_peers.build_flags((10, 0))
+def _peaked_rows(batch: int, vocab: int, dtype, seed: int):
+  """``2 N(0, 1)`` rows with one token 8 above the rest at a random id, and its ids."""
+  key_x, key_id = jax.random.split(jax.random.key(seed))
+  x = 2 * jax.random.normal(key_x, (batch, vocab), jnp.float32)
+  ids = jax.random.randint(key_id, (batch,), 0, vocab)
+  x = x.at[jnp.arange(batch), ids].set(jnp.max(x, axis=-1) + 8)
+  return x.astype(dtype), np.asarray(ids)
 
 
-@pytest.mark.parametrize("filters,joint,vocab,want", [
-    ({}, False, 151936, "logits"),
-    (dict(top_k=50, top_p=0.9), False, 151936, "top_k_first"),
-    (dict(top_k=256, top_p=0.9), False, 65536, "top_k_first"),
-    (dict(top_k=257, top_p=0.9), False, 151936, None),  # FlashInfer's masking fallback
-    (dict(top_k=50, top_p=0.9), False, 32000, None),  # below the fast path's vocabulary
-    (dict(top_k=50, top_p=0.9), True, 151936, "joint"),
-    (dict(top_k=50, top_p=0.9), True, 32000, "joint"),
-    (dict(top_p=0.95), False, 151936, "top_p"),
-    (dict(top_p=0.95), True, 151936, None),
-    (dict(min_p=0.1), False, 151936, "min_p"),
-    (dict(top_k=50), False, 151936, "top_k"),
-    (dict(top_k=50, min_p=0.1), False, 151936, None),
-    (dict(top_p=1.0), False, 151936, "logits"),
-], ids=str)
-def test_flashinfer_plan_picks_the_api_path(filters, joint, vocab, want):
-  assert flashinfer_peers.plan(filters, 0.7, vocab, joint) == want
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("batch", [4, 100])  # <= 64: vLLM's split top-p pipeline
+@pytest.mark.parametrize("filters", [dict(top_k=1), dict(top_p=1e-6), dict(min_p=0.5),
+                                     dict(top_k=50, top_p=1e-6)], ids=str)
+def test_vllm_sampler_keeps_only_the_top_token(kernels, torch, filters, batch, dtype):
+  x, top = _peaked_rows(batch, VOCAB, dtype, seed=batch)
+  sample = vllm_peers.sampler(kernels, torch, batch, filters, 0.7, plain=False)
+  tokens = sample(torch.from_dlpack(jax.block_until_ready(x))).cpu().numpy()
+  np.testing.assert_array_equal(tokens, top)
 
 
-def test_flashinfer_plan_times_nothing_at_temperature_zero():
-  assert flashinfer_peers.plan({}, 0.0, 151936, False) is None
-  assert flashinfer_peers.plan(dict(top_k=50, top_p=0.9), 0.0, 151936, True) is None
+@pytest.mark.gpu
+def test_vllm_samplers_draw_the_row_distribution(kernels, torch):
+  """Many rows of one small distribution, each with its own seed: plain
+  (``gumbel_sample`` alone and the whole path) and top-k 4 frequencies within
+  a total-variation bound of the exact probabilities."""
+  vocab, rows, temperature = 16, 8192, 0.7
+  logits = np.linspace(-2.0, 1.5, vocab, dtype=np.float32)
+  x = jnp.broadcast_to(jnp.asarray(logits), (rows, vocab))
+  tensor = torch.from_dlpack(jax.block_until_ready(x))
+  bound = 3 * np.sqrt(vocab / rows)
+  for filters, plain in (({}, True), ({}, False), (dict(top_k=4), False)):
+    sample = vllm_peers.sampler(kernels, torch, rows, filters, temperature, plain)
+    tokens = sample(tensor).cpu().numpy()
+    want = np.exp((logits - logits.max()) / temperature)
+    if filters:
+      want[:-4] = 0
+      assert set(np.unique(tokens)) <= set(range(vocab - 4, vocab))
+    want /= want.sum()
+    got = np.bincount(tokens, minlength=vocab) / rows
+    assert 0.5 * np.abs(got - want).sum() < bound, (filters, plain, got, want)
 
 
-def test_torch_peer_times_nothing_where_the_sampler_declines(monkeypatch):
-  made = []
-
-  def make(torch, shape, filters, temperature):
-    made.append((shape, filters, temperature))
-    return None
-
-  monkeypatch.setattr(peers, "torch_module", lambda: object())
-  rows = [np.zeros((3, 16), np.float32)]
-  assert peers.torch_peer(make)({"top_p": 0.9}, 0.7)(rows, 2, 1) is None
-  assert made == [((3, 16), {"top_p": 0.9}, 0.7)]
-  monkeypatch.setattr(peers, "torch_module", lambda: None)
-  assert peers.torch_peer(make)({}, 0.7)(rows, 2, 1) is None and len(made) == 1
+@pytest.mark.gpu
+def test_time_torch_replays_a_graph(torch):
+  rows = [_peaked_rows(8, VOCAB, jnp.float32, seed)[0] for seed in range(3)]
+  result = peers.time_torch(peers.torch_sort_sampler(torch, dict(top_k=50, top_p=0.9), 0.7),
+                            rows, iters=4, repeats=2)
+  assert result["graph"], result
+  assert result["us"] > 0 and result["wall_us"] > 0
 
 
-def test_report_registers_flashinfer_beside_vllm(tmp_path, monkeypatch):
-  assert "flashinfer" in report.PEERS
-  opts = cli.parser().parse_args(["report", "--flashinfer-src", str(tmp_path)])
-  assert opts.flashinfer_src == str(tmp_path) and opts.vllm_src == ""
-  monkeypatch.setattr(peers, "torch_module", lambda: object())  # as on the GPU machine
-  monkeypatch.delenv(vllm_peers.ENV_VAR, raising=False)
-  assert report._chosen_peers(opts) == {"jax", "torch", "flashinfer"}  # auto: the copy given
-  monkeypatch.delenv(flashinfer_peers.ENV_VAR, raising=False)
-  bare = cli.parser().parse_args(["report"])
-  assert report._chosen_peers(bare) == {"jax", "torch"}
-  monkeypatch.setenv(flashinfer_peers.ENV_VAR, str(tmp_path))
-  assert report._chosen_peers(bare) == {"jax", "torch", "flashinfer"}
-
-
-def test_report_records_a_copy_that_fails_to_build(tmp_path, monkeypatch, capsys):
-  def broken(path):
-    raise RuntimeError("nvcc: error in sampling.cuh")
-
-  monkeypatch.setattr(flashinfer_peers, "load", broken)
-  failures = []
-  opts = cli.parser().parse_args(["report", "--flashinfer-src", str(tmp_path)])
-  assert report._load_copied({"jax", "flashinfer"}, opts, failures) == {}
-  assert failures[0]["peer"] == "flashinfer (loading the source copy)"
-  assert "nvcc: error in sampling.cuh" in failures[0]["error"]
-  assert "left out" in capsys.readouterr().err
+@pytest.mark.gpu
+def test_report_times_every_peer(kernels, tmp_path):
+  out = tmp_path / "report"
+  assert cli.main(["report", "--out", str(out), "--batch", "1,100", "--vocab", str(VOCAB),
+                   "--dtypes", "bfloat16", "--settings", "plain,top_p0.95,min_p0.05",
+                   "--quick", "--no-spec", "--peers", "jax,torch,vllm",
+                   "--vllm-src", str(kernels.root), "--no-progress"]) == 0
+  doc = json.loads((out / "report.json").read_text())
+  assert doc["peers"]["failures"] == [] and doc["peers"]["vllm"]["commit"] == kernels.commit
+  for setting in ("plain", "top_p0.95", "min_p0.05"):
+    for batch in (1, 100):
+      found = {r["op"]: r for r in doc["rows"] if r["setting"] == setting and
+               r["batch"] == batch}
+      for name in (vllm_peers.SAMPLER, vllm_peers.GUMBEL, peers.TORCH_SORT):
+        assert found[name]["graph"] and found[name]["us"] > 0, (setting, batch, name)
+  md = (out / "report.md").read_text()
+  assert vllm_peers.SAMPLER in md and str(kernels.commit) in md

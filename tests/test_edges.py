@@ -19,8 +19,9 @@ import jaxsample
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import spec
 
-from conftest import (FP32_EPS, IMPLEMENTATIONS_SLOW_KERNELS, LLVM_FAST_COMPILE,
-                      slow_case)
+from conftest import LLVM_FAST_COMPILE
+from helpers.oracle import FP32_EPS
+from helpers.parametrize import IMPLEMENTATIONS_SLOW_KERNELS, slow_case
 
 # From the smallest positive fp32 (make accepts it) to 1e3; below
 # MIN_TEMPERATURE = 1e-5 rows are greedy.

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 import jaxsample
-from conftest import (GENERATORS, GENERATORS_SLOW_THREEFRY, IMPLEMENTATIONS,
-                      IMPLEMENTATIONS_BY_GENERATOR, run_sample)
 from jaxsample import SamplerConfig, SamplingParams
 
-from cases import (assert_result_types, assert_same_result, race,
-                   random_logits)
+from helpers.cases import (assert_result_types, assert_same_result, race,
+                           random_logits)
+from helpers.parametrize import (GENERATORS, GENERATORS_SLOW_THREEFRY,
+                                 IMPLEMENTATIONS, IMPLEMENTATIONS_BY_GENERATOR)
+from helpers.sampling import run_sample
 
 
 FP64_SHAPE = (4, 3000)

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 import jaxsample as js
-from jaxsample.generation.generate import _generate
 from jaxsample._src.processors import pack_bitmask
 from jaxsample.serve_loop import DecodeState, decode_step, generate, prefill
-from conftest import on_gpu
-from toy_lm import bigram_lm, tiny_transformer
+
+from helpers.parametrize import on_gpu
+from helpers.programs import CompileCounter
+from helpers.toy_lm import bigram_lm, tiny_transformer
 
 # Batch-shape independent logits on a GPU (``conftest.full_precision``).
 pytestmark = pytest.mark.usefixtures("full_precision")
@@ -184,17 +185,17 @@ def test_one_compile_whichever_requests_use_which_processors(model, runs):
   of another length within the bucket): no new compilation and each
   request's result unchanged."""
   _, banned, processed = runs
-  before = _generate._cache_size()
   order = [2, 0, 3, 1]
   one = make_processors(banned[:1])  # request 2 bans its first id only
   reordered = jax.tree.map(lambda a: np.asarray(a)[order], one)
-  with jax.default_matmul_precision("highest"):
-    out = generate(model, [PROMPTS[i] for i in order],
-                   params=jax.tree.map(lambda a: a[np.asarray(order)], PARAMS),
-                   keys=KEYS[order], max_new_tokens=[BUDGETS[i] for i in order],
+  params = jax.tree.map(lambda a: a[np.asarray(order)], PARAMS)
+  keys = KEYS[order]
+  with jax.default_matmul_precision("highest"), CompileCounter() as compiles:
+    out = generate(model, [PROMPTS[i] for i in order], params=params,
+                   keys=keys, max_new_tokens=[BUDGETS[i] for i in order],
                    stop_tokens=[STOPS[i] for i in order],
                    processors=reordered, config=XLA)
-  assert _generate._cache_size() == before
+  assert compiles.count == 0
   got, expected = choices(out), choices(processed)
   for position, b in enumerate(order):
     if b != 2:

@@ -13,7 +13,7 @@ import jaxsample as js
 from jaxsample import serve_loop
 from jaxsample.models import load_pretrained
 
-from hf_folders import LLAMA, QWEN2, hf_weights, write_folder
+from helpers.hf_folders import LLAMA, QWEN2, hf_weights, write_folder
 
 PROMPTS = [[3, 17, 5, 60, 2], [9, 1, 44, 7, 7, 30, 12, 8, 50, 4, 19], [33, 6],
            [5] * 9]

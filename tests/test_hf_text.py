@@ -13,7 +13,7 @@ from jaxsample import generate as generate_cli
 from jaxsample.models.text import (GenerationDefaults, TextGenerator,
                                    TextStream, read_chat_template, render_chat)
 
-from hf_folders import LLAMA, hf_weights, reference_greedy, write_folder
+from helpers.hf_folders import LLAMA, hf_weights, reference_greedy, write_folder
 
 tokenizers = pytest.importorskip("tokenizers")
 needs_jinja2 = pytest.mark.skipif(

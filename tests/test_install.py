@@ -58,8 +58,8 @@ spec = js.rejection_sample(jnp.stack([logits, logits], 1),
 assert spec.tokens.shape == (B, 2) and int(spec.num_accepted[0]) == 1
 
 
-sys.path.insert(0, sys.argv[2])  # tests/: toy_lm
-from toy_lm import Bigram  # a user's own NNX module
+sys.path.insert(0, sys.argv[2])  # tests/: helpers.toy_lm
+from helpers.toy_lm import Bigram  # a user's own NNX module
 
 model = Bigram(V, nnx.Rngs(0))
 table = np.asarray(model.table.embedding[...])

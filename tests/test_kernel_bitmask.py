@@ -16,7 +16,8 @@ import pytest
 import jaxsample as js
 from jaxsample._src import processors as procs
 from jaxsample._src.pallas import bitmask, threshold
-from processing_oracle import process_oracle
+
+from helpers.processing_oracle import process_oracle
 
 # V below a word edge (7 words and 7 ids of an 8th); C = 16 and K_cap = 32
 # send top-k 40 and top-p rows to the window searches and a wide mask to

@@ -12,8 +12,9 @@ import pytest
 
 import jaxsample as js
 from jaxsample._src import logprobs
-from processing_oracle import (mode_oracle, process_oracle, random_case,
-                               rank_oracle, top_oracle)
+
+from helpers.processing_oracle import (mode_oracle, process_oracle, random_case,
+                                       rank_oracle, top_oracle)
 
 BATCH, VOCAB = 8, 80
 SETTINGS = dict(  # per row: greedy, plain, each filter, a fully masked row

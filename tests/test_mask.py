@@ -1,6 +1,6 @@
 """jaxsample._src.mask: the kept set each token was drawn from (mask.py docstring).
 
-Masks are checked against the numpy float64 oracle in conftest.py, and masks
+Masks are checked against the numpy float64 oracle (helpers/oracle.py), and masks
 returned by ``sample(..., return_mask=True)`` against the tokens and logprobs
 drawn with them, on both backends.  The kernel path's masks (truncation
 kernels, interpret mode) against the oracle on ``test_threshold``'s kept-set
@@ -19,18 +19,20 @@ import numpy as np
 import pytest
 
 import jaxsample
-from conftest import (IMPLEMENTATIONS, IMPLEMENTATIONS_SLOW_KERNELS,
-                      STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB,
-                      assert_binned_chi2_fits, assert_chi2_fits,
-                      chi2_critical, chi2_statistic, oracle_keep, slow_case)
 from jaxsample import SamplerConfig, SamplingMask, SamplingParams
 from jaxsample._src.mask import MaskOverflowError
 from jaxsample._src.pallas import threshold
 
-from cases import (KINDS, M_VALUES, P_VALUES, assert_mask_types,
-                   assert_masks_equal, extract, k_values, listed, logsumexp64,
-                   make_row, mask_kept, oracle_order, rebuilt_logprob,
-                   sample_masked, sample_with_mask, tempered, to_np)
+from helpers.cases import (KINDS, M_VALUES, P_VALUES, assert_mask_types,
+                           assert_masks_equal, extract, k_values, listed, logsumexp64,
+                           make_row, mask_kept, oracle_order, rebuilt_logprob,
+                           sample_masked, sample_with_mask, tempered, to_np)
+from helpers.oracle import oracle_keep
+from helpers.parametrize import (IMPLEMENTATIONS, IMPLEMENTATIONS_SLOW_KERNELS,
+                                 slow_case)
+from helpers.stats import (STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB,
+                           assert_binned_chi2_fits, assert_chi2_fits,
+                           chi2_critical, chi2_statistic)
 
 
 def mixed_batch(seed, batch, vocab, *, truncating):
@@ -156,7 +158,7 @@ def test_sampled_token_in_mask_with_consistent_logprob(impl, truncating):
                                  result.logprobs[b], rtol=1e-5, atol=1e-5)
 
 
-# STAT_CONFIGS (conftest): the untruncated ones run the Pallas kernel.
+# STAT_CONFIGS (helpers.stats): the untruncated ones run the Pallas kernel.
 
 
 @pytest.mark.parametrize("name,impl", [

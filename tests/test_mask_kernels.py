@@ -12,17 +12,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import (IMPLEMENTATIONS, IMPLEMENTATIONS_SLOW_KERNELS, on_gpu,
-                      oracle_keep, slow_case)
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import sampling_mask
 from jaxsample._src.pallas import sampler, threshold
 
-from cases import (KINDS, LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL, LSE_ATOL,
-                   assert_mask_types, assert_masks_equal, extract,
-                   kept_set_batch, listed, logsumexp64, mass_tolerance,
-                   oracle_order, rebuilt_logprob, sample_with_mask, tempered,
-                   to_np)
+from helpers.cases import (KINDS, LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL, LSE_ATOL,
+                           assert_mask_types, assert_masks_equal, extract,
+                           kept_set_batch, listed, logsumexp64, mass_tolerance,
+                           oracle_order, rebuilt_logprob, sample_with_mask, tempered,
+                           to_np)
+from helpers.oracle import oracle_keep
+from helpers.parametrize import IMPLEMENTATIONS_SLOW_KERNELS, on_gpu
 
 
 def with_token(ids, token) -> list:

@@ -16,9 +16,10 @@ from jaxsample.generation.spec_step import write_history
 from jaxsample.serve_loop import (DecodeState, FunctionLM, NgramDrafter,
                                   Request, ServeLoop, SpecState, decode_step,
                                   emit, prefill, spec_step)
-from conftest import assert_chi2_fits, chi2_critical, chi2_statistic
-from processing_oracle import process_oracle, rank_oracle, top_oracle
-from toy_lm import tiny_transformer
+
+from helpers.processing_oracle import process_oracle, rank_oracle, top_oracle
+from helpers.stats import assert_chi2_fits, chi2_critical, chi2_statistic
+from helpers.toy_lm import tiny_transformer
 
 CONFIG = js.SamplerConfig(implementation="xla")
 

@@ -286,7 +286,7 @@ def check_raw_top_logprobs(logits, tokens, num_top):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_raw_top_logprobs_equal_the_dense_log_softmax(dtype):
-  """Raw top-n logprobs over runs of ids (``logprobs._raw_logprobs``: the
+  """Raw top-n logprobs over runs of ids (``logprobs.raw_logprobs``: the
   run keys come from the logits' run maxima) on ``raw_rows``, bit for bit
   (``check_raw_top_logprobs``)."""
   rng = np.random.default_rng(5)

@@ -13,7 +13,8 @@ import pytest
 
 import jaxsample as js
 from jaxsample._src import processors as procs, reference, spec
-from processing_oracle import process_oracle as oracle, random_case
+
+from helpers.processing_oracle import process_oracle as oracle, random_case
 
 # Sort-based and sort-free XLA; the kernels (one Pallas interpret-mode
 # compile costs ~45 CPU-s) in the gpu-marked twin at the end.

@@ -1,6 +1,6 @@
 """jaxsample._src.reference: the documented sampling semantics (reference.py docstring).
 
-Kept sets are checked against the numpy float64 oracle in conftest.py; the
+Kept sets are checked against the numpy float64 oracle (helpers/oracle.py); the
 sampled distribution against the exact processed distribution by chi-square;
 Gumbel-max against ``jax.random.categorical``.
 """
@@ -15,12 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import (STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB, assert_chi2_fits,
-                      chi2_critical, chi2_statistic, make_params, oracle_keep)
 from jaxsample import SamplingParams
 from jaxsample._src import reference, rng
 
-from cases import KINDS, oracle_grid
+from helpers.cases import KINDS, oracle_grid
+from helpers.oracle import oracle_keep
+from helpers.sampling import make_params
+from helpers.stats import (STAT_CONFIGS, STAT_DRAWS, STAT_VOCAB,
+                           assert_chi2_fits, chi2_critical, chi2_statistic)
 
 
 @functools.partial(jax.jit, static_argnames=("generator",))
@@ -159,7 +161,8 @@ def test_top_ids_is_a_stable_descending_order(width):
 
 def test_temper_is_xla_division_and_leaves_greedy_rows():
   """Step 2: y = x / T by the platform's XLA fp32 division (correctly rounded
-  on GPU: tests/test_gpu.py checks that); greedy rows (T = 0) keep y = x."""
+  on GPU: test_race_kernel.py's GPU division test checks that); greedy rows
+  (T = 0) keep y = x."""
   r = np.random.default_rng(12)
   x = (r.standard_normal((6, 4096)) * 10).astype(np.float32)
   x[0, :5] = [np.inf, -np.inf, 0.0, -0.0, 3e38]

@@ -22,14 +22,17 @@ import numpy as np
 import pytest
 
 import jaxsample
-from conftest import (GENERATORS, GENERATORS_SLOW_THREEFRY, IMPLEMENTATIONS,
-                      IMPLEMENTATIONS_BY_GENERATOR, assert_chi2_fits,
-                      make_params, on_gpu, oracle_keep, outside_conds,
-                      run_sample, slow_case)
 from jaxsample import SamplerConfig, SamplingParams
 
-from cases import (SAMPLE_SHAPE, assert_result_types, assert_same_result,
-                   random_logits, random_temps)
+from helpers.cases import (SAMPLE_SHAPE, assert_result_types, assert_same_result,
+                           random_logits, random_temps)
+from helpers.oracle import oracle_keep
+from helpers.parametrize import (GENERATORS, GENERATORS_SLOW_THREEFRY,
+                                 IMPLEMENTATIONS, IMPLEMENTATIONS_BY_GENERATOR,
+                                 on_gpu, slow_case)
+from helpers.programs import outside_conds
+from helpers.sampling import make_params, run_sample
+from helpers.stats import assert_chi2_fits
 
 B, V = SAMPLE_SHAPE  # the shared workhorse shape
 
@@ -101,7 +104,7 @@ def test_pallas_matches_xla(shape, dtype, gen, fp64):
 def test_static_and_traced_params_agree():
   """The kernel path with params the jit closes over (``rowwise.cond`` takes
   the Gumbel branch alone; most kernel tests here run that way,
-  ``conftest.closing_over``) equals the path with traced params (a
+  ``helpers.sampling.closing_over``) equals the path with traced params (a
   ``lax.cond`` on the device), and a truncating batch with traced params
   still takes its branch."""
   x = random_logits(41, B, V)

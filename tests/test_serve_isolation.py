@@ -16,7 +16,7 @@ from jaxsample.generation import serving
 from jaxsample._src.params import SamplerConfig
 from jaxsample.serve_loop import ProcessorLimits, Request, ServeLoop
 
-from toy_lm import tiny_transformer
+from helpers.toy_lm import tiny_transformer
 
 # Batch-shape independent logits on a GPU (``conftest.full_precision``).
 pytestmark = pytest.mark.usefixtures("full_precision")

@@ -10,11 +10,11 @@ from flax import nnx
 import jaxsample as js
 from jaxsample import demo, serve_loop
 from jaxsample._src import reference
-from jaxsample.generation.generate import _generate
 from jaxsample.models import Transformer, TransformerConfig
 
-from conftest import on_gpu, slow_case
-from toy_lm import Bigram
+from helpers.parametrize import on_gpu, slow_case
+from helpers.programs import CompileCounter
+from helpers.toy_lm import Bigram
 
 # Batch-shape independent logits on a GPU (``conftest.full_precision``).
 pytestmark = pytest.mark.usefixtures("full_precision")
@@ -190,12 +190,12 @@ def test_masks_hold_the_token_and_logz_matches_the_model(model):
 def test_no_recompilation_across_params_prompts_keys_and_budgets(model):
   prompts, settings, keys, budgets = requests(6, seed=4)
   run(model, prompts, settings, keys, budgets)
-  before = _generate._cache_size()
-  for seed in (5, 6, 7):  # new prompts (same buckets), settings, keys, budgets
-    prompts, settings, keys, budgets = requests(6, seed=seed)
-    settings = settings[seed % 3:] + settings[:seed % 3]
-    run(model, prompts, settings, keys, budgets, stop_tokens=[seed])
-  assert _generate._cache_size() == before
+  with CompileCounter() as compiles:
+    for seed in (5, 6, 7):  # new prompts (same buckets), settings, keys, budgets
+      prompts, settings, keys, budgets = requests(6, seed=seed)
+      settings = settings[seed % 3:] + settings[:seed % 3]
+      run(model, prompts, settings, keys, budgets, stop_tokens=[seed])
+  assert compiles.count == 0
 
 
 def processed_probs(model, sequence, params):

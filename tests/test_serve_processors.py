@@ -24,8 +24,9 @@ from jaxsample._src.processors import pack_bitmask
 from jaxsample.serve_loop import (DecodeState, NgramDrafter, ProcessorLimits,
                                   Request, ServeLoop, Speculation,
                                   decode_step, prefill)
-from test_serving import CompileCounter
-from toy_lm import tiny_transformer
+
+from helpers.programs import CompileCounter
+from helpers.toy_lm import tiny_transformer
 
 # Batch-shape independent logits on a GPU (``conftest.full_precision``).
 pytestmark = pytest.mark.usefixtures("full_precision")

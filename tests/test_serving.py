@@ -17,8 +17,9 @@ from jaxsample import serve_demo
 from jaxsample._src.params import SamplerConfig, SamplingParams
 from jaxsample.serve_loop import Request, ServeLoop, generate
 
-from conftest import on_gpu
-from toy_lm import tiny_transformer
+from helpers.parametrize import on_gpu
+from helpers.programs import CompileCounter
+from helpers.toy_lm import tiny_transformer
 
 # Batch-shape independent logits on a GPU (``conftest.full_precision``).
 pytestmark = pytest.mark.usefixtures("full_precision")
@@ -263,26 +264,6 @@ def test_bad_requests_rejected_without_disturbing_others(model):
   done = {e.request_id: e.completion for e in loop.events() if e.completion}
   for r in requests:
     assert_same(done[r.request_id], expected[r.request_id])
-
-
-class CompileCounter:
-  """Counts XLA backend compilations while installed."""
-
-  EVENT = "/jax/core/compile/backend_compile_duration"
-
-  def __init__(self):
-    self.count = 0
-
-  def __call__(self, event, duration, **kwargs):
-    del duration, kwargs
-    self.count += event == self.EVENT
-
-  def __enter__(self):
-    jax.monitoring.register_event_duration_secs_listener(self)
-    return self
-
-  def __exit__(self, *exc):
-    jax.monitoring.unregister_event_duration_listener(self)
 
 
 def test_load_1000_requests(model):

@@ -1,4 +1,7 @@
-"""Multi-device sampling on 4 CPU devices (conftest sets ``jax_num_cpu_devices``).
+"""Batch-parallel sampling: the public calls on a batch split over 4 CPU
+devices (conftest sets ``jax_num_cpu_devices``) under jit and ``shard_map``
+and, ``gpu``-marked at the end, the kernels on 2 GPUs.  Vocab-parallel
+sampling is ``test_vocab_parallel.py``'s.
 
 Every sharded call is compared with the single-device jitted call on the same
 inputs and keys: tokens, logprobs, validity and masks bit for bit.
@@ -6,30 +9,19 @@ inputs and keys: tokens, logprobs, validity and masks bit for bit.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxsample
-from jaxsample._src import reference, spec
-from jaxsample._src.parallel import vocab as sharded
-from jaxsample._src.tuning import RaceLaunch, Tuning
-from cases import VOCAB_SPLIT, sample_vocab_parallel, vocab_parallel
+from jaxsample._src import spec
+
+from helpers.sharding import (assert_same_leaves, require_two_gpus,
+                              truncating_params)
 
 B, V, K = 8, 300, 2
-
-
-def _params(batch):
-  # Greedy, plain, and truncated rows (top-k, top-p, min-p).
-  return jaxsample.SamplingParams.make(
-      batch, temperature=[1.0, 0.7, 0.0, 1.3] * (batch // 4),
-      top_k=[0, 5, 0, 0] * (batch // 4), top_p=[1.0, 0.9, 1.0, 0.8] * (batch // 4),
-      min_p=[0.0, 0.0, 0.0, 0.05] * (batch // 4))
 
 
 def _inputs(seed):
@@ -59,17 +51,12 @@ def _call(fn, impl, closed_params=None):
   return run
 
 
-def _assert_same(want, got):
-  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
 CASES = [("xla", "sample", "auto"), ("xla", "extract", "shard_map"),
          ("xla_search", "sample", "shard_map"),
          ("xla_search", "extract", "explicit"),
          ("xla_search", "spec", "shard_map"), ("pallas", "extract", "shard_map")]
 # The kernels' sample and rejection_sample per batch shard (interpret mode
-# costs minutes of compile): tests/test_gpu_sharding.py.
+# costs minutes of compile): the ``gpu``-marked test at the end.
 
 
 def test_shard_map_without_masks_or_drafts_equals_one_device():
@@ -98,11 +85,11 @@ def test_shard_map_without_masks_or_drafts_equals_one_device():
     want = jax.jit(call)(*args)
     got = jax.jit(jax.shard_map(call, mesh=mesh, in_specs=P("b"),
                                 out_specs=P("b")))(*args)
-    _assert_same(want, got)
+    assert_same_leaves(want, got)
   verify = jax.jit(lambda k: spec.rejection_sample(
-      target, draft, num, _params(B), k, config=search))
+      target, draft, num, truncating_params(B), k, config=search))
   key = jax.random.key(6)
-  _assert_same(verify(key),
+  assert_same_leaves(verify(key),
                verify(jax.device_put(key, NamedSharding(mesh, P()))))
 
 
@@ -114,7 +101,7 @@ def test_batch_parallel_equals_one_device(impl, fn, mode):
   closed over)."""
   logits, target, draft, num, key = _inputs(1)
   x = target if fn == "spec" else logits
-  params = _params(B)
+  params = truncating_params(B)
   if impl == "pallas":  # scalars: they fit a batch shard too
     params = jaxsample.SamplingParams(temperature=0.8, top_k=0, top_p=1.0,
                                       min_p=0.0)
@@ -139,7 +126,7 @@ def test_batch_parallel_equals_one_device(impl, fn, mode):
                              (P("b"), P(None, "b")),
                              check_vma=impl != "pallas")
         got = jax.jit(body)(*args, key)
-  _assert_same(want, got)
+  assert_same_leaves(want, got)
 
 
 def test_batch_parallel_kernels_lower_under_check_vma_without_collectives(
@@ -147,9 +134,10 @@ def test_batch_parallel_kernels_lower_under_check_vma_without_collectives(
   """The kernels' sample (traced truncating params: every route, the conds
   typed by ``rowwise.manual_switch``) inside ``shard_map`` with check_vma on
   a batch split over 2 abstract H100s lowers to Triton IR (interpret mode
-  cannot: the run is test_gpu_sharding's), and its program holds no
-  collective: no device ever waits on another, whatever each one's conds
-  take (a slow 2-GPU run is compile time, not a hang)."""
+  cannot: the run is ``test_batch_parallel_kernels_check_vma_equal_one_gpu``'s),
+  and its program holds no collective: no device ever waits on another,
+  whatever each one's conds take (a slow 2-GPU run is compile time, not a
+  hang)."""
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3",
                                        num_cores=132, platform="cuda")
@@ -172,299 +160,51 @@ def test_batch_parallel_kernels_lower_under_check_vma_without_collectives(
     assert collective not in text
 
 
-def test_jit_takes_the_vocab_parallel_path_for_vocab_sharded_logits():
-  """Logits split along the vocabulary on a 2x2 Explicit mesh, under plain
-  jax.jit: sample (one key, masks), extract_sampling_mask and
-  rejection_sample (per-request keys, draft logits, masks) equal one
-  device bit for bit (xla_search); processors are refused by name."""
-  x, batches = _mask_inputs()
-  params = batches[0]
-  config = jaxsample.SamplerConfig(implementation="xla_search",
-                                   max_mask_ids=16)
-  key = jax.random.key(6)
-  target = jnp.stack([x, x[::-1] * 0.5], axis=1)  # [8, k + 1 = 2, 1024]
-  draft = jnp.argmax(x, axis=-1)[:, None]
-  num, keys = jnp.arange(8) % 2, jax.random.split(key, 8)
-  positions = jnp.arange(8) * 3
-
-  def calls(x, target, draft_logits, params, keys):
-    return (jaxsample.sample(x, params, key, config=config, return_mask=True),
-            jaxsample.extract_sampling_mask(x, params, config=config),
-            spec.rejection_sample(target, draft, num, params, keys,
-                                  draft_logits=draft_logits,
-                                  positions=positions, config=config,
-                                  return_mask=True))
-
-  args = (x, target, target[:, :1] * 0.9, params, keys)
-  want = jax.jit(calls)(*args)
-  mesh = jax.make_mesh((2, 2), ("b", "v"))
-  with jax.set_mesh(mesh):
-    specs = (P("b", "v"), P("b", None, "v"), P("b", None, "v"), P("b"),
-             P("b"))
-    got = jax.jit(calls)(*jax.device_put(args, specs))
-    _assert_same(want, got)
-    banned = jaxsample.LogitsProcessors.make(8, banned_token_ids=[[1]] * 8)
-    with pytest.raises(ValueError, match="processors"):
-      jax.jit(lambda x: jaxsample.sample(x, params, key, config=config,
-                                         processors=banned))(
-          jax.device_put(x, P("b", "v")))
+# ---------------------------------------------------------------------------
+# On 2 GPUs (``gpu``-marked; skips with fewer): the kernels under check_vma.
+# ---------------------------------------------------------------------------
 
 
-def test_exact_sum_is_order_independent():
-  """``reference.exact_sum``: the same bits for any grouping of the terms
-  (rows of any batch, split sums added as integers), and within an fp32 ulp
-  of the float64 sum."""
-  e = jnp.exp(-jnp.abs(jax.random.normal(jax.random.key(3), (16, 5000)) * 4))
-  whole = reference.exact_sum(e)
-  np.testing.assert_array_equal(whole[3:5], reference.exact_sum(e[3:5]))
-  parts = sum(reference.fixed_point_limbs(e[:, i:i + 1250])
-              for i in range(0, 5000, 1250))
-  np.testing.assert_array_equal(whole, reference.limbs_to_float(parts))
-  exact = np.asarray(e, np.float64).sum(-1)
-  np.testing.assert_allclose(whole, exact, rtol=2 ** -23)
-
-
-VOCAB_CASES = [  # impl, generator, fp64, (batch, vocab) mesh, per-request keys
-    ("xla", "philox", False, (2, 2), False),
-    ("xla", "threefry", False, (4, 1), True),
-    ("pallas", "threefry", False, (1, 4), True),
-]
-# FP64 noise: test_vocab_parallel_truncation_equals_one_device; the kernels
-# at V = 155648 (fp32, bf16): tests/test_gpu_sharding.py.
-
-
-def _vocab_inputs(batch=8, vocab=8192):
-  x = jax.random.normal(jax.random.key(5), (batch, vocab)) * 3
-  # -inf prefix, NaN (invalid), all -inf (invalid), ties at the max.
-  x = x.at[1, :100].set(-jnp.inf).at[5, 7].set(jnp.nan).at[6].set(-jnp.inf)
-  x = x.at[2, 3].set(20.0).at[2, vocab - 100].set(20.0)
+def _batch_parallel_call(name):
+  """``(run, args, out_specs)`` of one public call with the kernels and
+  traced truncating params on a batch of 64 rows."""
+  batch, vocab, k = 64, 32768, 2
   params = jaxsample.SamplingParams.make(
-      batch, temperature=[1.0, 0.7, 0.0, 1.3] * (batch // 4))
-  return x, params
-
-
-@pytest.mark.parametrize("impl,generator,fp64,shape,per_request", VOCAB_CASES)
-def test_vocab_parallel_equals_one_device(impl, generator, fp64, shape,
-                                          per_request):
-  """sample_sharded(return_mask=True) on (batch x vocab) meshes: tokens,
-  logprobs, validity and masks bit-identical to one device's sample
-  (kernel splits aligned with shards)."""
-  x, params = _vocab_inputs(vocab=8192 if impl == "pallas" else 1024)
-  config = jaxsample.SamplerConfig(
-      implementation=impl, rng=generator, use_fp64_gumbel=fp64,
-      max_mask_ids=16,
-      tuning=Tuning(gumbel=RaceLaunch(num_splits=8)) if impl == "pallas"
-      else None)
+      batch, temperature=[1.0, 0.7, 0.0, 1.3] * (batch // 4),
+      top_k=[0, 50, 0, 0] * (batch // 4),
+      top_p=[1.0, 0.9, 1.0, 0.8] * (batch // 4))
   key = jax.random.key(3)
-  key = jax.random.split(key, x.shape[0]) if per_request else key
-  positions = jnp.arange(x.shape[0]) * 7 if per_request else None
-  key_spec = P("b") if per_request else P()
-  with jax.enable_x64(fp64):
-    want = jax.jit(lambda x, p, k, n: jaxsample.sample(
-        x, p, k, positions=n, config=config, return_mask=True))(
-            x, params, key, positions)
-    # Interpret mode cannot lower under check_vma (JAX 0.11.2); without
-    # it one batch key would count local rows: per-request keys.
-    got = vocab_parallel(
-        lambda x, p, k, n: sharded.sample_sharded(
-            x, p, k, axis_name="v", positions=n, config=config,
-            return_mask=True), shape,
-        specs=(VOCAB_SPLIT, P("b"), key_spec, P("b") if per_request else None),
-        check_vma=impl != "pallas")(x, params, key, positions)
-  _assert_same(want, got)
-  assert not np.asarray(got[0].valid)[[5, 6]].any()
+  config = jaxsample.SamplerConfig(implementation="pallas")
+  if name == "spec":
+    target = jax.random.normal(jax.random.key(6), (batch, k + 1, vocab)) * 3
+    draft = jax.random.randint(jax.random.key(7), (batch, k), 0, vocab)
+    return (lambda t, d, n, p: jaxsample.rejection_sample(
+        t, d, n, p, key, config=config, return_mask=True),
+            (target, draft, jnp.arange(batch) % (k + 1), params),
+            (P("b"), P(None, "b")))
+  x = jax.random.normal(jax.random.key(2), (batch, vocab)) * 3
+  if name == "sample":
+    return (lambda x, p: jaxsample.sample(x, p, key, config=config,
+                                          return_mask=True), (x, params),
+            P("b"))
+  return (lambda x, p: jaxsample.extract_sampling_mask(x, p, config=config),
+          (x, params), P("b"))
 
 
-def test_vocab_parallel_traced_truncation_gathers_exactly():
-  """Traced params with a truncating row: the gathered fallback equals one
-  device, top-k / top-p / min-p included."""
-  x, _ = _vocab_inputs(vocab=512)
-  params = _params(8)
-  key = jax.random.key(4)
-  config = jaxsample.SamplerConfig(implementation="xla")
-  want = jax.jit(lambda x, p: jaxsample.sample(x, p, key, config=config))(
-      x, params)
-  _assert_same(want, sample_vocab_parallel(key, config, (1, 4))(x, params))
-
-
-def test_vocab_parallel_kernels_reject_unaligned_shards():
-  mesh = jax.make_mesh((1, 4), ("b", "v"), axis_types=(AxisType.Auto,) * 2)
-  x = jnp.zeros((4, 4 * 300))
-  run = lambda params, impl: jax.shard_map(
-      lambda x: sharded.sample_sharded(
-          x, params, jax.random.key(0), axis_name="v",
-          config=jaxsample.SamplerConfig(implementation=impl)),
-      mesh=mesh, in_specs=P(None, "v"), out_specs=P(), check_vma=False)(x)
-  with pytest.raises(ValueError, match="multiple of 8192"):
-    run(jaxsample.SamplingParams.make(4), "pallas")
-
-
-
-def test_split_candidates_are_the_rows_top_k():
-  """``Split.top`` over 4 vocab shards (the collectives under ``jax.vmap``'s
-  axis name: no devices) is ``lax.top_k`` of the whole rows, ties in id
-  order, for a width below the vocabulary and one equal to it (the joined
-  shards sorted again, not left shard by shard)."""
-  x = jnp.round(jax.random.normal(jax.random.key(2), (3, 64)) * 2)  # ties
-  shards = jnp.moveaxis(x.reshape(3, 4, 16), 1, 0)
-  for width in (8, 64):
-    top = jax.vmap(lambda s, w=width: sharded.search_split(
-        "v", 64, jax.lax.axis_index("v") * 16).top(s, w), axis_name="v")
-    _assert_same(jax.lax.top_k(x, width), jax.tree.map(lambda a: a[0],
-                                                       top(shards)))
-
-
-def test_split_take_moves_values_of_any_width():
-  """``Split.take`` over 4 vocab shards (``jax.vmap``'s axis name) returns
-  each row's value at a global id bit for bit on every shard, for 16-bit
-  logits too (bf16 logits' tokens on the vocab-parallel search: gathered
-  widened to 32-bit words)."""
-  x = np.random.default_rng(7).normal(size=(3, 64)) * 3
-  ids = np.array([0, 37, 63])
-  take = jax.jit(jax.vmap(lambda s: sharded.search_split(
-      "v", 64, jax.lax.axis_index("v") * 16).take(s, ids), axis_name="v"))
-  for dtype in (jnp.bfloat16, jnp.float32):
-    values = jnp.asarray(x, dtype)
-    got = take(jnp.moveaxis(values.reshape(3, 4, 16), 1, 0))
-    assert got.dtype == dtype
-    _assert_same(np.broadcast_to(values[np.arange(3), ids], got.shape), got)
-
-SEARCH_CASES = [  # generator, fp64, (batch, vocab) mesh, vocab, per-request keys
-    ("philox", False, (2, 2), 2048, False),
-    ("threefry", True, (1, 4), 1024, True),  # 256 per shard < 1024 candidates
-]
-
-
-@pytest.mark.parametrize("generator,fp64,shape,vocab,per_request",
-                         SEARCH_CASES)
-def test_vocab_parallel_truncation_equals_one_device(generator, fp64, shape,
-                                                     vocab, per_request):
-  """Truncating rows on the sort-free search: per-shard candidates, counts
-  and digit sums combined by collectives (count and mass searches, the
-  whole-row race) equal one device's sample bit for bit."""
-  x, _ = _vocab_inputs(vocab=vocab)
-  x = x.at[7].set(jnp.linspace(0.0, 0.01, vocab))  # flat: large kept sets
-  params = jaxsample.SamplingParams.make(
-      8, temperature=[1.0, 0.7, 0.0, 1.3, 1.0, 1.0, 1.0, 0.9],
-      top_k=[0, 5, 0, 1500, 0, 50, 0, 0],  # 1500 > 1024: a count search
-      top_p=[1.0, 0.9, 1.0, 0.8, 0.995, 1.0, 1.0, 0.5],
-      min_p=[0.05, 0.0, 0.0, 0.0, 0.0, 0.0, 0.01, 0.0])
-  config = jaxsample.SamplerConfig(implementation="xla_search", rng=generator,
-                                   use_fp64_gumbel=fp64)
-  key = jax.random.key(6)
-  key = jax.random.split(key, 8) if per_request else key
-  positions = jnp.arange(8) * 3 if per_request else None
-  key_spec = P("b") if per_request else P()
-  with jax.enable_x64(fp64):
-    want = jax.jit(lambda x, p, k, n: jaxsample.sample(
-        x, p, k, positions=n, config=config))(x, params, key, positions)
-    got = vocab_parallel(
-        lambda x, p, k, n: sharded.sample_sharded(
-            x, p, k, axis_name="v", positions=n, config=config), shape,
-        specs=(VOCAB_SPLIT, P("b"), key_spec,
-               P("b") if per_request else None))(x, params, key, positions)
-  _assert_same(want, got)
-  assert np.asarray(got.valid).tolist() == [True] * 5 + [False] * 2 + [True]
-
-
-def test_vocab_parallel_masks_equal_one_device():
-  """extract_sampling_mask_sharded on a 2x2 mesh: ids, counts, logz and lse
-  bit-identical to one device's extract_sampling_mask (xla_search)."""
-  x, _ = _vocab_inputs(vocab=1024)
-  params = _params(8)
-  config = jaxsample.SamplerConfig(implementation="xla_search",
-                                   max_mask_ids=16)
-  want = jax.jit(lambda x, p: jaxsample.extract_sampling_mask(
-      x, p, config=config))(x, params)
-  got = vocab_parallel(lambda x, p: sharded.extract_sampling_mask_sharded(
-      x, p, axis_name="v", config=config), (2, 2))(x, params)
-  _assert_same(want, got)
-  assert np.asarray(got.truncated).any() and np.asarray(got.count).max() > 1
-  with pytest.raises(ValueError, match="xla_search"):
-    sharded.extract_sampling_mask_sharded(x, params, axis_name="v",
-                                          config="xla")
-
-
-def _mask_inputs():
-  """Logits of every row kind (1024 wide: 256 per shard of 4) and two
-  batches of params: one with truncating rows (the search's collectives),
-  one without (the race's)."""
-  x, _ = _vocab_inputs(vocab=1024)
-  x = x.at[7].set(jnp.linspace(0.0, 0.01, 1024))  # flat: a large kept set
-  truncating = jaxsample.SamplingParams.make(
-      8, temperature=[1.0, 0.7, 0.0, 1.3, 1.0, 1.0, 1.0, 0.9],
-      top_k=[0, 5, 0, 0, 0, 50, 0, 0],
-      top_p=[1.0, 0.9, 1.0, 0.8, 0.995, 1.0, 1.0, 0.5],
-      min_p=[0.05, 0.0, 0.0, 0.0, 0.0, 0.0, 0.01, 0.0])
-  return x, (truncating, jaxsample.SamplingParams.make(
-      8, temperature=[1.0, 0.7, 0.0, 1.3] * 2))
-
-
-def test_vocab_parallel_sample_masks_equal_one_device():
-  """sample_sharded(return_mask=True) on a 2x2 mesh, traced params: the
-  truncating batch (search) and the untruncated one (race) run one
-  compiled program; tokens, logprobs, validity and masks (ids, count,
-  logz, lse) bit-identical to one device's sample(return_mask=True)."""
-  x, batches = _mask_inputs()
-  config = jaxsample.SamplerConfig(implementation="xla_search",
-                                   max_mask_ids=16)
-  key = jax.random.key(6)
-  one = jax.jit(lambda x, p: jaxsample.sample(x, p, key, config=config,
-                                              return_mask=True))
-  body = sample_vocab_parallel(key, config, (2, 2), return_mask=True)
-  for params in batches:
-    want = one(x, params)
-    _assert_same(want, body(x, params))
-  truncated = np.asarray(want[1].truncated)  # the untruncated batch's
-  assert truncated.tolist() == [False, False, True, False] + [False, True,
-                                                             True, False]
-  # The kernels' truncating batches take this search too (4 vocab shards;
-  # params closed over: no kernel compiles).
-  pallas = dataclasses.replace(config, implementation="pallas")
-  mesh = jax.make_mesh((4,), ("v",), axis_types=(AxisType.Auto,))
-  got = jax.jit(jax.shard_map(
-      lambda x: sharded.sample_sharded(x, batches[0], key, axis_name="v",
-                                       config=pallas, return_mask=True),
-      mesh=mesh, in_specs=P(None, "v"), out_specs=P()))(
-          jax.device_put(x, NamedSharding(mesh, P(None, "v"))))
-  _assert_same(one(x, batches[0]), got)
-
-
-def test_vocab_parallel_rejection_sample_equals_one_device():
-  """rejection_sample_sharded on a 1x4 mesh (per-request keys, threefry,
-  masks): greedy and sampled rows, draft-logit drafts and one-hot drafts
-  (an invalid draft row), rejections with residual draws, bonus tokens and
-  an invalid target row, bit-identical to one device's rejection_sample."""
-  batch, k, vocab = 8, 2, 256
-  ks = jax.random.split(jax.random.key(11), 3)
-  target = jax.random.normal(ks[0], (batch, k + 1, vocab)) * 2
-  draft_logits = target[:, :k] + jax.random.normal(ks[1], (batch, k, vocab))
-  target = target.at[4, 0].set(jnp.nan)  # an invalid target row
-  draft_logits = draft_logits.at[5, 0].set(-jnp.inf)  # one-hot draft slot
-  draft = jnp.argmax(draft_logits, axis=-1).at[0, 0].set(3)
-  num = jnp.array([2, 2, 1, 0, 2, 2, 2, 1])
-  params = jaxsample.SamplingParams.make(
-      batch, temperature=[1.0, 0.7, 0.0, 1.3] * 2,
-      top_k=[0, 5, 0, 0, 0, 0, 20, 0], top_p=[1.0, 0.9] + [1.0] * 6,
-      min_p=[0.0] * 3 + [0.05] + [0.0] * 4)
-  config = jaxsample.SamplerConfig(implementation="xla_search", rng="threefry",
-                                   max_mask_ids=8)
-  keys = jax.random.split(jax.random.key(6), batch)
-  positions = jnp.arange(batch) * 5
-  args = (target, draft, num, draft_logits, params, keys, positions)
-  want = jax.jit(lambda t, d, n, dl, p, key, pos: spec.rejection_sample(
-      t, d, n, p, key, draft_logits=dl, positions=pos, config=config,
-      return_mask=True))(*args)
-  vocab_split = P("b", None, "v")
-  got = vocab_parallel(
-      lambda t, d, n, dl, p, key, pos: sharded.rejection_sample_sharded(
-          t, d, n, p, key, axis_name="v", draft_logits=dl, positions=pos,
-          config=config, return_mask=True), (1, 4),
-      specs=(vocab_split, P("b"), P("b"), vocab_split, P("b"), P("b"),
-             P("b")), out_specs=(P("b"), P(None, "b")))(*args)
-  _assert_same(want, got)
-  accepted = np.asarray(want[0].num_accepted)
-  # Residual draws (sampled rows 1, 5, 7), bonus tokens (0: after 2
-  # accepted, 2: greedy, 3: no drafts), the invalid row's stop.
-  assert accepted.tolist() == [2, 0, 1, 0, 0, 0, 0, 0]
-  assert np.asarray(want[0].logprobs)[4, 0] == -np.inf
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["sample", "extract", "spec"])
+def test_batch_parallel_kernels_check_vma_equal_one_gpu(name):
+  """sample (with masks), extract_sampling_mask and rejection_sample on a
+  batch split over 2 GPUs, under jit (Explicit axes) and shard_map
+  (check_vma on): bit-identical to one GPU.  Each call compiles its whole
+  kernel path three times (one GPU, jit, shard_map), tens of seconds each;
+  the programs hold no collective
+  (``test_batch_parallel_kernels_lower_under_check_vma_without_collectives``),
+  so nothing can wait on the other GPU."""
+  require_two_gpus()
+  run, args, out_specs = _batch_parallel_call(name)
+  want = jax.jit(run)(*args)
+  with jax.set_mesh(jax.make_mesh((2,), ("b",))):
+    split = jax.device_put(args, P("b"))
+    for fn in (run, jax.shard_map(run, in_specs=P("b"), out_specs=out_specs)):
+      assert_same_leaves(want, jax.jit(fn)(*split))

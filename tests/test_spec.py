@@ -5,7 +5,7 @@ the synthetic mode's rates, the random layout and the masks.
 
 Statistics: the token emitted at slot ``i`` (given the request reached ``i``)
 is distributed as the processed target distribution (numpy float64 oracle of
-conftest.py), over many independent requests with per-request keys.
+helpers/oracle.py), over many independent requests with per-request keys.
 Bit-level checks pin the random layout: the bonus / fallback draw is
 ``jaxsample.sample``'s with the noise keys, the acceptance uniform is the
 documented stream's, the residual draw is Gumbel-max on the residual.
@@ -35,14 +35,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_chi2_fits, run_sample, slow_case
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import rng, spec
 
-from cases import (PALLAS_SLICE, REFERENCE_ONLY, B, K, V, assert_mask_types,
-                   assert_masks_equal, assert_padding, assert_same, extract,
-                   keys, logits, mask_kept, probs_np, rebuilt_logprob, run,
-                   slot, tempered)
+from helpers.cases import (PALLAS_SLICE, REFERENCE_ONLY, B, K, V, assert_mask_types,
+                           assert_masks_equal, assert_padding, assert_same, extract,
+                           keys, logits, mask_kept, probs_np, rebuilt_logprob, run,
+                           slot, tempered)
+from helpers.parametrize import slow_case
+from helpers.sampling import run_sample
+from helpers.stats import assert_chi2_fits
 
 
 def assert_rate(hits, n, p, sigmas=4.0):

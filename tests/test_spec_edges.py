@@ -18,13 +18,14 @@ import numpy as np
 import pytest
 
 import jaxsample
-from conftest import (IMPLEMENTATIONS, IMPLEMENTATIONS_SLOW_KERNELS,
-                      make_params, run_sample, slow_case)
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import spec
 
-from cases import (REFERENCE_ONLY, B, K, V, assert_mask_types, assert_padding,
-                   assert_same, keys, logits, probs_np, run, slot)
+from helpers.cases import (REFERENCE_ONLY, B, K, V, assert_mask_types, assert_padding,
+                           assert_same, keys, logits, probs_np, run, slot)
+from helpers.parametrize import (IMPLEMENTATIONS, IMPLEMENTATIONS_SLOW_KERNELS,
+                                 slow_case)
+from helpers.sampling import make_params, run_sample
 
 
 @pytest.mark.parametrize("impl", REFERENCE_ONLY)

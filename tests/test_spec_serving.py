@@ -14,15 +14,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import assert_chi2_fits, on_gpu, slow_case
 from jaxsample._src import reference
 from jaxsample import serve_demo
 from jaxsample._src.params import SamplerConfig, SamplingParams
 from jaxsample.serve_loop import (ModelDrafter, NgramDrafter, Request,
                                   ServeLoop, Speculation, layer_prefix)
 
-from test_serving import CompileCounter
-from toy_lm import bigram_lm, next_logits, tiny_transformer
+from helpers.parametrize import on_gpu, slow_case
+from helpers.programs import CompileCounter
+from helpers.stats import assert_chi2_fits
+from helpers.toy_lm import bigram_lm, next_logits, tiny_transformer
 
 # Batch-shape independent logits on a GPU (``conftest.full_precision``).
 pytestmark = pytest.mark.usefixtures("full_precision")

@@ -14,13 +14,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import on_gpu, oracle_keep, slow_case, sort_operands
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import reference, rng
 from jaxsample._src.pallas import common, gumbel, threshold
 
-from cases import kept_set_batch, truncate
+from helpers.cases import kept_set_batch, truncate
+from helpers.oracle import oracle_keep
+from helpers.parametrize import on_gpu, slow_case
+from helpers.programs import sort_operands
 
 
 def test_order_key_is_monotone_and_invertible():
@@ -37,8 +39,8 @@ def test_order_key_is_monotone_and_invertible():
 
 
 def test_key_searches_from_a_shared_prefix():
-  """``_key_prefix(lower, upper)`` holds the high bits every key in
-  ``[lower, upper]`` shares; a search started there (``_largest_key``'s
+  """``key_prefix(lower, upper)`` holds the high bits every key in
+  ``[lower, upper]`` shares; a search started there (``largest_key``'s
   ``start``) finds the answer when it lies in that block, the block's
   largest key when it lies above, and 0 when it lies below."""
   r = np.random.default_rng(3)
@@ -48,7 +50,7 @@ def test_key_searches_from_a_shared_prefix():
                                                      60)).astype(np.float32)
   a[:3], b[:3] = [-np.inf, 1.5, -2.0], [np.inf, 1.5, -1.999]
   for lower, upper in zip(a, b):
-    prefix, known = threshold.search._key_prefix(jnp.float32(lower),
+    prefix, known = threshold.search.key_prefix(jnp.float32(lower),
                                                  jnp.float32(upper))
     middle = (lower / 2 + upper / 2) if np.isfinite(lower) and np.isfinite(
         upper) else 0.0

@@ -16,14 +16,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import oracle_keep, run_sample, slow_case
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import reference, rng
 from jaxsample._src.pallas import threshold
 from jaxsample._src import tuning
 from jaxsample._src.tuning import PivotLaunch, Tuning
 
-from cases import truncate
+from helpers.cases import truncate
+from helpers.oracle import oracle_keep
+from helpers.parametrize import slow_case
+from helpers.sampling import run_sample
 
 
 def test_overflowing_rows_take_the_pivot_search():

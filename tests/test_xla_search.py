@@ -18,12 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cases import params_by_row
-from conftest import FP32_EPS, oracle_keep, slow_case, sort_operands
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import dispatch, reference, rng
 from jaxsample._src import xla_search
+
+from helpers.cases import params_by_row
+from helpers.oracle import FP32_EPS, oracle_keep
+from helpers.parametrize import slow_case
+from helpers.programs import sort_operands
 
 GENERATORS = ("philox", "threefry")
 # One shape for every batch below: the jitted samplers compile once per

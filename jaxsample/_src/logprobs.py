@@ -34,7 +34,7 @@ from jaxsample._src.processors import LogitsProcessors, maybe_apply
 from jaxsample._src.dispatch import check_logits
 
 __all__ = ["MAX_TOP", "MODES", "TokenLogprobs", "check_num_top",
-           "mode_values", "token_logprobs", "top_logprobs"]
+           "mode_values", "raw_logprobs", "token_logprobs", "top_logprobs"]
 
 MODES: tuple[str, ...] = ("raw_logprobs", "raw_logits", "processed_logprobs",
                           "processed_logits")
@@ -71,7 +71,7 @@ def mode_values(logits: jax.Array, params: SamplingParams, mode: str, *,
     x = logits.astype(jnp.float32)
     if mode == "raw_logits":
       return x
-    return _raw_logprobs(logits)[0]
+    return raw_logprobs(logits)[0]
   z = maybe_apply(logits, processors)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(z.shape[1])
@@ -83,7 +83,7 @@ def mode_values(logits: jax.Array, params: SamplingParams, mode: str, *,
   return jnp.where(log_q > -jnp.inf, proc.y, -jnp.inf)
 
 
-def _raw_logprobs(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+def raw_logprobs(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
   """``where(valid, log_softmax(x), -inf)`` ``[B, V]`` and its
   ``rowwise.run_keys``, from one read of the row for both the max and the
   run keys, then one for the sum.
@@ -166,5 +166,5 @@ def token_logprobs(logits: jax.Array, params: SamplingParams,
         num_top)
   logits = jnp.asarray(logits)
   check_logits(logits, params)
-  values, runs = _raw_logprobs(logits)
+  values, runs = raw_logprobs(logits)
   return top_logprobs(values, tokens, num_top, runs=runs)

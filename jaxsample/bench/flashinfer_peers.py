@@ -164,7 +164,7 @@ def plan(filters: dict, temperature: float, vocab: int, joint: bool) -> str | No
   return next(iter(kept)) if len(kept) == 1 else None
 
 
-def _sampler(kernels: FlashInferKernels, torch, shape: tuple[int, int], filters: dict,
+def sampler(kernels: FlashInferKernels, torch, shape: tuple[int, int], filters: dict,
              temperature: float, joint: bool) -> Callable | None:
   """``[batch, vocab]`` (``shape``) logits -> int32 tokens through FlashInfer's
   path for the setting (``plan``), or None."""
@@ -228,5 +228,5 @@ def _sampler(kernels: FlashInferKernels, torch, shape: tuple[int, int], filters:
 def peer_factories(kernels: FlashInferKernels) -> dict[str, Callable]:
   """``{name: factory(filters, temperature) -> op(rows, iters, repeats)}`` for the
   runner's ``external`` peers (``SAMPLER`` and ``JOINT``)."""
-  return {name: peers.torch_peer(functools.partial(_sampler, kernels, joint=joint))
+  return {name: peers.torch_peer(functools.partial(sampler, kernels, joint=joint))
           for name, joint in ((SAMPLER, False), (JOINT, True))}

@@ -34,8 +34,8 @@ from jaxsample.bench import cases as cases_lib
 from jaxsample.bench import flashinfer_peers, peers, plots, runner, suites, vllm_peers
 from jaxsample.bench.timing import measure_bandwidth
 
-__all__ = ["JAXSAMPLE", "JSON_KEYS", "MAX", "PEERS", "SPEC_MAX", "add_options", "jobs",
-           "main", "render", "run"]
+__all__ = ["JAXSAMPLE", "JSON_KEYS", "MAX", "PEERS", "SPEC_MAX", "add_options", "guarded",
+           "jobs", "main", "render", "run"]
 
 PEERS = ("jax", "torch", "vllm", "flashinfer")
 JSON_KEYS = ("report", "device", "backend", "jax", "jaxsample", "bandwidth_bytes_per_s",
@@ -120,7 +120,7 @@ def _source(opts: argparse.Namespace, name: str) -> str | None:
   return _COPIED[name][1](opts) or None
 
 
-def _chosen_peers(opts: argparse.Namespace) -> set[str]:
+def chosen_peers(opts: argparse.Namespace) -> set[str]:
   if opts.peers == "none":
     return set()
   if opts.peers == "auto":
@@ -146,7 +146,7 @@ def _chosen_peers(opts: argparse.Namespace) -> set[str]:
   return chosen
 
 
-def _load_copied(chosen: set[str], opts: argparse.Namespace, failures: list) -> dict:
+def load_copied(chosen: set[str], opts: argparse.Namespace, failures: list) -> dict:
   """``{name: loaded kernels}`` of the chosen copied peers; a copy that fails to
   load (e.g. a kernel this Triton or nvcc cannot compile) is recorded in
   ``failures`` and left out."""
@@ -155,7 +155,7 @@ def _load_copied(chosen: set[str], opts: argparse.Namespace, failures: list) -> 
     module = _COPIED[name][0]
     try:
       loaded[name] = module.load(_source(opts, name))
-    except ValueError as error:  # the copy vanished since _chosen_peers
+    except ValueError as error:  # the copy vanished since chosen_peers
       raise SystemExit(str(error)) from None
     except Exception as error:  # noqa: BLE001 -- recorded in the report
       _record(failures, f"{name} (loading the source copy)", {}, None, error)
@@ -232,15 +232,15 @@ def run(opts: argparse.Namespace, argv: list[str]) -> dict:
     return render(_merged([pathlib.Path(p) for p in _names(opts.merge)], argv), opts.out)
   plots.require_matplotlib()
   opts = _quick(opts)
-  chosen = _chosen_peers(opts)
+  chosen = chosen_peers(opts)
   failures = []
-  loaded = _load_copied(chosen, opts, failures)
+  loaded = load_copied(chosen, opts, failures)
   factories = {}
   if "torch" in chosen:
     factories[peers.TORCH_SORT] = peers.torch_sort_op
   for name, kernels in loaded.items():
     factories.update(_COPIED[name][0].peer_factories(kernels))
-  external = {name: _guarded(name, factory, failures) for name, factory in factories.items()}
+  external = {name: guarded(name, factory, failures) for name, factory in factories.items()}
   if factories and os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower() != "false":
     print("warning: torch shares the GPU with JAX, which takes 75% of its memory up front "
           "unless XLA_PYTHON_CLIENT_PREALLOCATE=false (scripts/gpu_run.sh sets it)",
@@ -296,7 +296,7 @@ def _record(failures: list, peer: str, filters: dict, rows, error: Exception) ->
         file=sys.stderr, flush=True)
 
 
-def _guarded(name: str, factory, failures: list):
+def guarded(name: str, factory, failures: list):
   """``factory`` whose ops record an exception in ``failures`` and time nothing
   (a peer that fails once, e.g. a kernel this Triton cannot compile, is left
   out of the remaining cases) instead of ending the run."""

@@ -23,7 +23,7 @@ from jaxsample.bench import cases as cases_lib
 from jaxsample.bench.runner import Group, Suite
 from jaxsample._src import tuning
 
-__all__ = ["SUITES", "SpecCase", "breakdown", "grid_cases", "sample_ops"]
+__all__ = ["SUITES", "SpecCase", "breakdown", "grid_cases", "sample_ops", "sampler"]
 
 _KEY = jax.random.key(1)
 
@@ -44,7 +44,7 @@ def grid_cases(args) -> list[cases_lib.Case]:
                         _names(args.settings), _names(args.dists), args.temperature)
 
 
-def _sampler(params, *, static=False, mask_cap=0, zero_keys=False, **config):
+def sampler(params, *, static=False, mask_cap=0, zero_keys=False, **config):
   """A function of one logits array: ``jaxsample.sample`` under ``config``."""
   cfg = js.SamplerConfig(**config, **({"max_mask_ids": mask_cap} if mask_cap else {}))
 
@@ -114,19 +114,19 @@ def sample_ops(args, case) -> dict:
     for rng in _names(args.rngs):
       name = "jaxsample" + ("" if rng == "philox" else f" {rng}") + tail
       if args.params in ("arg", "both"):
-        ops[name] = _sampler(params, implementation=impl, rng=rng, **extra)
+        ops[name] = sampler(params, implementation=impl, rng=rng, **extra)
       if args.params in ("static", "both"):
-        ops[name + ", params closed over"] = _sampler(params, static=True,
-                                                      implementation=impl, rng=rng, **extra)
+        ops[name + ", params closed over"] = sampler(params, static=True,
+                                                     implementation=impl, rng=rng, **extra)
     for cap in _ints(args.mask_caps):
-      ops[f"jaxsample +mask K_cap={cap}{tail}"] = _sampler(params, mask_cap=cap,
-                                                           implementation=impl, **extra)
+      ops[f"jaxsample +mask K_cap={cap}{tail}"] = sampler(params, mask_cap=cap,
+                                                          implementation=impl, **extra)
   if case.setting == "plain" and case.temperature > 0:
-    ops["jaxsample greedy (T=0)"] = _sampler(case.params(temperature=0.0), implementation=impl)
+    ops["jaxsample greedy (T=0)"] = sampler(case.params(temperature=0.0), implementation=impl)
   if args.fp64:
-    ops["jaxsample fp64"] = _sampler(params, implementation=impl, use_fp64_gumbel=True)
+    ops["jaxsample fp64"] = sampler(params, implementation=impl, use_fp64_gumbel=True)
   if args.reference:
-    ops["jaxsample xla reference"] = _sampler(params, implementation="xla")
+    ops["jaxsample xla reference"] = sampler(params, implementation="xla")
   return ops
 
 
@@ -177,7 +177,7 @@ def _build_extract(args, case) -> Group:
   params = case.params()
   ops, extra = {}, {}
   for cap in _ints(args.mask_caps):
-    sampled = _sampler(params, mask_cap=cap, zero_keys=True, implementation=args.implementation)
+    sampled = sampler(params, mask_cap=cap, zero_keys=True, implementation=args.implementation)
     ops[f"sample's mask K_cap={cap}"] = sampled
     for impl in dict.fromkeys((args.implementation, "xla")):
       config = js.SamplerConfig(implementation=impl, max_mask_ids=cap)
@@ -218,13 +218,13 @@ def _fp64_options(parser):
 
 def _build_fp64(args, case) -> Group:
   params, impl = case.params(), args.implementation
-  ops = {"jaxsample fp64": _sampler(params, implementation=impl, use_fp64_gumbel=True)}
+  ops = {"jaxsample fp64": sampler(params, implementation=impl, use_fp64_gumbel=True)}
   for cap in _ints(args.mask_caps):
-    ops[f"jaxsample fp64 +mask K_cap={cap}"] = _sampler(
-        params, mask_cap=cap, implementation=impl, use_fp64_gumbel=True)
-  ops["jaxsample fp32"] = _sampler(params, implementation=impl)
-  ops["jaxsample xla reference fp64"] = _sampler(params, implementation="xla",
-                                                 use_fp64_gumbel=True)
+    ops[f"jaxsample fp64 +mask K_cap={cap}"] = sampler(
+       params, mask_cap=cap, implementation=impl, use_fp64_gumbel=True)
+  ops["jaxsample fp32"] = sampler(params, implementation=impl)
+  ops["jaxsample xla reference fp64"] = sampler(params, implementation="xla",
+                                                use_fp64_gumbel=True)
   return _group(args, case, ops)
 
 
@@ -274,11 +274,11 @@ def _sweep_tunings(args) -> dict[str, tuning.Tuning]:
 
 def _build_sweep(args, case) -> Group:
   params = case.params()
-  ops = {"jaxsample default plan": _sampler(params, static=True,
-                                            implementation=args.implementation)}
+  ops = {"jaxsample default plan": sampler(params, static=True,
+                                           implementation=args.implementation)}
   for name, tuned in _sweep_tunings(args).items():
-    ops[f"jaxsample {name}"] = _sampler(params, static=True, implementation=args.implementation,
-                                        tuning=tuned)
+    ops[f"jaxsample {name}"] = sampler(params, static=True, implementation=args.implementation,
+                                       tuning=tuned)
   extra = _same_tokens(ops, ops, "jaxsample default plan", case.logits())
   return _group(args, case, ops, extra=extra)
 

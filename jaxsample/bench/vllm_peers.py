@@ -38,8 +38,8 @@ from jaxsample.bench import peers
 from jaxsample.bench.peers import source_commit
 
 __all__ = ["ENV_VAR", "FILES", "GUMBEL", "SAMPLER", "VllmKernels", "VllmSourceError",
-           "bind_launch", "load", "peer_factories", "resolve_source", "shim_modules",
-           "source_commit"]
+           "bind_launch", "load", "peer_factories", "resolve_source", "sampler",
+           "shim_modules", "shims_installed", "source_commit"]
 
 ENV_VAR = "JAXSAMPLE_VLLM_SRC"
 # The files executed, by role, at their paths in vLLM's source tree.
@@ -174,7 +174,7 @@ def shim_modules() -> dict[str, types.ModuleType]:
 
 
 @contextlib.contextmanager
-def _shims_installed():
+def shims_installed():
   """``shim_modules`` in ``sys.modules``; whatever held those names comes back after."""
   shims = shim_modules()
   saved = {name: sys.modules[name] for name in shims if name in sys.modules}
@@ -221,7 +221,7 @@ def load(path: str | os.PathLike | None = None) -> VllmKernels:
   if peers.torch_module() is None or importlib.util.find_spec("triton") is None:
     raise RuntimeError("the vLLM peers need torch and Triton with a CUDA GPU (the GPU "
                        "machine's python3 has them); leave vllm out of --peers elsewhere")
-  with _shims_installed():
+  with shims_installed():
     modules = {role: _execute(root / file, f"_jaxsample_vllm_peer.{role}")
                for role, file in FILES.items()}
   return VllmKernels(root=root, commit=source_commit(root),
@@ -231,8 +231,8 @@ def load(path: str | os.PathLike | None = None) -> VllmKernels:
                      apply_min_p=modules["min_p"].apply_min_p)
 
 
-def _sampler(kernels: VllmKernels, torch, batch: int, filters: dict, temperature: float,
-             plain: bool) -> Callable:
+def sampler(kernels: VllmKernels, torch, batch: int, filters: dict, temperature: float,
+            plain: bool) -> Callable:
   """``[batch, V]`` logits -> tokens through model runner v2's path (module doc);
   ``plain``: ``gumbel_sample`` alone on the raw logits."""
   on_gpu = dict(device="cuda")
@@ -270,8 +270,8 @@ def peer_factories(kernels: VllmKernels) -> dict[str, Callable]:
   """``{name: factory(filters, temperature) -> op(rows, iters, repeats)}`` for the
   runner's ``external`` peers."""
 
-  def sampler(plain):
-    return lambda torch, shape, filters, temperature: _sampler(kernels, torch, shape[0],
-                                                               filters, temperature, plain)
+  def op(plain):
+    return lambda torch, shape, filters, temperature: sampler(kernels, torch, shape[0],
+                                                              filters, temperature, plain)
 
-  return {SAMPLER: peers.torch_peer(sampler(False)), GUMBEL: peers.torch_peer(sampler(True))}
+  return {SAMPLER: peers.torch_peer(op(False)), GUMBEL: peers.torch_peer(op(True))}

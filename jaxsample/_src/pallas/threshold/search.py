@@ -10,7 +10,7 @@ from jax import lax
 from jaxsample._src.pallas import common
 
 __all__ = ["bit_length", "BOUND_KEY_BITS", "count_reaches", "kept_bound",
-           "largest_key", "largest_keys", "NEG_INF_KEY"]
+           "key_prefix", "largest_key", "largest_keys", "NEG_INF_KEY"]
 
 
 # ---------------------------------------------------------------------------
@@ -31,7 +31,7 @@ def largest_keys(reaches: tuple, bits: int, start=None) -> tuple:
   built bit by bit in ``bits`` steps; 0 if none.  The searches share one
   loop, so the block reductions of their steps overlap.
 
-  ``start = (prefix, known)`` (``_key_prefix``): the search looks only among
+  ``start = (prefix, known)`` (``key_prefix``): the search looks only among
   the keys whose ``known`` high bits are ``prefix``'s (``bits - known``
   steps and a check): the largest there, or 0 if none there reaches."""
 
@@ -53,7 +53,7 @@ def largest_key(reaches, bits: int, start=None) -> jax.Array:
   return largest_keys((reaches,), bits, start)[0]
 
 
-def _key_prefix(lower, upper):
+def key_prefix(lower, upper):
   """``(prefix, known)``: the ``known`` high bits that the order keys of
   every value in ``[lower, upper]`` share, and those bits (the rest 0)."""
   low, high = common.order_key(lower), common.order_key(upper)
@@ -79,7 +79,7 @@ def _bound_thresholds(y, survives, e, k, p, mass, above, bits: int,
   reaches ``p * mass``).  ``bits`` block reductions, plus one for
   ``k_found``; with 32 bits the thresholds are exact (element values).
   ``window = (lower, upper)``: the search looks only among the keys that
-  share the high bits of ``[lower, upper]``'s (``_key_prefix``), and gives
+  share the high bits of ``[lower, upper]``'s (``key_prefix``), and gives
   -inf where none there reaches: exact when the threshold lies in the
   window, below ``lower`` or at least ``upper`` otherwise.
   """
@@ -87,7 +87,7 @@ def _bound_thresholds(y, survives, e, k, p, mass, above, bits: int,
   target = p * mass - above
   mass_reaches = lambda v: jnp.sum(jnp.where(survives & (key >= v), e,
                                              0.0)) >= target
-  start = None if window is None else _key_prefix(*window)
+  start = None if window is None else key_prefix(*window)
   found = lax.cond(
       k > 0,
       lambda: largest_key(count_reaches(key, survives, k), bits, start),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from conftest import oracle_keep
+from helpers.oracle import oracle_keep
 
 
 def bitmask_width(vocab: int) -> int:
@@ -101,7 +101,7 @@ def mode_oracle(mode, logits, processed, temperature, top_k, top_p, min_p):
   """float64 ``[B, V]`` values of a logprob ``mode`` (``jaxsample._src.logprobs``):
   raw modes from the model's ``logits``, processed modes from the
   ``processed`` logits (``process_oracle``) tempered and truncated
-  (``conftest.oracle_keep``; a row near a top-p/min-p rounding boundary is
+  (``helpers.oracle.oracle_keep``; a row near a top-p/min-p rounding boundary is
   an error: pick cases away from them)."""
   x = np.asarray(logits, np.float32)
   if mode == "raw_logits":

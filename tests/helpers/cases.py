@@ -1,6 +1,6 @@
 """Input batches, runners and checks that several test modules share (the
-float64 oracle and the statistics live in ``conftest``; small models in
-``toy_lm``).  No test module imports another."""
+float64 oracle lives in ``helpers.oracle``, the statistics in
+``helpers.stats``, small models in ``helpers.toy_lm``)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,15 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec as P
 
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import reference, rng, spec
-from jaxsample._src.parallel import vocab as sharded
 from jaxsample._src.pallas import threshold
 from jaxsample._src.tuning import RaceLaunch, Tuning
 
-from conftest import FP32_EPS, closing_over, oracle_keep, without_truncation
+from helpers.oracle import FP32_EPS, oracle_keep
+from helpers.sampling import closing_over, without_truncation
 
 
 # ---------------------------------------------------------------------------
@@ -283,7 +282,7 @@ sample_masked = jax.jit(functools.partial(jaxsample.sample, return_mask=True),
 
 def sample_with_mask(logits, params, key, *, impl, positions=None, **config_kw):
   """``sample(..., return_mask=True)``, jitted; kernel runs of batches without
-  filters close over the params (``conftest.closing_over``)."""
+  filters close over the params (``helpers.sampling.closing_over``)."""
   config = SamplerConfig(implementation=impl, **config_kw)
   if impl == "pallas" and without_truncation(params, np.shape(logits)[1]):
     fn = closing_over(params, lambda p: lambda x, k, pos: jaxsample.sample(
@@ -367,7 +366,7 @@ def run(target, drafts, num_draft, params, key, *, draft_logits=None,
         return_mask=False, **config_kw):
   """``rejection_sample`` as numpy; jitted with explicit positions (default
   0) unless ``jit=False`` (kernel runs of batches without filters close over
-  the params: ``conftest.closing_over``).  Pallas batches of per-request keys
+  the params: ``helpers.sampling.closing_over``).  Pallas batches of per-request keys
   larger than ``PALLAS_SLICE`` run slice by slice (the last slice padded by
   wrapping), unless ``return_mask``."""
   batch = len(num_draft)
@@ -503,39 +502,3 @@ def edge_case_batch(seed, batch, k, vocab, *, with_draft):
   params = SamplingParams.make(batch, temperature=temps)
   return (target, drafts, n, params, keys(batch, seed)), dict(
       draft_logits=draft if with_draft else None, positions=pos)
-
-
-# ---------------------------------------------------------------------------
-# Vocab-parallel calls (``jaxsample._src.parallel.vocab``).
-# ---------------------------------------------------------------------------
-
-
-VOCAB_SPLIT = P("b", "v")
-
-
-def vocab_parallel(fn, shape=(1, 2), *, specs=(VOCAB_SPLIT, P("b")),
-                   out_specs=P("b"), check_vma=True):
-  """``fn`` (a ``jaxsample._src.parallel.vocab`` call on mesh axis ``"v"``) as one jitted
-  ``jax.shard_map`` over a ``("b", "v")`` mesh of ``shape``, called on whole
-  arrays: ``run(*args)`` puts each argument on the mesh by its spec of
-  ``specs`` (by default logits split ``P("b", "v")`` and params ``P("b")``;
-  a None argument stays None) and returns ``fn``'s results ``out_specs``."""
-  mesh = jax.make_mesh(shape, ("b", "v"))
-  body = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=specs,
-                               out_specs=out_specs, check_vma=check_vma))
-
-  def run(*args):
-    with jax.set_mesh(mesh):
-      return body(*(None if a is None else jax.device_put(a, s)
-                    for a, s in zip(args, specs, strict=True)))
-
-  return run
-
-
-def sample_vocab_parallel(key, config, shape=(1, 2), *, return_mask=False,
-                          check_vma=True):
-  """``vocab_parallel`` of ``sharded.sample_sharded(x, params, key)``:
-  ``run(x, params)``."""
-  return vocab_parallel(lambda x, p: sharded.sample_sharded(
-      x, p, key, axis_name="v", config=config, return_mask=return_mask),
-                        shape, check_vma=check_vma)
