@@ -18,8 +18,8 @@
 #              Qwen2.5-0.5B-shaped random model
 #   multigpu   (2 GPUs) the gpu-marked tests of tests/test_sharding.py and tests/test_vocab_parallel.py,
 #              and a 2-process jax.distributed run
-#   peers      the gpu-marked tests of tests/test_bench_peers.py: torch's, vLLM's and FlashInfer's samplers
-#              (the copies: .peers/vllm, .peers/flashinfer)
+#   peers      the gpu-marked tests of tests/test_bench_peers.py and tests/test_flashinfer_peer.py:
+#              torch's, vLLM's and FlashInfer's samplers (the copies: .peers/vllm, .peers/flashinfer)
 #   report-V-DTYPE, reportspec-V-DTYPE   one slice of python -m jaxsample.bench report (the
 #              sample part / the verification part at vocabulary V in DTYPE) into $OUT/STEP/,
 #              with vLLM's kernels from $VLLM_SRC (default .peers/vllm) and FlashInfer's from
