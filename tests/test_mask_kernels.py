@@ -16,7 +16,8 @@ from conftest import (IMPLEMENTATIONS, IMPLEMENTATIONS_SLOW_KERNELS, on_gpu,
                       oracle_keep, slow_case)
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import sampling_mask
-from jaxsample._src.pallas import sampler, threshold
+from jaxsample._src.backends import pallas as sampler
+from jaxsample._src.pallas import threshold
 
 from cases import (KINDS, LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL, LSE_ATOL,
                    assert_mask_types, assert_masks_equal, extract,

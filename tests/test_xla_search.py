@@ -22,7 +22,7 @@ from cases import params_by_row
 from conftest import FP32_EPS, oracle_keep, slow_case, sort_operands
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams
-from jaxsample._src import dispatch, reference, rng
+from jaxsample._src import backends, reference, rng
 from jaxsample._src import xla_search
 
 GENERATORS = ("philox", "threefry")
@@ -378,9 +378,9 @@ def test_per_request_keys_and_positions():
 
 def test_auto_off_gpu_is_the_search_path():
   on_gpu = jax.default_backend() == "gpu"
-  assert dispatch.backend(SamplerConfig()) == (
+  assert backends.backend(SamplerConfig()) == (
       "pallas" if on_gpu else "xla_search")
-  assert dispatch.backend(SamplerConfig(implementation="xla")) == "xla"
+  assert backends.backend(SamplerConfig(implementation="xla")) == "xla"
 
 
 def test_extract_sampling_mask_matches_reference():

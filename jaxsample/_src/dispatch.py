@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from jaxsample._src.params import SamplerConfig, SamplingParams
 
-__all__ = ["backend", "check_logits", "use_pallas", "x64_scope"]
+__all__ = ["check_logits", "x64_scope"]
 
 
 def check_logits(logits, params: SamplingParams) -> SamplingParams:
@@ -25,20 +25,6 @@ def check_logits(logits, params: SamplingParams) -> SamplingParams:
   if logits.shape[1] == 0:
     raise ValueError("logits must have a non-empty vocabulary (V >= 1)")
   return SamplingParams.rows(params, logits.shape[0])
-
-
-def backend(config: SamplerConfig) -> str:
-  """The backend ``config.implementation`` selects here: ``"pallas"``,
-  ``"xla_search"`` or ``"xla"`` (``"auto"``: the kernels on GPU, else the
-  sorting-free XLA path)."""
-  if config.implementation == "auto":
-    return "pallas" if jax.default_backend() == "gpu" else "xla_search"
-  return config.implementation
-
-
-def use_pallas(config: SamplerConfig) -> bool:
-  """Whether ``config.implementation`` selects the Pallas kernels here."""
-  return backend(config) == "pallas"
 
 
 def x64_scope(enabled: bool, *arrays):

@@ -10,9 +10,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxsample._src import dispatch, reference, sampling_mask, xla_search
+from jaxsample._src import backends, dispatch, reference, sampling_mask, xla_search
 from jaxsample._src.parallel import batch as partition, vocab as sharded
-from jaxsample._src.pallas import bitmask, sampler
+from jaxsample._src.backends import pallas as bitmask, pallas as sampler
 from jaxsample._src.params import SamplerConfig, SamplingParams, as_config
 from jaxsample._src.processors import LogitsProcessors
 from jaxsample._src.sampling_mask import MaskOverflowError, SamplingMask
@@ -51,7 +51,7 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   logits = bitmask.kernel_logits(logits, processors, config)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(logits.shape[1])
-  backend = dispatch.backend(config)
+  backend = backends.backend(config)
 
   def rows(batched, _, config):
     logits, params = batched

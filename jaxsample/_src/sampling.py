@@ -17,10 +17,10 @@ import jax.numpy as jnp
 from jaxsample._src import (dispatch, mask, processors as processing, rng,
                             sampling_mask)
 from jaxsample._src.parallel import batch as partition, vocab as sharded
-from jaxsample._src.pallas import bitmask
+from jaxsample._src.backends import pallas as bitmask
 from jaxsample._src.params import SamplerConfig, SamplingParams, as_config
 from jaxsample._src.reference import SampleResult
-from jaxsample._src.row_sampling import sample_rows
+from jaxsample._src.backends.xla_reference import sample_rows
 from jaxsample._src.sampling_mask import SamplingMask
 
 __all__ = ["sample"]

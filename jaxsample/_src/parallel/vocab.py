@@ -69,10 +69,12 @@ from jax import lax
 
 from jax.sharding import PartitionSpec as P
 
-from jaxsample._src import (dispatch, reference, rng, row_sampling, rowwise,
+from jaxsample._src import (backends, dispatch, reference, rng, rowwise,
                             sampling_mask, spec_reference, xla_search)
+from jaxsample._src.backends import xla_reference as row_sampling
 from jaxsample._src.parallel import batch as partition
-from jaxsample._src.pallas import common, gumbel, sampler
+from jaxsample._src.backends import pallas as sampler
+from jaxsample._src.pallas import common, gumbel
 from jaxsample._src import tuning
 from jaxsample._src.params import SamplerConfig, SamplingParams, as_config
 from jaxsample._src.reference import SampleResult
@@ -127,11 +129,11 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
       config, partition.manual_rows(logits, batch, exclude=axis_name)[0])
 
   def parallel():
-    race = _race_pallas if dispatch.use_pallas(config) else _race_xla
+    race = _race_pallas if backends.use_pallas(config) else _race_xla
     return race(logits, params, streams, config, offset, axis_name, width)
 
   def truncated():
-    if dispatch.backend(config) == "xla":
+    if backends.backend(config) == "xla":
       whole = _join(logits.astype(jnp.float32), axis_name)
       return row_sampling.sample_rows(whole, params, streams, config,
                                       bool(width))
@@ -170,7 +172,7 @@ def extract_sampling_mask_sharded(
       ``extract_sampling_mask``, or pass ``"xla_search"``).
   """
   config = as_config(config)
-  if dispatch.backend(config) == "xla":
+  if backends.backend(config) == "xla":
     raise ValueError(
         "vocab-parallel masks run on the sort-free search; got "
         "implementation='xla': pass config='xla_search', or gather the "

@@ -10,14 +10,19 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxsample._src import rng, rowwise, sampling_mask
+from jaxsample._src import backends as dispatch
+from jaxsample._src import (processors as processing, reference, rng, rowwise,
+                            sampling_mask, spec_reference, xla_search)
 from jaxsample._src.pallas import gumbel, threshold
+from jaxsample._src.pallas import spec as kernels
+from jaxsample._src.pallas.bitmask import MaskedLogits
 from jaxsample._src.params import SamplerConfig, SamplingParams
 from jaxsample._src.reference import SampleResult
 from jaxsample._src.sampling_mask import SamplingMask
+from jaxsample._src.spec_reference import per_row_params, stream_keys
 
-__all__ = ["extract_pallas", "kept_set_masks", "sample_pallas",
-           "untruncated_facts", "with_mask"]
+__all__ = ["extract_pallas", "kept_set_masks", "kernel_logits",
+           "sample_pallas", "untruncated_facts", "with_mask"]
 
 
 # The kernel path's mask is assembled once, from per-row facts:
@@ -209,3 +214,74 @@ def _threshold_route(logits, params: SamplingParams, streams: rng.RowStreams,
   large_outputs = rowwise.only_if(unfinished, lambda: threshold.sample_large(
       logits, params, trunc, streams, config, unfinished, order_width=width))
   return trunc, unfinished, large_outputs
+
+
+def _bitmask_only(processors: processing.LogitsProcessors) -> bool:
+  """Whether a bitmask is the only processor that changes logits (static;
+  histories and counts alone change nothing)."""
+  return processors.bitmask is not None and not processors.penalizes and all(
+      getattr(processors, name) is None for name in
+      ("bias_ids", "allowed_ids", "banned_ids", "min_tokens"))
+
+
+def kernel_logits(logits: jax.Array,
+                  processors: processing.LogitsProcessors | None,
+                  config: SamplerConfig):
+  """The rows ``config``'s backend reads: ``MaskedLogits`` where the kernel
+  route runs, ``config.kernel_bitmask`` is on and the bitmask is the only
+  processor that changes logits (a non-empty batch); otherwise
+  ``processors.maybe_apply``'s XLA pre-pass (or ``logits`` as they are)."""
+  if (processors is not None and config.kernel_bitmask and
+      dispatch.use_pallas(config) and isinstance(
+          processors, processing.LogitsProcessors) and
+      _bitmask_only(processors) and jnp.ndim(logits) == 2 and
+      jnp.shape(logits)[0]):
+    processors.check(*jnp.shape(logits))
+    return MaskedLogits(jnp.asarray(logits),
+                        jnp.asarray(processors.bitmask).astype(jnp.int32))
+  return processing.maybe_apply(logits, processors)
+
+
+def _verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,
+                 positions, draft_logits, synthetic_rates,
+                 config: SamplerConfig, return_mask: bool):
+  """``rejection_sample`` of a batch (or a batch shard) of checked inputs,
+  canonical ``params``, per-request keys and clipped ``n``: ``(SpecResult,
+  the target rows' masks or None)`` on the backend ``config`` picks."""
+  batch, k1, vocab = target_logits.shape
+  if not dispatch.use_pallas(config):
+    return spec_reference.reject_xla(
+        target_logits, draft_tokens, n, params, key, draft_logits,
+        synthetic_rates, positions, config.rng, config.use_fp64_gumbel,
+        config.max_mask_ids * return_mask,
+        xla_search.process if dispatch.backend(config) == "xla_search"
+        else reference.process)
+  with jax.ensure_compile_time_eval():  # known for concrete params
+    truncating = jnp.any(params.truncates() & (params.temperature > 0))
+  noise_keys, accept_keys = stream_keys(key, batch)
+  d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
+  width = config.max_mask_ids if return_mask else 0
+
+  def floored():
+    floors = kernels.kept_floors(target_logits, draft_logits, n, params,
+                                 config, order_width=width)
+    return fused(floors), dataclasses.replace(
+        floors.target, ordered_ids=floors.target_ids) if width else None
+
+  fused = lambda floors: kernels.reject(
+      target_logits, d, n, params, noise_keys, accept_keys,
+      positions.astype(jnp.uint32), draft_logits, synthetic_rates, config,
+      floors)
+  # With traced params a lax.cond (its predicate's trip on every call):
+  # the threshold kernels of an untruncated batch would cost more, idle
+  # (scripts/measure_host_gaps.py at d785b4c).
+  result, sets = rowwise.cond(
+      truncating, floored, lambda: (fused(None), threshold.untruncated_sets(
+          (batch, k1), width) if width else None))
+  # Slots past num_draft are never emitted: greedy, their masks cost an
+  # argmax (and are blanked).
+  return result, kept_set_masks(
+      target_logits.reshape(batch * k1, vocab),
+      per_row_params(params, k1, jnp.arange(k1) <= n[:, None]),
+      jax.tree.map(lambda a: a.reshape((batch * k1,) + a.shape[2:]),
+                   sets), config) if width else None

@@ -8,8 +8,9 @@ streams in, ``(SampleResult, mask or None)`` out.
 
 from __future__ import annotations
 
-from jaxsample._src import dispatch, reference, rng, sampling_mask, xla_search
-from jaxsample._src.pallas import sampler
+from jaxsample._src import backends as dispatch
+from jaxsample._src import reference, rng, sampling_mask, xla_search
+from jaxsample._src.backends import pallas as sampler
 from jaxsample._src.params import SamplerConfig, SamplingParams
 
 __all__ = ["sample_rows"]
