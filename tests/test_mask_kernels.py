@@ -16,7 +16,7 @@ from conftest import (IMPLEMENTATIONS, IMPLEMENTATIONS_SLOW_KERNELS, on_gpu,
                       oracle_keep, slow_case)
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import sampling_mask
-from jaxsample._src.backends import pallas as sampler
+from jaxsample._src.backends import pallas as pallas_backend
 from jaxsample._src.pallas import threshold
 
 from cases import (KINDS, LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL, LSE_ATOL,
@@ -281,7 +281,7 @@ def test_kernel_lists_large_kept_sets_like_the_reference(fp64, cap):
 @pytest.mark.slow
 @pytest.mark.parametrize("cap", [40, 8])
 def test_masks_from_kept_sets_equal_the_samplers(cap):
-  """``sampler.kept_set_masks`` of ``kept_sets(..., measure_all=True)``
+  """``pallas_backend.kept_set_masks`` of ``kept_sets(..., measure_all=True)``
   (``extract_sampling_mask``'s kernel path; the spec sampler's masks)
   equals the mask of ``sample`` on the kernels: kept sets the candidate
   buffer or a window search measured, a min-p row and a row with flat ties
@@ -305,7 +305,7 @@ def test_masks_from_kept_sets_equal_the_samplers(cap):
   def masks(x):  # extract_sampling_mask's kernel path, sets included
     sets = threshold.kept_sets(x, canon, config, order_width=cap,
                                measure_all=True)
-    return sets, sampler.kept_set_masks(x, canon, sets, config)
+    return sets, pallas_backend.kept_set_masks(x, canon, sets, config)
 
   sets, got = to_np(masks(jnp.asarray(x)))
   kept = sets.threshold > -np.inf

@@ -1,6 +1,7 @@
 """Shared by the public entry points (``sample``, ``extract_sampling_mask``,
-``spec.rejection_sample``): the logits check, the backend choice and the
-scoped x64 of the FP64 path."""
+``spec.rejection_sample``) and the vocab-parallel ones: the logits check
+and the scoped x64 of the FP64 path (the backend choice:
+``jaxsample._src.backends``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import contextlib
 import jax
 import jax.numpy as jnp
 
-from jaxsample._src.params import SamplerConfig, SamplingParams
+from jaxsample._src.params import SamplingParams
 
 __all__ = ["check_logits", "x64_scope"]
 

@@ -112,23 +112,21 @@ under ``jit`` ``num_draft`` and draft tokens are clamped as above.  ``B = 0`` re
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Literal, overload
 
 import jax
 import jax.numpy as jnp
 
-from jaxsample._src import (dispatch, mask, reference, rng, rowwise, sampling,
-                            spec_reference, xla_search)
+from jaxsample._src import (backends, dispatch, mask, rng, sampling,
+                            spec_reference)
 from jaxsample._src.parallel import batch as partition, vocab as sharded
-from jaxsample._src.backends.pallas import _verify_rows
 from jaxsample._src.params import SamplerConfig, SamplingParams, as_config
 from jaxsample._src.processors import LogitsProcessors, apply_to_slots
 from jaxsample._src.sampling_mask import SamplingMask
 from jaxsample._src.spec_reference import (SpecResult, check_inputs,
-                                           per_row_params, request_keys,
-                                           stream_keys, without_drafts)
+                                           request_keys, stream_keys,
+                                           without_drafts)
 
 __all__ = ["SpecResult", "check_inputs", "rejection_sample", "stream_keys"]
 
@@ -212,7 +210,7 @@ def rejection_sample(target_logits: jax.Array,
       threshold kernels found (``kept_floors``, which also orders the
       target rows' kept ids and measures every target kept set), with the
       Gumbel kernel over the target rows without one
-      (``pallas.sampler.kept_set_masks``).
+      (``backends.pallas.kept_set_masks``).
 
     processors: per-request ``LogitsProcessors``, applied to every target
       and draft row first (``processors.apply_to_slots``: slot ``i``'s
@@ -269,11 +267,11 @@ def rejection_sample(target_logits: jax.Array,
                           target_logits, params, key, positions, return_mask)
   with dispatch.x64_scope(config.use_fp64_gumbel, target_logits, key,
                           positions, *jax.tree.leaves(params)):
-    result, rows = partition.by_batch_shard(
-        lambda batched, shared, config: _verify_rows(*batched, *shared,
-                                                     config, return_mask),
+    result, rows = partition.over_batch_shards(
+        backends.backend(config).verify_rows,
         (target_logits, draft_tokens, n, params, key, positions,
-         draft_logits), (synthetic_rates,), config=config)
+         draft_logits), (synthetic_rates,), config=config,
+        static=(return_mask,))
   if not return_mask:
     return result
   return result, spec_reference.emitted_masks(result, rows)

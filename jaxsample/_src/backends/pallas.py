@@ -1,6 +1,7 @@
-"""The kernel path of ``sample`` and ``extract_sampling_mask``: each row's
-route through the Gumbel and the truncation kernels, and the masks of
-their kept sets."""
+"""Backend ``"pallas"``: the routing of the Pallas kernels (``jaxsample._src.
+pallas``), which rows take which kernels, and the masks of their kept sets.
+The kernels and their thin wrappers stay in ``pallas/``; every cond over
+the batch and every choice of route is here."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxsample._src import backends as dispatch
-from jaxsample._src import (processors as processing, reference, rng, rowwise,
-                            sampling_mask, spec_reference, xla_search)
+from jaxsample._src import (processors as processing, rng, rowwise,
+                            sampling_mask)
 from jaxsample._src.pallas import gumbel, threshold
 from jaxsample._src.pallas import spec as kernels
 from jaxsample._src.pallas.bitmask import MaskedLogits
@@ -21,14 +21,195 @@ from jaxsample._src.reference import SampleResult
 from jaxsample._src.sampling_mask import SamplingMask
 from jaxsample._src.spec_reference import per_row_params, stream_keys
 
-__all__ = ["extract_pallas", "kept_set_masks", "kernel_logits",
-           "sample_pallas", "untruncated_facts", "with_mask"]
+__all__ = ["extract_rows", "kept_set_masks", "process_logits", "sample_rows",
+           "untruncated_facts", "verify_rows", "with_mask"]
+
+
+def process_logits(logits: jax.Array,
+                   processors: processing.LogitsProcessors | None,
+                   config: SamplerConfig):
+  """The rows the kernels read: ``MaskedLogits`` where ``config.kernel_bitmask`` is on
+  and the bitmask is the only processor that changes logits (a non-empty
+  batch: the kernels read the bitmask in their passes); otherwise
+  ``processors.maybe_apply``'s XLA pre-pass (or ``logits`` as they are)."""
+  if (processors is not None and config.kernel_bitmask and isinstance(
+      processors, processing.LogitsProcessors) and
+      _bitmask_only(processors) and jnp.ndim(logits) == 2 and
+      jnp.shape(logits)[0]):
+    processors.check(*jnp.shape(logits))
+    return MaskedLogits(jnp.asarray(logits),
+                        jnp.asarray(processors.bitmask).astype(jnp.int32))
+  return processing.maybe_apply(logits, processors)
+
+
+def sample_rows(logits, params: SamplingParams, streams: rng.RowStreams,
+                config: SamplerConfig, return_mask: bool):
+  """``sample``'s ``(SampleResult, mask or None)`` on the kernels.
+
+  A batch without truncating rows runs the Gumbel kernel alone.  Otherwise
+  each row takes its route, and every route's kernels skip the rows of the
+  others: the truncation kernels (``jaxsample._src.pallas.threshold``) sample the
+  truncating rows; the Gumbel kernel rows with no filter (greedy rows
+  included) and invalid rows; and one branch, taken only when some row
+  needs it (``lax.cond``), rows with large kept sets or overflowed
+  candidate buffers (``threshold.sample_large``, with their masks; inside
+  it only the mask listing's fallback conds).
+  Where the caller's ``jit`` closes over the params, a batch without
+  truncating rows compiles the Gumbel route alone (``rowwise.cond``);
+  traced params run every route rather than a cond on the batch.  A
+  ``lax.cond`` costs every step the trip of its predicate (6-10 us of a
+  decode loop's step on an H100, ``scripts/measure_host_gaps.py`` at
+  d785b4c): less than running the large-set route idle; a cond on the
+  batch would save steps without filters about what it would cost
+  filtered ones (``benchmarks/results/2026-11-24-idle-skips``).
+
+  The FP64 path finds every kept set's threshold (``threshold.kept_sets``;
+  with a mask, also the kept ids by probability) and races the kept set with
+  FP64 noise (one more pass, which also counts the set and sums its mass).
+  No path sorts the vocabulary.
+  """
+  # 1. processors: applied by ``process_logits``.
+  # 2. parameters: which rows truncate (known while tracing for concrete
+  #    params) and the mask's width.
+  with jax.ensure_compile_time_eval():  # known for concrete params
+    truncating = params.truncates() & (params.temperature > 0)
+    any_truncating = jnp.any(truncating)
+  width = config.max_mask_ids if return_mask else 0
+  untruncated_rows = functools.partial(_untruncated_rows, logits, params,
+                                       streams, config, width)
+
+  def floored_fp64_batch():
+    """FP64 noise: the kept sets (with their ids by probability, for the
+    mask), then one FP64 race per row, which also counts the kept set and
+    sums its mass."""
+    # 3. kept sets
+    sets = threshold.kept_sets(logits, params, config, order_width=width)
+    floor = sets.threshold
+    floored = floor > -jnp.inf  # a threshold of -inf keeps every finite y
+    # 4. race
+    result, count, log_kept = threshold.floored_race(
+        logits, params, streams, config, floored, floor, sets.row_max)
+    return _choose(floored, (result, _kept_facts(
+        count, log_kept, sets.ordered_ids, sets, width)),
+                   untruncated_rows(~floored), width)
+
+  def any_batch():
+    """Every row, by its route (rows skip the kernels of other routes)."""
+    # 3. + 4. kept sets and race: the truncation kernels, then the large
+    # kept sets behind their cond.
+    trunc, unfinished, large_outputs = _threshold_route(
+        logits, params, streams, config, width)
+    done = trunc.complete
+    rows = (SampleResult(trunc.token, trunc.logprob, done),
+            _kept_facts(trunc.count, trunc.log_kept, trunc.ordered_ids, trunc,
+                        width))
+    # invalid rows: the argmax, as without a filter
+    plain = ~truncating | ~jnp.isfinite(trunc.row_max)
+    token, logprob, _, _, count, log_kept, *ordered = large_outputs
+    large = (SampleResult(token, logprob, unfinished),
+             _kept_facts(count, log_kept, ordered[0] if ordered else None,
+                         trunc, width))
+    return _choose(done, rows, _choose(unfinished, large,
+                                       untruncated_rows(plain), width), width)
+
+  # Params known while tracing (closed over by the caller's jit) compile
+  # one route; otherwise every route's kernels run, skipping the rows of
+  # other routes, rather than a cond on the batch (the FP64 path: a cond).
+  if config.use_fp64_gumbel:
+    routes = rowwise.cond(any_truncating, floored_fp64_batch,
+                          untruncated_rows)
+  else:
+    routes = rowwise.cond(any_truncating, any_batch, untruncated_rows,
+                          unknown=any_batch)
+  # 5. outputs: the mask assembled once from the routes' facts.
+  return with_mask(*routes, params, width)
+
+
+def extract_rows(logits, params: SamplingParams,
+                 config: SamplerConfig) -> SamplingMask:
+  """``extract_sampling_mask`` on the kernels: the kept sets with their ids
+  by probability and every set measured (``threshold.kept_sets``), then
+  ``kept_set_masks``; no race.  Params known while tracing to truncate no
+  row compile the Gumbel kernel alone (as ``sample``)."""
+  # 1. processors: applied by ``process_logits``.
+  # 2. parameters: whether any row truncates (known for concrete params).
+  with jax.ensure_compile_time_eval():  # known for concrete params
+    truncating = jnp.any(params.truncates() & (params.temperature > 0))
+  width = config.max_mask_ids
+  # 3. kept sets
+  kept = lambda: threshold.kept_sets(logits, params, config,
+                                     order_width=width, measure_all=True)
+  sets = rowwise.cond(truncating, kept, lambda: threshold.untruncated_sets(
+      logits.shape[:1], width), unknown=kept)
+  # 5. outputs (no race)
+  return kept_set_masks(logits, params, sets, config)
+
+
+def verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,
+                positions, draft_logits, synthetic_rates,
+                config: SamplerConfig, return_mask: bool):
+  """``rejection_sample`` on the fused kernels (``jaxsample._src.pallas.
+  spec``), after the threshold kernels' kept sets (``kept_floors``) in a
+  batch where some sampled request truncates: ``(SpecResult, the target
+  rows' masks or None)``."""
+  # 1. processors: applied by ``rejection_sample`` (every target and draft
+  #    row).
+  # 2. parameters: which requests truncate, the draft tokens clipped, the
+  #    streams' keys.
+  batch, k1, vocab = target_logits.shape
+  with jax.ensure_compile_time_eval():  # known for concrete params
+    truncating = jnp.any(params.truncates() & (params.temperature > 0))
+  noise_keys, accept_keys = stream_keys(key, batch)
+  d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
+  width = config.max_mask_ids if return_mask else 0
+
+  def floored():
+    # 3. kept sets
+    floors = kernels.kept_floors(target_logits, draft_logits, n, params,
+                                 config, order_width=width)
+    return fused(floors), dataclasses.replace(
+        floors.target, ordered_ids=floors.target_ids) if width else None
+
+  # 4. race: acceptance, then the emitted token's race.
+  fused = lambda floors: kernels.reject(
+      target_logits, d, n, params, noise_keys, accept_keys,
+      positions.astype(jnp.uint32), draft_logits, synthetic_rates, config,
+      floors)
+  # With traced params a lax.cond (its predicate's trip on every call):
+  # the threshold kernels of an untruncated batch would cost more, idle
+  # (scripts/measure_host_gaps.py at d785b4c).
+  result, sets = rowwise.cond(
+      truncating, floored, lambda: (fused(None), threshold.untruncated_sets(
+          (batch, k1), width) if width else None))
+  # 5. outputs: slots past num_draft are never emitted: greedy, their
+  # masks cost an argmax (and are blanked).
+  return result, kept_set_masks(
+      target_logits.reshape(batch * k1, vocab),
+      per_row_params(params, k1, jnp.arange(k1) <= n[:, None]),
+      jax.tree.map(lambda a: a.reshape((batch * k1,) + a.shape[2:]),
+                   sets), config) if width else None
 
 
 # The kernel path's mask is assembled once, from per-row facts:
 # ``sampling_mask.assemble``'s keyword arguments but ``valid``, ``greedy``,
 # ``token`` (the route's ``SampleResult``) and ``max_ids`` (``width`` =
 # K_cap, or 0 without a mask: then the facts are None).
+
+
+def _threshold_route(logits, params: SamplingParams, streams: rng.RowStreams,
+                     config: SamplerConfig, width: int):
+  """The threshold kernels' two stages: ``threshold.sample_truncated`` for
+  every truncating row, then ``threshold.sample_large`` for the rows it
+  leaves unfinished (large kept sets, overflowed buffers), behind the one
+  cond (idle, that route's kernels and XLA glue cost more than the cond,
+  ``scripts/measure_host_gaps.py`` at d785b4c).
+  Returns ``(trunc, unfinished, sample_large's outputs)``."""
+  trunc = threshold.sample_truncated(logits, params, streams, config,
+                                     order_width=width, finish_large=False)
+  unfinished = trunc.unfinished(params)
+  large_outputs = rowwise.only_if(unfinished, lambda: threshold.sample_large(
+      logits, params, trunc, streams, config, unfinished, order_width=width))
+  return trunc, unfinished, large_outputs
 
 
 def _untruncated_rows(logits, params: SamplingParams, streams: rng.RowStreams,
@@ -90,8 +271,8 @@ def kept_set_masks(logits, params: SamplingParams, sets,
   params, config, order_width=config.max_mask_ids, measure_all=True)``'s,
   in 32 bits), equal to ``sample``'s (``logz``/``lse`` up to fp32
   rounding).  Rows without a kept set (threshold -inf: greedy, no filter,
-  invalid) take the Gumbel kernel.  ``extract_sampling_mask``'s kernel path
-  and the spec sampler's masks (its ``kept_floors`` found the sets)."""
+  invalid) take the Gumbel kernel.  ``extract_rows``' and ``verify_rows``'
+  masks (its ``kept_floors`` found the sets)."""
   width = config.max_mask_ids
   config = dataclasses.replace(config, use_fp64_gumbel=False)
   zeros = jnp.zeros((logits.shape[0],), jnp.uint32)
@@ -107,181 +288,9 @@ def kept_set_masks(logits, params: SamplingParams, sets,
         width), params, width)[1]
 
 
-def extract_pallas(logits, params: SamplingParams,
-                   config: SamplerConfig) -> SamplingMask:
-  """``extract_sampling_mask``'s kernel path (canonical ``params``, ``B >=
-  1``): the kept sets with their ids by probability and every set measured
-  (``threshold.kept_sets``), then ``kept_set_masks``; no race.  Params
-  known while tracing to truncate no row compile the Gumbel kernel alone
-  (as ``sample``)."""
-  with jax.ensure_compile_time_eval():  # known for concrete params
-    truncating = jnp.any(params.truncates() & (params.temperature > 0))
-  width = config.max_mask_ids
-  kept = lambda: threshold.kept_sets(logits, params, config,
-                                     order_width=width, measure_all=True)
-  sets = rowwise.cond(truncating, kept, lambda: threshold.untruncated_sets(
-      logits.shape[:1], width), unknown=kept)
-  return kept_set_masks(logits, params, sets, config)
-
-
-def sample_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
-                  config: SamplerConfig, return_mask: bool):
-  """The kernel path (``sample``'s result, with the mask if asked).
-
-  A batch without truncating rows runs the Gumbel kernel alone.  Otherwise
-  each row takes its route, and every route's kernels skip the rows of the
-  others: the truncation kernels (``jaxsample._src.pallas.threshold``) sample the
-  truncating rows; the Gumbel kernel rows with no filter (greedy rows
-  included) and invalid rows; and one branch, taken only when some row
-  needs it (``lax.cond``), rows with large kept sets or overflowed
-  candidate buffers (``threshold.sample_large``, with their masks; inside
-  it only the mask listing's fallback conds).
-  Where the caller's ``jit`` closes over the params, a batch without
-  truncating rows compiles the Gumbel route alone (``rowwise.cond``);
-  traced params run every route rather than a cond on the batch.  A
-  ``lax.cond`` costs every step the trip of its predicate (6-10 us of a
-  decode loop's step on an H100, ``scripts/measure_host_gaps.py`` at
-  d785b4c): less than running the large-set route idle; a cond on the
-  batch would save steps without filters about what it would cost
-  filtered ones (``benchmarks/results/2026-11-24-idle-skips``).
-
-  The FP64 path finds every kept set's threshold (``threshold.kept_sets``;
-  with a mask, also the kept ids by probability) and races the kept set with
-  FP64 noise (one more pass, which also counts the set and sums its mass).
-  No path sorts the vocabulary.
-  """
-  with jax.ensure_compile_time_eval():  # known for concrete params
-    truncating = params.truncates() & (params.temperature > 0)
-    any_truncating = jnp.any(truncating)
-  width = config.max_mask_ids if return_mask else 0
-  untruncated_rows = functools.partial(_untruncated_rows, logits, params,
-                                       streams, config, width)
-
-  def floored_fp64_batch():
-    """FP64 noise: the kept sets (with their ids by probability, for the
-    mask), then one FP64 race per row, which also counts the kept set and
-    sums its mass."""
-    sets = threshold.kept_sets(logits, params, config, order_width=width)
-    floor = sets.threshold
-    floored = floor > -jnp.inf  # a threshold of -inf keeps every finite y
-    result, count, log_kept = threshold.floored_race(
-        logits, params, streams, config, floored, floor, sets.row_max)
-    return _choose(floored, (result, _kept_facts(
-        count, log_kept, sets.ordered_ids, sets, width)),
-                   untruncated_rows(~floored), width)
-
-  def any_batch():
-    """Every row, by its route (rows skip the kernels of other routes)."""
-    trunc, unfinished, large_outputs = _threshold_route(
-        logits, params, streams, config, width)
-    done = trunc.complete
-    rows = (SampleResult(trunc.token, trunc.logprob, done),
-            _kept_facts(trunc.count, trunc.log_kept, trunc.ordered_ids, trunc,
-                        width))
-    # invalid rows: the argmax, as without a filter
-    plain = ~truncating | ~jnp.isfinite(trunc.row_max)
-    token, logprob, _, _, count, log_kept, *ordered = large_outputs
-    large = (SampleResult(token, logprob, unfinished),
-             _kept_facts(count, log_kept, ordered[0] if ordered else None,
-                         trunc, width))
-    return _choose(done, rows, _choose(unfinished, large,
-                                       untruncated_rows(plain), width), width)
-
-  # Params known while tracing (closed over by the caller's jit) compile
-  # one route; otherwise every route's kernels run, skipping the rows of
-  # other routes, rather than a cond on the batch (the FP64 path: a cond).
-  if config.use_fp64_gumbel:
-    routes = rowwise.cond(any_truncating, floored_fp64_batch,
-                          untruncated_rows)
-  else:
-    routes = rowwise.cond(any_truncating, any_batch, untruncated_rows,
-                          unknown=any_batch)
-  result, result_mask = with_mask(*routes, params, width)
-  return (result, result_mask) if return_mask else result
-
-
-def _threshold_route(logits, params: SamplingParams, streams: rng.RowStreams,
-                     config: SamplerConfig, width: int):
-  """The threshold kernels' two stages: ``threshold.sample_truncated`` for
-  every truncating row, then ``threshold.sample_large`` for the rows it
-  leaves unfinished (large kept sets, overflowed buffers), behind the one
-  cond (idle, that route's kernels and XLA glue cost more than the cond,
-  ``scripts/measure_host_gaps.py`` at d785b4c).
-  Returns ``(trunc, unfinished, sample_large's outputs)``."""
-  trunc = threshold.sample_truncated(logits, params, streams, config,
-                                     order_width=width, finish_large=False)
-  unfinished = trunc.unfinished(params)
-  large_outputs = rowwise.only_if(unfinished, lambda: threshold.sample_large(
-      logits, params, trunc, streams, config, unfinished, order_width=width))
-  return trunc, unfinished, large_outputs
-
-
 def _bitmask_only(processors: processing.LogitsProcessors) -> bool:
   """Whether a bitmask is the only processor that changes logits (static;
   histories and counts alone change nothing)."""
   return processors.bitmask is not None and not processors.penalizes and all(
       getattr(processors, name) is None for name in
       ("bias_ids", "allowed_ids", "banned_ids", "min_tokens"))
-
-
-def kernel_logits(logits: jax.Array,
-                  processors: processing.LogitsProcessors | None,
-                  config: SamplerConfig):
-  """The rows ``config``'s backend reads: ``MaskedLogits`` where the kernel
-  route runs, ``config.kernel_bitmask`` is on and the bitmask is the only
-  processor that changes logits (a non-empty batch); otherwise
-  ``processors.maybe_apply``'s XLA pre-pass (or ``logits`` as they are)."""
-  if (processors is not None and config.kernel_bitmask and
-      dispatch.use_pallas(config) and isinstance(
-          processors, processing.LogitsProcessors) and
-      _bitmask_only(processors) and jnp.ndim(logits) == 2 and
-      jnp.shape(logits)[0]):
-    processors.check(*jnp.shape(logits))
-    return MaskedLogits(jnp.asarray(logits),
-                        jnp.asarray(processors.bitmask).astype(jnp.int32))
-  return processing.maybe_apply(logits, processors)
-
-
-def _verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,
-                 positions, draft_logits, synthetic_rates,
-                 config: SamplerConfig, return_mask: bool):
-  """``rejection_sample`` of a batch (or a batch shard) of checked inputs,
-  canonical ``params``, per-request keys and clipped ``n``: ``(SpecResult,
-  the target rows' masks or None)`` on the backend ``config`` picks."""
-  batch, k1, vocab = target_logits.shape
-  if not dispatch.use_pallas(config):
-    return spec_reference.reject_xla(
-        target_logits, draft_tokens, n, params, key, draft_logits,
-        synthetic_rates, positions, config.rng, config.use_fp64_gumbel,
-        config.max_mask_ids * return_mask,
-        xla_search.process if dispatch.backend(config) == "xla_search"
-        else reference.process)
-  with jax.ensure_compile_time_eval():  # known for concrete params
-    truncating = jnp.any(params.truncates() & (params.temperature > 0))
-  noise_keys, accept_keys = stream_keys(key, batch)
-  d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
-  width = config.max_mask_ids if return_mask else 0
-
-  def floored():
-    floors = kernels.kept_floors(target_logits, draft_logits, n, params,
-                                 config, order_width=width)
-    return fused(floors), dataclasses.replace(
-        floors.target, ordered_ids=floors.target_ids) if width else None
-
-  fused = lambda floors: kernels.reject(
-      target_logits, d, n, params, noise_keys, accept_keys,
-      positions.astype(jnp.uint32), draft_logits, synthetic_rates, config,
-      floors)
-  # With traced params a lax.cond (its predicate's trip on every call):
-  # the threshold kernels of an untruncated batch would cost more, idle
-  # (scripts/measure_host_gaps.py at d785b4c).
-  result, sets = rowwise.cond(
-      truncating, floored, lambda: (fused(None), threshold.untruncated_sets(
-          (batch, k1), width) if width else None))
-  # Slots past num_draft are never emitted: greedy, their masks cost an
-  # argmax (and are blanked).
-  return result, kept_set_masks(
-      target_logits.reshape(batch * k1, vocab),
-      per_row_params(params, k1, jnp.arange(k1) <= n[:, None]),
-      jax.tree.map(lambda a: a.reshape((batch * k1,) + a.shape[2:]),
-                   sets), config) if width else None
