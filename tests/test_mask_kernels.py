@@ -303,7 +303,7 @@ def test_masks_from_kept_sets_equal_the_samplers(cap):
 
   @jax.jit
   def masks(x):  # extract_sampling_mask's kernel path, sets included
-    sets = threshold.kept_sets(x, canon, config, order_width=cap,
+    sets = pallas_backend.kept_sets(x, canon, config, order_width=cap,
                                measure_all=True)
     return sets, pallas_backend.kept_set_masks(x, canon, sets, config)
 

@@ -19,6 +19,7 @@ import pytest
 from conftest import oracle_keep, run_sample, slow_case
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import reference, rng
+from jaxsample._src.backends import pallas as pallas_backend
 from jaxsample._src.pallas import threshold
 from jaxsample._src import tuning
 from jaxsample._src.tuning import PivotLaunch, Tuning
@@ -150,7 +151,7 @@ def test_window_searched_kept_sets_come_measured():
   params = SamplingParams.make(batch, temperature=[1, 0.7, 1.3, 1],
                                top_k=ks, top_p=ps, min_p=ms)
   sets = jax.tree.map(np.asarray, jax.jit(functools.partial(
-      threshold.kept_sets, config=SamplerConfig(max_candidates=256)))(
+      pallas_backend.kept_sets, config=SamplerConfig(max_candidates=256)))(
           jnp.asarray(x), params.canonical(vocab)))
   y = np.asarray(reference.temper(jnp.asarray(x), params.temperature))
   np.testing.assert_array_equal(sets.measured, [True, True, True, False])

@@ -15,13 +15,20 @@ from jaxsample._src import (processors as processing, rng, rowwise,
                             sampling_mask)
 from jaxsample._src.pallas import gumbel, threshold
 from jaxsample._src.pallas import spec as kernels
+from jaxsample._src import spec_reference as spec_ref
 from jaxsample._src.pallas.bitmask import MaskedLogits
+from jaxsample._src.pallas.spec.reject import KeptFloors
+from jaxsample._src.pallas.threshold import (KeptSets, Truncation,
+                                             floored_race, large_kept_ids,
+                                             large_thresholds, listing_width,
+                                             sample_truncated)
 from jaxsample._src.params import SamplerConfig, SamplingParams
 from jaxsample._src.reference import SampleResult
 from jaxsample._src.sampling_mask import SamplingMask
 from jaxsample._src.spec_reference import per_row_params, stream_keys
 
-__all__ = ["extract_rows", "kept_set_masks", "process_logits", "sample_rows",
+__all__ = ["extract_rows", "joint_kept_sets", "kept_floors", "kept_set_masks",
+           "kept_sets", "KeptSetQuery", "process_logits", "sample_rows",
            "untruncated_facts", "verify_rows", "with_mask"]
 
 
@@ -83,7 +90,7 @@ def sample_rows(logits, params: SamplingParams, streams: rng.RowStreams,
     mask), then one FP64 race per row, which also counts the kept set and
     sums its mass."""
     # 3. kept sets
-    sets = threshold.kept_sets(logits, params, config, order_width=width)
+    sets = kept_sets(logits, params, config, order_width=width)
     floor = sets.threshold
     floored = floor > -jnp.inf  # a threshold of -inf keeps every finite y
     # 4. race
@@ -137,7 +144,7 @@ def extract_rows(logits, params: SamplingParams,
     truncating = jnp.any(params.truncates() & (params.temperature > 0))
   width = config.max_mask_ids
   # 3. kept sets
-  kept = lambda: threshold.kept_sets(logits, params, config,
+  kept = lambda: kept_sets(logits, params, config,
                                      order_width=width, measure_all=True)
   sets = rowwise.cond(truncating, kept, lambda: threshold.untruncated_sets(
       logits.shape[:1], width), unknown=kept)
@@ -165,7 +172,7 @@ def verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,
 
   def floored():
     # 3. kept sets
-    floors = kernels.kept_floors(target_logits, draft_logits, n, params,
+    floors = kept_floors(target_logits, draft_logits, n, params,
                                  config, order_width=width)
     return fused(floors), dataclasses.replace(
         floors.target, ordered_ids=floors.target_ids) if width else None
@@ -188,6 +195,131 @@ def verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,
       per_row_params(params, k1, jnp.arange(k1) <= n[:, None]),
       jax.tree.map(lambda a: a.reshape((batch * k1,) + a.shape[2:]),
                    sets), config) if width else None
+
+
+def kept_floors(target_logits, draft_logits, n, params: SamplingParams,
+                config: SamplerConfig, *, order_width: int = 0) -> KeptFloors:
+  """``threshold.kept_sets`` of the target rows and the draft rows that the
+  kernels may read (target slots ``<= n``, draft slots ``< n``; one cond:
+  ``threshold.joint_kept_sets``); threshold -inf, not measured, for the
+  other rows.  ``order_width``: also the target rows' ids by probability
+  (``KeptSets.ordered_ids``, ``[B, k + 1, W]``), and every target kept set
+  measured (their masks' counts and masses)."""
+  batch, k1, vocab = target_logits.shape
+
+  def query(logits, live, width=0):
+    m = live.shape[1]
+    rows = spec_ref.per_row_params(params, m, live)  # greedy rows: no floor
+    return KeptSetQuery(logits.reshape(batch * m, vocab), rows,
+                                  width, measure_all=bool(width))
+
+  slots = jnp.arange(k1)
+  queries = [query(target_logits, slots <= n[:, None], order_width)]
+  if draft_logits is not None and k1 > 1:
+    queries.append(query(draft_logits, slots[:-1] < n[:, None]))
+  # One cond for the large-set routes of both (one predicate's trip).
+  target, *draft = [
+      jax.tree.map(lambda a, m=q.logits.shape[0] // batch: a.reshape(
+          (batch, m) + a.shape[1:]), sets)
+      for q, sets in zip(queries, joint_kept_sets(queries, config))]
+  return KeptFloors(dataclasses.replace(target, ordered_ids=None),
+                    draft[0] if draft else None, target.ordered_ids)
+
+
+def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
+              order_width: int = 0, measure_all: bool = False) -> KeptSets:
+  """The kept set of each valid row of canonical ``params`` sampled with a
+  filter on (``reference.keep_threshold``'s threshold); threshold -inf for
+  the other rows.  With ``order_width``, also the first ``min(order_width,
+  V)`` ids of each kept set by descending ``y`` (``KeptSets.ordered_ids``,
+  ``[B, order_width]``); with ``measure_all``, every kept set is measured
+  (a sampling mask's count and mass).
+
+  ``sample_truncated``'s passes (its race rides along on fixed streams over
+  the candidates; its tokens are not used), then ``large_thresholds`` (and
+  ``large_kept_ids``) for the rows it leaves, without a race (with
+  ``order_width``, behind a cond taken when some row is left; their
+  kernels skip the other rows); with ``measure_all``, the kept sets no
+  window search measured (min-p alone, pivot searches) are counted by the
+  Gumbel kernel with a floor there (``floored_race``).  Traced in 32 bits
+  also inside an x64 scope (the FP64 Gumbel path's).
+  """
+  return joint_kept_sets([KeptSetQuery(logits, params, order_width,
+                                       measure_all)], config)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class KeptSetQuery:
+  """One batch of ``joint_kept_sets``: ``kept_sets``' arguments."""
+
+  logits: jax.Array
+  params: SamplingParams
+  order_width: int = 0
+  measure_all: bool = False
+
+
+def joint_kept_sets(queries, config: SamplerConfig) -> list[KeptSets]:
+  """``kept_sets`` of each ``KeptSetQuery``, the large-set routes of all
+  behind one cond where one asks for ids (one predicate's trip to the host
+  on a GPU, where a cond per batch would cost one each)."""
+  with jax.enable_x64(False):
+    config = dataclasses.replace(config, use_fp64_gumbel=False)
+    streams = [rng.RowStreams(*(jnp.zeros((q.logits.shape[0],),
+                                          jnp.uint32),) * 4) for q in queries]
+    truncs = [sample_truncated(q.logits, q.params, s, config,
+                               order_width=q.order_width, finish_large=False)
+              for q, s in zip(queries, streams)]
+    lefts = [t.unfinished(q.params) for q, t in zip(queries, truncs)]
+
+    def finish_left(q: KeptSetQuery, trunc: Truncation, left, streams):
+      """``left`` rows' ``KeptSets`` (and ids by probability)."""
+      width = min(q.order_width, q.logits.shape[1])
+      large, listed = large_thresholds(
+          q.logits, q.params, trunc, config, left,
+          list_width=width if listing_width(width, config) else 0)
+      if q.measure_all:
+        counted = left & ~large.measured
+        _, count, log_kept = floored_race(q.logits, q.params, streams, config,
+                                          counted, large.threshold,
+                                          trunc.row_max)
+        large = dataclasses.replace(
+            large, measured=large.measured | counted,
+            count=jnp.where(counted, count, large.count),
+            log_kept=jnp.where(counted, log_kept, large.log_kept))
+      return large, large_kept_ids(
+          q.logits, q.params, trunc, config, left, large.threshold, width,
+          listed) if q.order_width else None
+
+    finish = lambda: [finish_left(*args)
+                      for args in zip(queries, truncs, lefts, streams)]
+    # With ids to order (a mask), behind a cond: idle, that route costs
+    # more.  Without, the searches' idle launches cost less than the cond's
+    # trip, and more when they run inside one (top-p 0.95 kept sets of
+    # 110k ids: 8-20 us at B = 1, 15-27 at B = 128 on an H200,
+    # benchmarks/results/2026-11-26e-h200-kept-sets).
+    finished = (rowwise.only_if(lefts, finish) if any(q.order_width for q in queries) else finish())
+    return [_combine_sets(q.order_width, t, left, *f)
+            for q, t, left, f in zip(queries, truncs, lefts, finished)]
+
+
+def _combine_sets(order_width: int, trunc: Truncation, left,
+                  large: KeptSets, large_ids) -> KeptSets:
+  """``KeptSets`` of ``trunc``'s complete rows and the ``left`` rows'
+  ``large`` sets (``joint_kept_sets``)."""
+  threshold = jnp.where(trunc.complete, trunc.threshold,
+                        jnp.where(left, large.threshold, -jnp.inf))
+  sets = KeptSets(threshold, trunc.row_max,
+                  jnp.where(trunc.complete, trunc.log_kept, large.log_kept),
+                  trunc.complete | (left & large.measured), trunc.lse,
+                  trunc.finite,
+                  count=jnp.where(trunc.complete, trunc.count, large.count))
+  if not order_width:
+    return sets
+  pad = lambda ids, n: jnp.pad(ids, ((0, 0), (0, n - ids.shape[1])),
+                               constant_values=-1)
+  return dataclasses.replace(sets, ordered_ids=jnp.where(
+      left[:, None], pad(large_ids, order_width),
+      pad(trunc.ordered_ids, order_width)))
 
 
 # The kernel path's mask is assembled once, from per-row facts:
@@ -267,7 +399,7 @@ def with_mask(result, facts, params: SamplingParams, width: int):
 def kept_set_masks(logits, params: SamplingParams, sets,
                    config: SamplerConfig) -> SamplingMask:
   """The masks of ``logits`` ``[B, V]`` under canonical ``params`` from
-  their kept sets ``sets``, each measured (``threshold.kept_sets(logits,
+  their kept sets ``sets``, each measured (``kept_sets(logits,
   params, config, order_width=config.max_mask_ids, measure_all=True)``'s,
   in 32 bits), equal to ``sample``'s (``logz``/``lse`` up to fp32
   rounding).  Rows without a kept set (threshold -inf: greedy, no filter,

@@ -74,7 +74,7 @@ from jaxsample._src.pallas.spec.stats import (SlotStats, combine_stats,
                                          stats_plan)
 from jaxsample._src.pallas.spec.emit import (EmitRequest, GREEDY, RACE, RESIDUAL,
                                         SKIP, emit_partials)
-from jaxsample._src.pallas.spec.reject import KeptFloors, kept_floors, reject
+from jaxsample._src.pallas.spec.reject import KeptFloors, reject
 
 __all__ = [
     "SlotStats",
@@ -89,6 +89,5 @@ __all__ = [
     "EmitRequest",
     "emit_partials",
     "KeptFloors",
-    "kept_floors",
     "reject",
 ]
