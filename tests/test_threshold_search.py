@@ -225,7 +225,7 @@ def test_masks_of_large_sets_list_in_the_first_search_pass():
       batch, temperature=[1, 0.7, 1.3, 1], top_k=[0, 5000, 0, 3000],
       top_p=[0.9, 0.9, 1, 1], min_p=[0, 0, 0.05, 0]).canonical(vocab)
   config = SamplerConfig(max_candidates=256)
-  assert threshold.route._listing_width(width, config)
+  assert threshold.listing_width(width, config)
   streams, _ = rng.row_streams(jax.random.key(0), None, batch, vocab)
 
   @jax.jit

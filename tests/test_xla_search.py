@@ -378,9 +378,9 @@ def test_per_request_keys_and_positions():
 
 def test_auto_off_gpu_is_the_search_path():
   on_gpu = jax.default_backend() == "gpu"
-  assert backends.backend(SamplerConfig()) == (
+  assert backends.backend_name(SamplerConfig()) == (
       "pallas" if on_gpu else "xla_search")
-  assert backends.backend(SamplerConfig(implementation="xla")) == "xla"
+  assert backends.backend_name(SamplerConfig(implementation="xla")) == "xla"
 
 
 def test_extract_sampling_mask_matches_reference():

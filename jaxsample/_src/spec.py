@@ -207,7 +207,7 @@ def rejection_sample(target_logits: jax.Array,
       wide): target row ``i``'s mask for the emitted slots ``i <=
       num_accepted``, blank past them.  The XLA path builds it from the
       processing it verifies with; the kernel path from the kept sets its
-      threshold kernels found (``kept_floors``, which also orders the
+      threshold kernels found (``backends.pallas.kept_floors``, which also orders the
       target rows' kept ids and measures every target kept set), with the
       Gumbel kernel over the target rows without one
       (``backends.pallas.kept_set_masks``).

@@ -15,13 +15,7 @@ from jaxsample._src import (processors as processing, rng, rowwise,
                             sampling_mask)
 from jaxsample._src.pallas import gumbel, threshold
 from jaxsample._src.pallas import spec as kernels
-from jaxsample._src import spec_reference as spec_ref
 from jaxsample._src.pallas.bitmask import MaskedLogits
-from jaxsample._src.pallas.spec.reject import KeptFloors
-from jaxsample._src.pallas.threshold import (KeptSets, Truncation,
-                                             floored_race, large_kept_ids,
-                                             large_thresholds, listing_width,
-                                             sample_truncated)
 from jaxsample._src.params import SamplerConfig, SamplingParams
 from jaxsample._src.reference import SampleResult
 from jaxsample._src.sampling_mask import SamplingMask
@@ -35,9 +29,10 @@ __all__ = ["extract_rows", "joint_kept_sets", "kept_floors", "kept_set_masks",
 def process_logits(logits: jax.Array,
                    processors: processing.LogitsProcessors | None,
                    config: SamplerConfig):
-  """The rows the kernels read: ``MaskedLogits`` where ``config.kernel_bitmask`` is on
-  and the bitmask is the only processor that changes logits (a non-empty
-  batch: the kernels read the bitmask in their passes); otherwise
+  """The rows the kernels read: ``MaskedLogits`` where
+  ``config.kernel_bitmask`` is on and the bitmask is the only processor
+  that changes logits (a non-empty batch: the kernels read the bitmask in
+  their passes); otherwise
   ``processors.maybe_apply``'s XLA pre-pass (or ``logits`` as they are)."""
   if (processors is not None and config.kernel_bitmask and isinstance(
       processors, processing.LogitsProcessors) and
@@ -55,8 +50,8 @@ def sample_rows(logits, params: SamplingParams, streams: rng.RowStreams,
 
   A batch without truncating rows runs the Gumbel kernel alone.  Otherwise
   each row takes its route, and every route's kernels skip the rows of the
-  others: the truncation kernels (``jaxsample._src.pallas.threshold``) sample the
-  truncating rows; the Gumbel kernel rows with no filter (greedy rows
+  others: the truncation kernels (``jaxsample._src.pallas.threshold``)
+  sample the truncating rows; the Gumbel kernel rows with no filter (greedy rows
   included) and invalid rows; and one branch, taken only when some row
   needs it (``lax.cond``), rows with large kept sets or overflowed
   candidate buffers (``threshold.sample_large``, with their masks; inside
@@ -70,7 +65,7 @@ def sample_rows(logits, params: SamplingParams, streams: rng.RowStreams,
   batch would save steps without filters about what it would cost
   filtered ones (``benchmarks/results/2026-11-24-idle-skips``).
 
-  The FP64 path finds every kept set's threshold (``threshold.kept_sets``;
+  The FP64 path finds every kept set's threshold (``kept_sets``;
   with a mask, also the kept ids by probability) and races the kept set with
   FP64 noise (one more pass, which also counts the set and sums its mass).
   No path sorts the vocabulary.
@@ -135,7 +130,7 @@ def sample_rows(logits, params: SamplingParams, streams: rng.RowStreams,
 def extract_rows(logits, params: SamplingParams,
                  config: SamplerConfig) -> SamplingMask:
   """``extract_sampling_mask`` on the kernels: the kept sets with their ids
-  by probability and every set measured (``threshold.kept_sets``), then
+  by probability and every set measured (``kept_sets``), then
   ``kept_set_masks``; no race.  Params known while tracing to truncate no
   row compile the Gumbel kernel alone (as ``sample``)."""
   # 1. processors: applied by ``process_logits``.
@@ -198,10 +193,11 @@ def verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,
 
 
 def kept_floors(target_logits, draft_logits, n, params: SamplingParams,
-                config: SamplerConfig, *, order_width: int = 0) -> KeptFloors:
-  """``threshold.kept_sets`` of the target rows and the draft rows that the
+                config: SamplerConfig, *,
+                order_width: int = 0) -> kernels.KeptFloors:
+  """``kept_sets`` of the target rows and the draft rows that the
   kernels may read (target slots ``<= n``, draft slots ``< n``; one cond:
-  ``threshold.joint_kept_sets``); threshold -inf, not measured, for the
+  ``joint_kept_sets``); threshold -inf, not measured, for the
   other rows.  ``order_width``: also the target rows' ids by probability
   (``KeptSets.ordered_ids``, ``[B, k + 1, W]``), and every target kept set
   measured (their masks' counts and masses)."""
@@ -209,9 +205,9 @@ def kept_floors(target_logits, draft_logits, n, params: SamplingParams,
 
   def query(logits, live, width=0):
     m = live.shape[1]
-    rows = spec_ref.per_row_params(params, m, live)  # greedy rows: no floor
-    return KeptSetQuery(logits.reshape(batch * m, vocab), rows,
-                                  width, measure_all=bool(width))
+    rows = per_row_params(params, m, live)  # greedy rows: no floor
+    return KeptSetQuery(logits.reshape(batch * m, vocab), rows, width,
+                        measure_all=bool(width))
 
   slots = jnp.arange(k1)
   queries = [query(target_logits, slots <= n[:, None], order_width)]
@@ -222,12 +218,13 @@ def kept_floors(target_logits, draft_logits, n, params: SamplingParams,
       jax.tree.map(lambda a, m=q.logits.shape[0] // batch: a.reshape(
           (batch, m) + a.shape[1:]), sets)
       for q, sets in zip(queries, joint_kept_sets(queries, config))]
-  return KeptFloors(dataclasses.replace(target, ordered_ids=None),
-                    draft[0] if draft else None, target.ordered_ids)
+  return kernels.KeptFloors(dataclasses.replace(target, ordered_ids=None),
+                            draft[0] if draft else None, target.ordered_ids)
 
 
 def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
-              order_width: int = 0, measure_all: bool = False) -> KeptSets:
+              order_width: int = 0,
+              measure_all: bool = False) -> threshold.KeptSets:
   """The kept set of each valid row of canonical ``params`` sampled with a
   filter on (``reference.keep_threshold``'s threshold); threshold -inf for
   the other rows.  With ``order_width``, also the first ``min(order_width,
@@ -258,7 +255,8 @@ class KeptSetQuery:
   measure_all: bool = False
 
 
-def joint_kept_sets(queries, config: SamplerConfig) -> list[KeptSets]:
+def joint_kept_sets(queries,
+                    config: SamplerConfig) -> list[threshold.KeptSets]:
   """``kept_sets`` of each ``KeptSetQuery``, the large-set routes of all
   behind one cond where one asks for ids (one predicate's trip to the host
   on a GPU, where a cond per batch would cost one each)."""
@@ -266,27 +264,28 @@ def joint_kept_sets(queries, config: SamplerConfig) -> list[KeptSets]:
     config = dataclasses.replace(config, use_fp64_gumbel=False)
     streams = [rng.RowStreams(*(jnp.zeros((q.logits.shape[0],),
                                           jnp.uint32),) * 4) for q in queries]
-    truncs = [sample_truncated(q.logits, q.params, s, config,
+    truncs = [threshold.sample_truncated(q.logits, q.params, s, config,
                                order_width=q.order_width, finish_large=False)
               for q, s in zip(queries, streams)]
     lefts = [t.unfinished(q.params) for q, t in zip(queries, truncs)]
 
-    def finish_left(q: KeptSetQuery, trunc: Truncation, left, streams):
+    def finish_left(q: KeptSetQuery, trunc: threshold.Truncation, left,
+                    streams):
       """``left`` rows' ``KeptSets`` (and ids by probability)."""
       width = min(q.order_width, q.logits.shape[1])
-      large, listed = large_thresholds(
+      large, listed = threshold.large_thresholds(
           q.logits, q.params, trunc, config, left,
-          list_width=width if listing_width(width, config) else 0)
+          list_width=width if threshold.listing_width(width, config) else 0)
       if q.measure_all:
         counted = left & ~large.measured
-        _, count, log_kept = floored_race(q.logits, q.params, streams, config,
-                                          counted, large.threshold,
-                                          trunc.row_max)
+        _, count, log_kept = threshold.floored_race(
+            q.logits, q.params, streams, config, counted, large.threshold,
+            trunc.row_max)
         large = dataclasses.replace(
             large, measured=large.measured | counted,
             count=jnp.where(counted, count, large.count),
             log_kept=jnp.where(counted, log_kept, large.log_kept))
-      return large, large_kept_ids(
+      return large, threshold.large_kept_ids(
           q.logits, q.params, trunc, config, left, large.threshold, width,
           listed) if q.order_width else None
 
@@ -297,18 +296,19 @@ def joint_kept_sets(queries, config: SamplerConfig) -> list[KeptSets]:
     # trip, and more when they run inside one (top-p 0.95 kept sets of
     # 110k ids: 8-20 us at B = 1, 15-27 at B = 128 on an H200,
     # benchmarks/results/2026-11-26e-h200-kept-sets).
-    finished = (rowwise.only_if(lefts, finish) if any(q.order_width for q in queries) else finish())
+    finished = (rowwise.only_if(lefts, finish)
+                if any(q.order_width for q in queries) else finish())
     return [_combine_sets(q.order_width, t, left, *f)
             for q, t, left, f in zip(queries, truncs, lefts, finished)]
 
 
-def _combine_sets(order_width: int, trunc: Truncation, left,
-                  large: KeptSets, large_ids) -> KeptSets:
+def _combine_sets(order_width: int, trunc: threshold.Truncation, left,
+                  large: threshold.KeptSets, large_ids) -> threshold.KeptSets:
   """``KeptSets`` of ``trunc``'s complete rows and the ``left`` rows'
   ``large`` sets (``joint_kept_sets``)."""
-  threshold = jnp.where(trunc.complete, trunc.threshold,
-                        jnp.where(left, large.threshold, -jnp.inf))
-  sets = KeptSets(threshold, trunc.row_max,
+  floor = jnp.where(trunc.complete, trunc.threshold,
+                    jnp.where(left, large.threshold, -jnp.inf))
+  sets = threshold.KeptSets(floor, trunc.row_max,
                   jnp.where(trunc.complete, trunc.log_kept, large.log_kept),
                   trunc.complete | (left & large.measured), trunc.lse,
                   trunc.finite,

@@ -8,8 +8,8 @@ HBM.
 Truncation: in a batch where some sampled request has a filter on, the
 threshold kernels first find the kept set ``{y >= floor}`` of every target
 row at a slot ``<= n_b`` and draft row at a slot ``< n_b``
-(``kept_floors``: ``threshold.kept_sets``, two to four passes over each
-such row, more for rows whose ties fill the candidate buffer); the passes
+(``backends.pallas.kept_floors``: the threshold kernels, two to four
+passes over each such row, more for rows whose ties fill the candidate buffer); the passes
 below then read each row through its floor: elements below its
 ``common.logit_floor`` read as -inf (one compare, no division), so their
 sums, races and log-probabilities are those of the processed

@@ -134,7 +134,7 @@ def reject(target_logits, d, n, params: SamplingParams, noise_keys,
            floors: KeptFloors | None = None) -> spec_ref.SpecResult:
   """``rejection_sample`` by the kernels for canonical params; ``d`` clipped
   drafts, ``n`` clipped counts, raw stream keys ``[B, 2]``
-  (``spec.stream_keys``) and uint32 positions.  ``floors``: ``kept_floors``
+  (``spec.stream_keys``) and uint32 positions.  ``floors``: ``backends.pallas.kept_floors``
   (a batch with filters on), or None where no request truncates."""
   if draft_logits is None or target_logits.shape[1] == 1:
     return _reject_one_hot(target_logits, d, n, params, noise_keys,

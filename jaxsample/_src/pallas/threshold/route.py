@@ -1,4 +1,5 @@
-"""The truncated sampler: the stages in order, and the kept sets built on them."""
+"""The truncated sampler: the stages in order (the kept sets built on them,
+and the choice of route per row: ``jaxsample._src.backends.pallas``)."""
 
 from __future__ import annotations
 
