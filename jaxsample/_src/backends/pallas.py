@@ -139,8 +139,8 @@ def extract_rows(logits, params: SamplingParams,
     truncating = jnp.any(params.truncates() & (params.temperature > 0))
   width = config.max_mask_ids
   # 3. kept sets
-  kept = lambda: kept_sets(logits, params, config,
-                                     order_width=width, measure_all=True)
+  kept = lambda: kept_sets(logits, params, config, order_width=width,
+                           measure_all=True)
   sets = rowwise.cond(truncating, kept, lambda: threshold.untruncated_sets(
       logits.shape[:1], width), unknown=kept)
   # 5. outputs (no race)
@@ -167,8 +167,8 @@ def verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,
 
   def floored():
     # 3. kept sets
-    floors = kept_floors(target_logits, draft_logits, n, params,
-                                 config, order_width=width)
+    floors = kept_floors(target_logits, draft_logits, n, params, config,
+                         order_width=width)
     return fused(floors), dataclasses.replace(
         floors.target, ordered_ids=floors.target_ids) if width else None
 
@@ -195,8 +195,8 @@ def verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,
 def kept_floors(target_logits, draft_logits, n, params: SamplingParams,
                 config: SamplerConfig, *,
                 order_width: int = 0) -> kernels.KeptFloors:
-  """``kept_sets`` of the target rows and the draft rows that the
-  kernels may read (target slots ``<= n``, draft slots ``< n``; one cond:
+  """``kept_sets`` of the target rows and the draft rows that the kernels
+  may read (target slots ``<= n``, draft slots ``< n``; one cond:
   ``joint_kept_sets``); threshold -inf, not measured, for the
   other rows.  ``order_width``: also the target rows' ids by probability
   (``KeptSets.ordered_ids``, ``[B, k + 1, W]``), and every target kept set
@@ -264,9 +264,9 @@ def joint_kept_sets(queries,
     config = dataclasses.replace(config, use_fp64_gumbel=False)
     streams = [rng.RowStreams(*(jnp.zeros((q.logits.shape[0],),
                                           jnp.uint32),) * 4) for q in queries]
-    truncs = [threshold.sample_truncated(q.logits, q.params, s, config,
-                               order_width=q.order_width, finish_large=False)
-              for q, s in zip(queries, streams)]
+    truncs = [threshold.sample_truncated(
+        q.logits, q.params, s, config, order_width=q.order_width,
+        finish_large=False) for q, s in zip(queries, streams)]
     lefts = [t.unfinished(q.params) for q, t in zip(queries, truncs)]
 
     def finish_left(q: KeptSetQuery, trunc: threshold.Truncation, left,
