@@ -15,6 +15,7 @@ import pytest
 
 import jaxsample as js
 from jaxsample._src import processors as procs
+from jaxsample._src import backends
 from jaxsample._src.pallas import bitmask, threshold
 
 from helpers.processing_oracle import process_oracle
@@ -80,11 +81,11 @@ def test_kernel_logits_routes_only_a_lone_bitmask():
   the XLA pre-pass."""
   logits, words, _ = bitmask_case()
   lone = js.LogitsProcessors(bitmask=words)
-  routed = bitmask.kernel_logits(logits, lone, IN_KERNELS)
+  routed = backends.process_logits(logits, lone, IN_KERNELS)
   assert isinstance(routed, bitmask.MaskedLogits)
   assert routed.shape == (B, V) and routed.dtype == jnp.float32
   counted = js.LogitsProcessors.make(B, bitmask=words, history_width=4)
-  assert isinstance(bitmask.kernel_logits(logits, counted, IN_KERNELS),
+  assert isinstance(backends.process_logits(logits, counted, IN_KERNELS),
                     bitmask.MaskedLogits)
   want = bitmask_oracle(logits, words)
   for processors, config in [
@@ -92,11 +93,11 @@ def test_kernel_logits_routes_only_a_lone_bitmask():
                                                 kernel_bitmask=True)),
       (js.LogitsProcessors.make(B, bitmask=words, banned_token_ids=[[]] * B),
        IN_KERNELS)]:
-    got = bitmask.kernel_logits(logits, processors, config)
+    got = backends.process_logits(logits, processors, config)
     np.testing.assert_array_equal(got, want)
   with pytest.raises(ValueError, match="ceil"):
-    bitmask.kernel_logits(logits, js.LogitsProcessors(bitmask=words[:, 1:]),
-                          IN_KERNELS)
+    backends.process_logits(logits, js.LogitsProcessors(bitmask=words[:, 1:]),
+                            IN_KERNELS)
   with pytest.raises(ValueError, match="kernel_bitmask must be a bool"):
     js.SamplerConfig(kernel_bitmask=1)
 

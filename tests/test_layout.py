@@ -5,10 +5,14 @@ every public module declares ``__all__`` (the README's layout table:
 "Layout")."""
 
 import ast
+import inspect
 import os
 import pathlib
 import subprocess
 import sys
+
+from jaxsample._src import backends
+from jaxsample._src.params import IMPLEMENTATIONS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "jaxsample"
@@ -24,6 +28,21 @@ PUBLIC_FACES = {"jaxsample.logprobs", "jaxsample.processors",
 APPS = ("jaxsample.bench", "jaxsample.demo", "jaxsample.generation",
         "jaxsample.serve_loop", "jaxsample.serve_demo",
         "jaxsample.models.text", "jaxsample.generate")
+
+
+# Kernels and their thin wrappers; the API modules that validate and call
+# one backend (``jaxsample._src.backends``); the modules through which the
+# API reaches the kernels: the Pallas backend, and the vocab-parallel race
+# (it combines the Gumbel kernel's partials across vocab shards).
+KERNELS = "jaxsample._src.pallas"
+BACKEND_API = ("jaxsample._src.sampling", "jaxsample._src.mask",
+               "jaxsample._src.spec")
+KERNEL_GATES = {"jaxsample._src.backends.pallas",
+                "jaxsample._src.parallel.vocab"}
+
+
+def in_package(name: str, package: str) -> bool:
+  return name == package or name.startswith(package + ".")
 
 
 def is_app(name: str) -> bool:
@@ -221,7 +240,7 @@ def test_public_face_is_the_api_only():
 TESTS = ROOT / "tests"
 # test_threshold_search.py's reads of route.py's private names: route.py is
 # being rewritten (issue 48, point 2); its stage-level names replace these.
-PENDING_PRIVATE = {"_top_width", "_window_threshold", "_place_window",
+PENDING_PRIVATE = {"top_width", "window_threshold", "place_window",
                    "_listing_width"}
 
 
@@ -263,4 +282,69 @@ def test_tests_mirror_the_layers():
     for node in ast.walk(tree):
       if isinstance(node, ast.ImportFrom):
         assert not (node.module or "").startswith("test_"), path.name
-    assert private_uses(tree) <= PENDING_PRIVATE, (path.name, private_uses(tree))
+    assert not private_uses(tree), (path.name, private_uses(tree))
+
+
+def test_kernels_import_nothing_above_them():
+  """``pallas/`` holds kernels and their wrappers: its modules import each
+  other and the shared core below the API (params, tuning, rng, processors,
+  the reference math), never the API, the backends, the XLA search, the
+  batch or vocab routes or ``dispatch``."""
+  core = {"jaxsample._src." + m for m in (
+      "params", "processors", "reference", "rng", "rowwise", "spec_reference",
+      "tuning")}
+  above = {name: sorted(d for d in deps
+                        if not in_package(d, KERNELS) and d not in core)
+           for name, deps in GRAPH.items() if in_package(name, KERNELS)}
+  assert not {name: deps for name, deps in above.items() if deps}
+
+
+def kernel_paths(name: str, seen: set[str]) -> list[list[str]]:
+  """Import paths from ``name`` to a kernel module that pass no module of
+  ``KERNEL_GATES``."""
+  if name in KERNEL_GATES or name in seen:
+    return []
+  seen.add(name)
+  if in_package(name, KERNELS):
+    return [[name]]
+  return [[name] + path for dep in sorted(GRAPH[name])
+          for path in kernel_paths(dep, seen)]
+
+
+def test_kernel_paths_finds_ungated_paths():
+  assert kernel_paths("jaxsample._src.backends.pallas", set()) == []
+  assert kernel_paths("jaxsample._src.backends", set()) == []
+  assert kernel_paths("jaxsample._src.pallas.gumbel", set())[0] == [
+      "jaxsample._src.pallas.gumbel"]
+
+
+def test_the_api_reaches_kernels_only_through_backends():
+  """``sample``, ``extract_sampling_mask`` and ``rejection_sample`` import no
+  kernel module, and every import path from them to one passes a kernel
+  gate (``KERNEL_GATES``)."""
+  for api in BACKEND_API:
+    assert not {d for d in GRAPH[api] if in_package(d, KERNELS)}, api
+    assert not kernel_paths(api, set()), api
+
+
+def test_params_and_generation_import_no_kernels():
+  """The params and the generation layer sit beside the kernels, not on
+  them (their launch settings: ``jaxsample._src.tuning``)."""
+  users = [name for name in MODULES if name == "jaxsample._src.params" or
+           in_package(name, "jaxsample.generation")]
+  assert not {name: GRAPH[name] for name in users
+              if any(in_package(d, KERNELS) for d in GRAPH[name])}
+
+
+def test_every_backend_defines_the_same_entry_points():
+  """The backend table holds every backend module, one per implementation
+  name, each defining every entry point with the same parameters."""
+  modules = {name for name in MODULES
+             if name.startswith("jaxsample._src.backends.")}
+  assert {m.__name__ for m in backends.BACKENDS.values()} == modules
+  assert set(backends.BACKENDS) == set(IMPLEMENTATIONS) - {"auto"}
+  for entry in backends.ENTRY_POINTS:
+    parameters = {name: tuple(inspect.signature(getattr(module, entry))
+                              .parameters)
+                  for name, module in backends.BACKENDS.items()}
+    assert len(set(parameters.values())) == 1, (entry, parameters)

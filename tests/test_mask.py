@@ -21,7 +21,7 @@ import pytest
 import jaxsample
 from jaxsample import SamplerConfig, SamplingMask, SamplingParams
 from jaxsample._src.mask import MaskOverflowError
-from jaxsample._src.pallas import threshold
+from jaxsample._src.backends import pallas as pallas_backend
 
 from helpers.cases import (KINDS, M_VALUES, P_VALUES, assert_mask_types,
                            assert_masks_equal, extract, k_values, listed, logsumexp64,
@@ -223,7 +223,7 @@ def test_large_kept_sets_follow_the_rebuilt_distribution(name):
     logits[::32] = -30.0
   config = dict(max_candidates=16, max_mask_ids=vocab)
   sets = jax.jit(functools.partial(
-      threshold.kept_sets, config=SamplerConfig(**config)))(
+      pallas_backend.kept_sets, config=SamplerConfig(**config)))(
           jnp.asarray(logits[None]),
           SamplingParams.make(1, **cfg).canonical(vocab))
   assert bool(sets.measured[0]) == windowed  # measured: a window found it

@@ -14,7 +14,8 @@ import pytest
 
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import sampling_mask
-from jaxsample._src.pallas import sampler, threshold
+from jaxsample._src.backends import pallas as pallas_backend
+from jaxsample._src.pallas import threshold
 
 from helpers.cases import (KINDS, LOGPROB_ATOL, LOGPROB_RTOL, LOGZ_ATOL, LSE_ATOL,
                            assert_mask_types, assert_masks_equal, extract,
@@ -280,7 +281,7 @@ def test_kernel_lists_large_kept_sets_like_the_reference(fp64, cap):
 @pytest.mark.slow
 @pytest.mark.parametrize("cap", [40, 8])
 def test_masks_from_kept_sets_equal_the_samplers(cap):
-  """``sampler.kept_set_masks`` of ``kept_sets(..., measure_all=True)``
+  """``pallas_backend.kept_set_masks`` of ``kept_sets(..., measure_all=True)``
   (``extract_sampling_mask``'s kernel path; the spec sampler's masks)
   equals the mask of ``sample`` on the kernels: kept sets the candidate
   buffer or a window search measured, a min-p row and a row with flat ties
@@ -302,9 +303,9 @@ def test_masks_from_kept_sets_equal_the_samplers(cap):
 
   @jax.jit
   def masks(x):  # extract_sampling_mask's kernel path, sets included
-    sets = threshold.kept_sets(x, canon, config, order_width=cap,
+    sets = pallas_backend.kept_sets(x, canon, config, order_width=cap,
                                measure_all=True)
-    return sets, sampler.kept_set_masks(x, canon, sets, config)
+    return sets, pallas_backend.kept_set_masks(x, canon, sets, config)
 
   sets, got = to_np(masks(jnp.asarray(x)))
   kept = sets.threshold > -np.inf

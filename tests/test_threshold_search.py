@@ -18,6 +18,7 @@ import pytest
 
 from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import reference, rng
+from jaxsample._src.backends import pallas as pallas_backend
 from jaxsample._src.pallas import threshold
 from jaxsample._src import tuning
 from jaxsample._src.tuning import PivotLaunch, Tuning
@@ -152,7 +153,7 @@ def test_window_searched_kept_sets_come_measured():
   params = SamplingParams.make(batch, temperature=[1, 0.7, 1.3, 1],
                                top_k=ks, top_p=ps, min_p=ms)
   sets = jax.tree.map(np.asarray, jax.jit(functools.partial(
-      threshold.kept_sets, config=SamplerConfig(max_candidates=256)))(
+      pallas_backend.kept_sets, config=SamplerConfig(max_candidates=256)))(
           jnp.asarray(x), params.canonical(vocab)))
   y = np.asarray(reference.temper(jnp.asarray(x), params.temperature))
   np.testing.assert_array_equal(sets.measured, [True, True, True, False])
@@ -226,7 +227,7 @@ def test_masks_of_large_sets_list_in_the_first_search_pass():
       batch, temperature=[1, 0.7, 1.3, 1], top_k=[0, 5000, 0, 3000],
       top_p=[0.9, 0.9, 1, 1], min_p=[0, 0, 0.05, 0]).canonical(vocab)
   config = SamplerConfig(max_candidates=256)
-  assert threshold.route._listing_width(width, config)
+  assert threshold.listing_width(width, config)
   streams, _ = rng.row_streams(jax.random.key(0), None, batch, vocab)
 
   @jax.jit
@@ -238,14 +239,14 @@ def test_masks_of_large_sets_list_in_the_first_search_pass():
                                               list_width=width)
     lower = listed.listing.lower
     launch = tuning.resolve(config.tuning).window
-    _, _, _, held = threshold.route._window_threshold(
-        listed.window, threshold.route._top_width(params, width),
+    _, _, _, held = threshold.route.window_threshold(
+        listed.window, threshold.route.top_width(params, width),
         listed.listing.rows, tr.t1, lower, jnp.full_like(lower, jnp.inf),
         tr.row_max, listed.listing.capacity, launch, by_count=True)
     # The window kernel of each row's search placed the listing as a
     # by-count window of its own would (with no upper end).
-    _, alone, upper = threshold.route._place_window(
-        threshold.route._top_width(params, width), tr, rows, tr.t1,
+    _, alone, upper = threshold.route.place_window(
+        threshold.route.top_width(params, width), tr, rows, tr.t1,
         listed.listing.capacity, launch, by_count=True)
     return rows, tr.large != 0, sets, listed, held, (alone, upper), (
         threshold.large_kept_ids(x, params, tr, config, rows, sets.threshold,

@@ -20,7 +20,7 @@ import pytest
 
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams
-from jaxsample._src import dispatch, reference, rng
+from jaxsample._src import backends, reference, rng
 from jaxsample._src import xla_search
 
 from helpers.cases import params_by_row
@@ -381,9 +381,9 @@ def test_per_request_keys_and_positions():
 
 def test_auto_off_gpu_is_the_search_path():
   on_gpu = jax.default_backend() == "gpu"
-  assert dispatch.backend(SamplerConfig()) == (
+  assert backends.backend_name(SamplerConfig()) == (
       "pallas" if on_gpu else "xla_search")
-  assert dispatch.backend(SamplerConfig(implementation="xla")) == "xla"
+  assert backends.backend_name(SamplerConfig(implementation="xla")) == "xla"
 
 
 def test_extract_sampling_mask_matches_reference():

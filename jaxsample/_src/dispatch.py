@@ -1,6 +1,7 @@
 """Shared by the public entry points (``sample``, ``extract_sampling_mask``,
-``spec.rejection_sample``): the logits check, the backend choice and the
-scoped x64 of the FP64 path."""
+``spec.rejection_sample``) and the vocab-parallel ones: the logits check
+and the scoped x64 of the FP64 path (the backend choice:
+``jaxsample._src.backends``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import contextlib
 import jax
 import jax.numpy as jnp
 
-from jaxsample._src.params import SamplerConfig, SamplingParams
+from jaxsample._src.params import SamplingParams
 
-__all__ = ["backend", "check_logits", "use_pallas", "x64_scope"]
+__all__ = ["check_logits", "x64_scope"]
 
 
 def check_logits(logits, params: SamplingParams) -> SamplingParams:
@@ -25,20 +26,6 @@ def check_logits(logits, params: SamplingParams) -> SamplingParams:
   if logits.shape[1] == 0:
     raise ValueError("logits must have a non-empty vocabulary (V >= 1)")
   return SamplingParams.rows(params, logits.shape[0])
-
-
-def backend(config: SamplerConfig) -> str:
-  """The backend ``config.implementation`` selects here: ``"pallas"``,
-  ``"xla_search"`` or ``"xla"`` (``"auto"``: the kernels on GPU, else the
-  sorting-free XLA path)."""
-  if config.implementation == "auto":
-    return "pallas" if jax.default_backend() == "gpu" else "xla_search"
-  return config.implementation
-
-
-def use_pallas(config: SamplerConfig) -> bool:
-  """Whether ``config.implementation`` selects the Pallas kernels here."""
-  return backend(config) == "pallas"
 
 
 def x64_scope(enabled: bool, *arrays):

@@ -10,9 +10,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxsample._src import dispatch, reference, sampling_mask, xla_search
+from jaxsample._src import backends, dispatch
 from jaxsample._src.parallel import batch as partition, vocab as sharded
-from jaxsample._src.pallas import bitmask, sampler
 from jaxsample._src.params import SamplerConfig, SamplingParams, as_config
 from jaxsample._src.processors import LogitsProcessors
 from jaxsample._src.sampling_mask import MaskOverflowError, SamplingMask
@@ -28,10 +27,10 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
 
   Equivalent to ``jaxsample.sample(logits, params, key, return_mask=True,
   config=config)[1]`` for any key, on the backend ``config.implementation``
-  picks: ``xla_search.process`` off GPU by default, ``reference.process``
-  (a sort of each row) with ``implementation="xla"``; the
-  kernel path is the truncation kernels' kept sets without a race
-  (``pallas.sampler.extract_pallas``), in 32 bits whatever ``use_fp64_gumbel``
+  picks (``backends``' ``extract_rows``): ``xla_search.process`` off GPU by
+  default, ``reference.process`` (a sort of each row) with
+  ``implementation="xla"``; the kernel path is the truncation kernels'
+  kept sets without a race, in 32 bits whatever ``use_fp64_gumbel``
   says (``logz``/``lse`` equal the kernel path's up to fp32 rounding: see
   ``sample``).  ``processors``: as ``sample``'s (the mask of the processed
   distribution).
@@ -48,19 +47,11 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
                           config=config),
         split=dict(logits=logits), rows=dict(params=params),
         processors=processors)
-  logits = bitmask.kernel_logits(logits, processors, config)
+  logits = backends.process_logits(logits, processors, config)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(logits.shape[1])
-  backend = dispatch.backend(config)
-
-  def rows(batched, _, config):
-    logits, params = batched
-    if backend == "pallas" and logits.shape[0]:
-      return sampler.extract_pallas(logits, params, config)
-    process = (xla_search.process if backend == "xla_search" and
-               logits.shape[0] else reference.process)
-    return sampling_mask.from_processed(
-        process(logits, params, order_width=config.max_mask_ids),
-        params, config.max_mask_ids)
-
-  return partition.by_batch_shard(rows, (logits, params), config=config)
+  # An empty batch has no rows to launch kernels or searches on.
+  rows = (backends.backend(config) if logits.shape[0] else
+          backends.xla_reference)
+  return partition.over_batch_shards(rows.extract_rows, (logits, params),
+                                     config=config)

@@ -1,9 +1,8 @@
-"""``jaxsample.sample``: one public entry point, backends behind a small dispatch.
-
-``sample`` validates, canonicalizes and dispatches: the XLA paths
-(``reference``, ``xla_search``) or the Pallas routes (``jaxsample._src.pallas.
-sampler``) through ``row_sampling.sample_rows``; logits split along the
-vocabulary on a mesh of Explicit axes take ``sharded.sample_sharded``."""
+"""``jaxsample.sample``: validates and canonicalizes, then calls one
+backend's ``sample_rows`` (``jaxsample._src.backends``: the XLA reference,
+the XLA search or the Pallas kernels), over the batch's shards; logits
+split along the vocabulary on a mesh of Explicit axes take
+``sharded.sample_sharded``."""
 
 from __future__ import annotations
 
@@ -14,13 +13,11 @@ from typing import Literal, overload
 import jax
 import jax.numpy as jnp
 
-from jaxsample._src import (dispatch, mask, processors as processing, rng,
-                            sampling_mask)
+from jaxsample._src import (backends, dispatch, mask,
+                            processors as processing, rng, sampling_mask)
 from jaxsample._src.parallel import batch as partition, vocab as sharded
-from jaxsample._src.pallas import bitmask
 from jaxsample._src.params import SamplerConfig, SamplingParams, as_config
 from jaxsample._src.reference import SampleResult
-from jaxsample._src.row_sampling import sample_rows
 from jaxsample._src.sampling_mask import SamplingMask
 
 __all__ = ["sample"]
@@ -130,7 +127,7 @@ def _sample(logits, params, key, positions, config: SamplerConfig,
   batch, vocab = logits.shape
   # Inside shard_map a batch shard counts one key's rows globally.
   _, first_row = partition.manual_rows(logits, batch)
-  logits = bitmask.kernel_logits(logits, processors, config)
+  logits = backends.process_logits(logits, processors, config)
   streams, _ = rng.row_streams(key, positions, batch, vocab,
                                first_row=first_row)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
@@ -141,12 +138,12 @@ def _sample(logits, params, key, positions, config: SamplerConfig,
     if not return_mask:
       return result
     return result, mask.extract_sampling_mask(logits, params, config=config)
-  rows = lambda batched, _, config: sample_rows(*batched, config, return_mask)
   with dispatch.x64_scope(config.use_fp64_gumbel, *jax.tree.leaves(logits),
                           key, positions,
                           *jax.tree.leaves(params)):
-    result, result_mask = partition.by_batch_shard(
-        rows, (logits, params, streams), config=config)
+    result, result_mask = partition.over_batch_shards(
+        backends.backend(config).sample_rows, (logits, params, streams),
+        config=config, static=(return_mask,))
   if not return_mask:
     return result
   # Valid rows' tokens are in their kept sets: listed even on overflow.

@@ -112,24 +112,21 @@ under ``jit`` ``num_draft`` and draft tokens are clamped as above.  ``B = 0`` re
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Literal, overload
 
 import jax
 import jax.numpy as jnp
 
-from jaxsample._src import (dispatch, mask, reference, rng, rowwise, sampling,
-                            spec_reference, xla_search)
+from jaxsample._src import (backends, dispatch, mask, rng, sampling,
+                            spec_reference)
 from jaxsample._src.parallel import batch as partition, vocab as sharded
-from jaxsample._src.pallas import sampler, threshold
-from jaxsample._src.pallas import spec as kernels
 from jaxsample._src.params import SamplerConfig, SamplingParams, as_config
 from jaxsample._src.processors import LogitsProcessors, apply_to_slots
 from jaxsample._src.sampling_mask import SamplingMask
 from jaxsample._src.spec_reference import (SpecResult, check_inputs,
-                                           per_row_params, request_keys,
-                                           stream_keys, without_drafts)
+                                           request_keys, stream_keys,
+                                           without_drafts)
 
 __all__ = ["SpecResult", "check_inputs", "rejection_sample", "stream_keys"]
 
@@ -210,10 +207,10 @@ def rejection_sample(target_logits: jax.Array,
       wide): target row ``i``'s mask for the emitted slots ``i <=
       num_accepted``, blank past them.  The XLA path builds it from the
       processing it verifies with; the kernel path from the kept sets its
-      threshold kernels found (``kept_floors``, which also orders the
+      threshold kernels found (``backends.pallas.kept_floors``, which also orders the
       target rows' kept ids and measures every target kept set), with the
       Gumbel kernel over the target rows without one
-      (``pallas.sampler.kept_set_masks``).
+      (``backends.pallas.kept_set_masks``).
 
     processors: per-request ``LogitsProcessors``, applied to every target
       and draft row first (``processors.apply_to_slots``: slot ``i``'s
@@ -270,56 +267,12 @@ def rejection_sample(target_logits: jax.Array,
                           target_logits, params, key, positions, return_mask)
   with dispatch.x64_scope(config.use_fp64_gumbel, target_logits, key,
                           positions, *jax.tree.leaves(params)):
-    result, rows = partition.by_batch_shard(
-        lambda batched, shared, config: _verify_rows(*batched, *shared,
-                                                     config, return_mask),
+    result, rows = partition.over_batch_shards(
+        backends.backend(config).verify_rows,
         (target_logits, draft_tokens, n, params, key, positions,
-         draft_logits), (synthetic_rates,), config=config)
+         draft_logits), (synthetic_rates,), config=config,
+        static=(return_mask,))
   if not return_mask:
     return result
   return result, spec_reference.emitted_masks(result, rows)
 
-
-def _verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,
-                 positions, draft_logits, synthetic_rates,
-                 config: SamplerConfig, return_mask: bool):
-  """``rejection_sample`` of a batch (or a batch shard) of checked inputs,
-  canonical ``params``, per-request keys and clipped ``n``: ``(SpecResult,
-  the target rows' masks or None)`` on the backend ``config`` picks."""
-  batch, k1, vocab = target_logits.shape
-  if not dispatch.use_pallas(config):
-    return spec_reference.reject_xla(
-        target_logits, draft_tokens, n, params, key, draft_logits,
-        synthetic_rates, positions, config.rng, config.use_fp64_gumbel,
-        config.max_mask_ids * return_mask,
-        xla_search.process if dispatch.backend(config) == "xla_search"
-        else reference.process)
-  with jax.ensure_compile_time_eval():  # known for concrete params
-    truncating = jnp.any(params.truncates() & (params.temperature > 0))
-  noise_keys, accept_keys = stream_keys(key, batch)
-  d = jnp.clip(draft_tokens, 0, vocab - 1).astype(jnp.int32)
-  width = config.max_mask_ids if return_mask else 0
-
-  def floored():
-    floors = kernels.kept_floors(target_logits, draft_logits, n, params,
-                                 config, order_width=width)
-    return fused(floors), dataclasses.replace(
-        floors.target, ordered_ids=floors.target_ids) if width else None
-
-  fused = lambda floors: kernels.reject(
-      target_logits, d, n, params, noise_keys, accept_keys,
-      positions.astype(jnp.uint32), draft_logits, synthetic_rates, config,
-      floors)
-  # With traced params a lax.cond (its predicate's trip on every call):
-  # the threshold kernels of an untruncated batch would cost more, idle
-  # (scripts/measure_host_gaps.py at d785b4c).
-  result, sets = rowwise.cond(
-      truncating, floored, lambda: (fused(None), threshold.untruncated_sets(
-          (batch, k1), width) if width else None))
-  # Slots past num_draft are never emitted: greedy, their masks cost an
-  # argmax (and are blanked).
-  return result, sampler.kept_set_masks(
-      target_logits.reshape(batch * k1, vocab),
-      per_row_params(params, k1, jnp.arange(k1) <= n[:, None]),
-      jax.tree.map(lambda a: a.reshape((batch * k1,) + a.shape[2:]),
-                   sets), config) if width else None

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxsample as js
-from jaxsample._src import dispatch, spec
+from jaxsample._src import backends, spec
 from jaxsample.bench import cases as cases_lib
 from jaxsample.bench.runner import Group, Suite
 from jaxsample._src import tuning
@@ -452,7 +452,7 @@ def _build_processing(args, case) -> Group:
          f"+bias ({args.bias_ids} ids)": op(make(fields["bias"])),
          "+grammar bitmask": op(make(fields["bitmask"])),
          **({"+grammar bitmask (in kernels)": op(make(fields["bitmask"]), config=in_kernels)}
-            if dispatch.use_pallas(config) else {}),
+            if backends.backend_name(config) == "pallas" else {}),
          f"+top-{args.num_top} raw logprobs": op(None, args.num_top),
          "all together": op(make(every), args.num_top),
          "jnp.max (one read)": jax.jit(lambda x: jnp.max(x, axis=-1))}

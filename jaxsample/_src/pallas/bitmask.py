@@ -21,11 +21,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import triton as plgpu
 
-from jaxsample._src import dispatch, processors as processing
+from jaxsample._src import processors as processing
 from jaxsample._src.pallas import common
-from jaxsample._src.params import SamplerConfig
 
-__all__ = ["allowed_at", "kernel_logits", "logits_at", "MaskedLogits",
+__all__ = ["allowed_at", "logits_at", "MaskedLogits",
            "operands", "row_loader", "unmasked"]
 
 
@@ -52,32 +51,6 @@ class MaskedLogits:
   @property
   def ndim(self) -> int:
     return self.values.ndim
-
-
-def _bitmask_only(processors: processing.LogitsProcessors) -> bool:
-  """Whether a bitmask is the only processor that changes logits (static;
-  histories and counts alone change nothing)."""
-  return processors.bitmask is not None and not processors.penalizes and all(
-      getattr(processors, name) is None for name in
-      ("bias_ids", "allowed_ids", "banned_ids", "min_tokens"))
-
-
-def kernel_logits(logits: jax.Array,
-                  processors: processing.LogitsProcessors | None,
-                  config: SamplerConfig):
-  """The rows ``config``'s backend reads: ``MaskedLogits`` where the kernel
-  route runs, ``config.kernel_bitmask`` is on and the bitmask is the only
-  processor that changes logits (a non-empty batch); otherwise
-  ``processors.maybe_apply``'s XLA pre-pass (or ``logits`` as they are)."""
-  if (processors is not None and config.kernel_bitmask and
-      dispatch.use_pallas(config) and isinstance(
-          processors, processing.LogitsProcessors) and
-      _bitmask_only(processors) and jnp.ndim(logits) == 2 and
-      jnp.shape(logits)[0]):
-    processors.check(*jnp.shape(logits))
-    return MaskedLogits(jnp.asarray(logits),
-                        jnp.asarray(processors.bitmask).astype(jnp.int32))
-  return processing.maybe_apply(logits, processors)
 
 
 def operands(logits) -> tuple[jax.Array, ...]:

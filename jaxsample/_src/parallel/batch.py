@@ -36,8 +36,8 @@ from jaxsample._src import rowwise
 from jaxsample._src import tuning
 from jaxsample._src.params import SamplerConfig
 
-__all__ = ["batch_split_over", "by_batch_shard", "explicit_axes",
-           "manual_rows", "per_batch_shard", "shard_config"]
+__all__ = ["batch_split_over", "explicit_axes", "manual_rows",
+           "over_batch_shards", "per_batch_shard", "shard_config"]
 
 _BATCH_SPLIT = contextvars.ContextVar("batch_split", default=())
 
@@ -94,16 +94,16 @@ def shard_config(config: SamplerConfig, shards: int) -> SamplerConfig:
       config, tuning=tuning.for_batch_shards(config.tuning, shards))
 
 
-def per_batch_shard(fn, axes: tuple[str, ...], batched, shared, *,
-                    config: SamplerConfig, out_batch_dims=0):
-  """``fn(batched, shared, config)`` run on each batch shard inside
-  ``jax.shard_map`` over the Explicit mesh axes ``axes``.
+def per_batch_shard(entry, axes: tuple[str, ...], batched, shared, *,
+                    config: SamplerConfig, static=(), out_batch_dims=0):
+  """``entry(*batched, *shared, config, *static)`` run on each batch shard
+  inside ``jax.shard_map`` over the Explicit mesh axes ``axes``.
 
   ``batched``: a pytree of arrays with the batch as leading dimension,
   resharded to ``P(axes)`` (a no-op where they already are); ``shared``:
   arrays every shard reads whole (replicated).  ``out_batch_dims``: a
-  pytree prefix of ``fn``'s output giving each output's batch dimension.
-  ``fn`` gets ``config`` planned for the whole batch (``shard_config``).
+  pytree prefix of ``entry``'s output giving each output's batch dimension.
+  ``entry`` gets ``config`` planned for the whole batch (``shard_config``).
   """
   leaves = jax.tree.leaves(batched)
   mesh = jax.typeof(leaves[0]).sharding.mesh
@@ -119,7 +119,7 @@ def per_batch_shard(fn, axes: tuple[str, ...], batched, shared, *,
   out_specs = jax.tree.map(lambda d: P(*(None,) * d, axes), out_batch_dims)
 
   def body(batched, shared):
-    return fn(batched, shared, shard_config(config, shards))
+    return entry(*batched, *shared, shard_config(config, shards), *static)
 
   # check_vma off: the kernels' interpret mode cannot lower with it (JAX
   # 0.11.2), and every output is declared split over ``axes`` anyway.
@@ -127,16 +127,20 @@ def per_batch_shard(fn, axes: tuple[str, ...], batched, shared, *,
                        out_specs=out_specs, check_vma=False)(batched, shared)
 
 
-def by_batch_shard(fn, batched, shared=(), *, config: SamplerConfig,
-                   out_batch_dims=0):
-  """``fn(batched, shared, config)`` for inputs that may be split along the
+def over_batch_shards(entry, batched: tuple, shared: tuple = (), *,
+                      config: SamplerConfig, static: tuple = (),
+                      out_batch_dims=0):
+  """``entry(*batched, *shared, config, *static)`` (a backend's entry point,
+  ``jaxsample._src.backends``) for inputs that may be split along the
   batch: ``per_batch_shard`` when the first leaf of ``batched`` is split
-  over Explicit mesh axes, else ``fn`` itself, with ``config`` planned for
-  the whole batch inside the caller's ``jax.shard_map`` (``manual_rows``,
-  ``shard_config``)."""
+  over Explicit mesh axes, else ``entry`` itself, with ``config`` planned
+  for the whole batch inside the caller's ``jax.shard_map``
+  (``manual_rows``, ``shard_config``).  ``batched``: the arguments with the
+  batch as leading dimension; ``shared``: those every shard reads whole;
+  ``static``: the arguments after ``config`` (hashable)."""
   first = jax.tree.leaves(batched)[0]
   if axes := explicit_axes(first, 0):
-    return per_batch_shard(fn, axes, batched, shared, config=config,
-                           out_batch_dims=out_batch_dims)
+    return per_batch_shard(entry, axes, batched, shared, config=config,
+                           static=static, out_batch_dims=out_batch_dims)
   shards, _ = manual_rows(first, first.shape[0])
-  return fn(batched, shared, shard_config(config, shards))
+  return entry(*batched, *shared, shard_config(config, shards), *static)

@@ -69,10 +69,11 @@ from jax import lax
 
 from jax.sharding import PartitionSpec as P
 
-from jaxsample._src import (dispatch, reference, rng, row_sampling, rowwise,
+from jaxsample._src import (backends, dispatch, reference, rng, rowwise,
                             sampling_mask, spec_reference, xla_search)
 from jaxsample._src.parallel import batch as partition
-from jaxsample._src.pallas import common, gumbel, sampler
+from jaxsample._src.backends import pallas as kernel_backend, xla_reference
+from jaxsample._src.pallas import common, gumbel
 from jaxsample._src import tuning
 from jaxsample._src.params import SamplerConfig, SamplingParams, as_config
 from jaxsample._src.reference import SampleResult
@@ -127,14 +128,15 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
       config, partition.manual_rows(logits, batch, exclude=axis_name)[0])
 
   def parallel():
-    race = _race_pallas if dispatch.use_pallas(config) else _race_xla
+    race = _race_pallas if backends.backend_name(config) == "pallas" else (
+        _race_xla)
     return race(logits, params, streams, config, offset, axis_name, width)
 
   def truncated():
-    if dispatch.backend(config) == "xla":
+    if backends.backend_name(config) == "xla":
       whole = _join(logits.astype(jnp.float32), axis_name)
-      return row_sampling.sample_rows(whole, params, streams, config,
-                                      bool(width))
+      return xla_reference.sample_rows(whole, params, streams, config,
+                                       bool(width))
     split = search_split(axis_name, vocab, offset)
     result, proc = xla_search.sample(
         logits, params, streams, generator=config.rng,
@@ -170,7 +172,7 @@ def extract_sampling_mask_sharded(
       ``extract_sampling_mask``, or pass ``"xla_search"``).
   """
   config = as_config(config)
-  if dispatch.backend(config) == "xla":
+  if backends.backend_name(config) == "xla":
     raise ValueError(
         "vocab-parallel masks run on the sort-free search; got "
         "implementation='xla': pass config='xla_search', or gather the "
@@ -405,7 +407,7 @@ def _race_xla(logits, params: SamplingParams, streams: rng.RowStreams,
   result = reference.finalize(x_token, params, tokens, (shift, log_sum),
                               row_max)
   finite = sums[:, reference.LIMBS] if width else None
-  return sampler.with_mask(result, sampler.untruncated_facts(
+  return kernel_backend.with_mask(result, kernel_backend.untruncated_facts(
       row_max, shift + log_sum, finite, width), params, width)
 
 
@@ -445,5 +447,5 @@ def _race_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   result, row_max, (shift, log_sum) = gumbel.finish_sampling(
       None, params, whole, logit_at=lambda t: _pick(x_shards, t // local))
   finite = jnp.sum(kept[0], axis=-1) if width else None
-  return sampler.with_mask(result, sampler.untruncated_facts(
+  return kernel_backend.with_mask(result, kernel_backend.untruncated_facts(
       row_max, shift + log_sum, finite, width), params, width)

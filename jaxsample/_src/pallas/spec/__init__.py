@@ -8,8 +8,8 @@ HBM.
 Truncation: in a batch where some sampled request has a filter on, the
 threshold kernels first find the kept set ``{y >= floor}`` of every target
 row at a slot ``<= n_b`` and draft row at a slot ``< n_b``
-(``kept_floors``: ``threshold.kept_sets``, two to four passes over each
-such row, more for rows whose ties fill the candidate buffer); the passes
+(``backends.pallas.kept_floors``: the threshold kernels, two to four
+passes over each such row, more for rows whose ties fill the candidate buffer); the passes
 below then read each row through its floor: elements below its
 ``common.logit_floor`` read as -inf (one compare, no division), so their
 sums, races and log-probabilities are those of the processed
@@ -74,7 +74,7 @@ from jaxsample._src.pallas.spec.stats import (SlotStats, combine_stats,
                                          stats_plan)
 from jaxsample._src.pallas.spec.emit import (EmitRequest, GREEDY, RACE, RESIDUAL,
                                         SKIP, emit_partials)
-from jaxsample._src.pallas.spec.reject import KeptFloors, kept_floors, reject
+from jaxsample._src.pallas.spec.reject import KeptFloors, reject
 
 __all__ = [
     "SlotStats",
@@ -89,6 +89,5 @@ __all__ = [
     "EmitRequest",
     "emit_partials",
     "KeptFloors",
-    "kept_floors",
     "reject",
 ]

@@ -17,7 +17,7 @@ from jaxsample._src.pallas.spec.emit import (EmitRequest, GREEDY, RACE, RESIDUAL
                                         SKIP, emit_partials)
 from jaxsample._src.params import SamplerConfig, SamplingParams
 
-__all__ = ["kept_floors", "KeptFloors", "reject"]
+__all__ = ["KeptFloors", "reject"]
 
 
 def _race_winner(race, index):
@@ -50,35 +50,6 @@ class KeptFloors:
   target: threshold.KeptSets
   draft: threshold.KeptSets | None
   target_ids: jax.Array | None = None
-
-
-def kept_floors(target_logits, draft_logits, n, params: SamplingParams,
-                config: SamplerConfig, *, order_width: int = 0) -> KeptFloors:
-  """``threshold.kept_sets`` of the target rows and the draft rows that the
-  kernels may read (target slots ``<= n``, draft slots ``< n``; one cond:
-  ``threshold.joint_kept_sets``); threshold -inf, not measured, for the
-  other rows.  ``order_width``: also the target rows' ids by probability
-  (``KeptSets.ordered_ids``, ``[B, k + 1, W]``), and every target kept set
-  measured (their masks' counts and masses)."""
-  batch, k1, vocab = target_logits.shape
-
-  def query(logits, live, width=0):
-    m = live.shape[1]
-    rows = spec_ref.per_row_params(params, m, live)  # greedy rows: no floor
-    return threshold.KeptSetQuery(logits.reshape(batch * m, vocab), rows,
-                                  width, measure_all=bool(width))
-
-  slots = jnp.arange(k1)
-  queries = [query(target_logits, slots <= n[:, None], order_width)]
-  if draft_logits is not None and k1 > 1:
-    queries.append(query(draft_logits, slots[:-1] < n[:, None]))
-  # One cond for the large-set routes of both (one predicate's trip).
-  target, *draft = [
-      jax.tree.map(lambda a, m=q.logits.shape[0] // batch: a.reshape(
-          (batch, m) + a.shape[1:]), sets)
-      for q, sets in zip(queries, threshold.joint_kept_sets(queries, config))]
-  return KeptFloors(dataclasses.replace(target, ordered_ids=None),
-                    draft[0] if draft else None, target.ordered_ids)
 
 
 def _reject_one_hot(target_logits, d, n, params: SamplingParams, noise_keys,
@@ -163,7 +134,7 @@ def reject(target_logits, d, n, params: SamplingParams, noise_keys,
            floors: KeptFloors | None = None) -> spec_ref.SpecResult:
   """``rejection_sample`` by the kernels for canonical params; ``d`` clipped
   drafts, ``n`` clipped counts, raw stream keys ``[B, 2]``
-  (``spec.stream_keys``) and uint32 positions.  ``floors``: ``kept_floors``
+  (``spec.stream_keys``) and uint32 positions.  ``floors``: ``backends.pallas.kept_floors``
   (a batch with filters on), or None where no request truncates."""
   if draft_logits is None or target_logits.shape[1] == 1:
     return _reject_one_hot(target_logits, d, n, params, noise_keys,

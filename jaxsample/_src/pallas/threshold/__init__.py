@@ -102,10 +102,9 @@ from jaxsample._src.pallas.threshold.window import threshold_window
 from jaxsample._src.pallas.threshold.candidates import (Candidates, Listing,
                                                    Segments, collect_candidates)
 from jaxsample._src.pallas.threshold.pivot import pivot_threshold
-from jaxsample._src.pallas.threshold.route import (KeptSetQuery, KeptSets,
-                                              Truncation, floored_race,
-                                              joint_kept_sets, kept_sets,
-                                              large_kept_ids, large_thresholds,
+from jaxsample._src.pallas.threshold.route import (KeptSets, Truncation,
+                                              floored_race, large_kept_ids,
+                                              large_thresholds, listing_width,
                                               sample_large, sample_truncated,
                                               untruncated_sets)
 
@@ -124,10 +123,8 @@ __all__ = [
     "sample_truncated",
     "KeptSets",
     "untruncated_sets",
-    "kept_sets",
-    "KeptSetQuery",
-    "joint_kept_sets",
     "large_thresholds",
+    "listing_width",
     "sample_large",
     "floored_race",
     "large_kept_ids",

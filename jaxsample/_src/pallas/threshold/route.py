@@ -1,4 +1,5 @@
-"""The truncated sampler: the stages in order, and the kept sets built on them."""
+"""The truncated sampler: the stages in order (the kept sets built on them,
+and the choice of route per row: ``jaxsample._src.backends.pallas``)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from jaxsample._src.pallas.threshold.candidates import (Candidates, Listing,
 from jaxsample._src.pallas.threshold.pivot import pivot_threshold
 from jaxsample._src.params import SamplerConfig, SamplingParams
 
-__all__ = ["floored_race", "joint_kept_sets", "kept_sets", "KeptSetQuery",
-           "KeptSets", "large_kept_ids", "large_thresholds", "sample_large",
-           "sample_truncated", "Truncation", "untruncated_sets"]
+__all__ = ["floored_race", "KeptSets", "large_kept_ids", "large_thresholds",
+           "listing_width", "place_window", "sample_large", "sample_truncated",
+           "top_width", "Truncation", "untruncated_sets", "window_threshold"]
 
 
 # ---------------------------------------------------------------------------
@@ -184,103 +185,7 @@ def untruncated_sets(shape: tuple[int, ...],
       zeros)
 
 
-def kept_sets(logits, params: SamplingParams, config: SamplerConfig, *,
-              order_width: int = 0, measure_all: bool = False) -> KeptSets:
-  """The kept set of each valid row of canonical ``params`` sampled with a
-  filter on (``reference.keep_threshold``'s threshold); threshold -inf for
-  the other rows.  With ``order_width``, also the first ``min(order_width,
-  V)`` ids of each kept set by descending ``y`` (``KeptSets.ordered_ids``,
-  ``[B, order_width]``); with ``measure_all``, every kept set is measured
-  (a sampling mask's count and mass).
-
-  ``sample_truncated``'s passes (its race rides along on fixed streams over
-  the candidates; its tokens are not used), then ``large_thresholds`` (and
-  ``large_kept_ids``) for the rows it leaves, without a race (with
-  ``order_width``, behind a cond taken when some row is left; their
-  kernels skip the other rows); with ``measure_all``, the kept sets no
-  window search measured (min-p alone, pivot searches) are counted by the
-  Gumbel kernel with a floor there (``floored_race``).  Traced in 32 bits
-  also inside an x64 scope (the FP64 Gumbel path's).
-  """
-  return joint_kept_sets([KeptSetQuery(logits, params, order_width,
-                                       measure_all)], config)[0]
-
-
-@dataclasses.dataclass(frozen=True)
-class KeptSetQuery:
-  """One batch of ``joint_kept_sets``: ``kept_sets``' arguments."""
-
-  logits: jax.Array
-  params: SamplingParams
-  order_width: int = 0
-  measure_all: bool = False
-
-
-def joint_kept_sets(queries, config: SamplerConfig) -> list[KeptSets]:
-  """``kept_sets`` of each ``KeptSetQuery``, the large-set routes of all
-  behind one cond where one asks for ids (one predicate's trip to the host
-  on a GPU, where a cond per batch would cost one each)."""
-  with jax.enable_x64(False):
-    config = dataclasses.replace(config, use_fp64_gumbel=False)
-    streams = [rng.RowStreams(*(jnp.zeros((q.logits.shape[0],),
-                                          jnp.uint32),) * 4) for q in queries]
-    truncs = [sample_truncated(q.logits, q.params, s, config,
-                               order_width=q.order_width, finish_large=False)
-              for q, s in zip(queries, streams)]
-    lefts = [t.unfinished(q.params) for q, t in zip(queries, truncs)]
-
-    def finish_left(q: KeptSetQuery, trunc: Truncation, left, streams):
-      """``left`` rows' ``KeptSets`` (and ids by probability)."""
-      width = min(q.order_width, q.logits.shape[1])
-      large, listed = large_thresholds(
-          q.logits, q.params, trunc, config, left,
-          list_width=width if _listing_width(width, config) else 0)
-      if q.measure_all:
-        counted = left & ~large.measured
-        _, count, log_kept = floored_race(q.logits, q.params, streams, config,
-                                          counted, large.threshold,
-                                          trunc.row_max)
-        large = dataclasses.replace(
-            large, measured=large.measured | counted,
-            count=jnp.where(counted, count, large.count),
-            log_kept=jnp.where(counted, log_kept, large.log_kept))
-      return large, large_kept_ids(
-          q.logits, q.params, trunc, config, left, large.threshold, width,
-          listed) if q.order_width else None
-
-    finish = lambda: [finish_left(*args)
-                      for args in zip(queries, truncs, lefts, streams)]
-    # With ids to order (a mask), behind a cond: idle, that route costs
-    # more.  Without, the searches' idle launches cost less than the cond's
-    # trip, and more when they run inside one (top-p 0.95 kept sets of
-    # 110k ids: 8-20 us at B = 1, 15-27 at B = 128 on an H200,
-    # benchmarks/results/2026-11-26e-h200-kept-sets).
-    finished = (rowwise.only_if(lefts, finish) if any(q.order_width for q in queries) else finish())
-    return [_combine_sets(q.order_width, t, left, *f)
-            for q, t, left, f in zip(queries, truncs, lefts, finished)]
-
-
-def _combine_sets(order_width: int, trunc: Truncation, left,
-                  large: KeptSets, large_ids) -> KeptSets:
-  """``KeptSets`` of ``trunc``'s complete rows and the ``left`` rows'
-  ``large`` sets (``joint_kept_sets``)."""
-  threshold = jnp.where(trunc.complete, trunc.threshold,
-                        jnp.where(left, large.threshold, -jnp.inf))
-  sets = KeptSets(threshold, trunc.row_max,
-                  jnp.where(trunc.complete, trunc.log_kept, large.log_kept),
-                  trunc.complete | (left & large.measured), trunc.lse,
-                  trunc.finite,
-                  count=jnp.where(trunc.complete, trunc.count, large.count))
-  if not order_width:
-    return sets
-  pad = lambda ids, n: jnp.pad(ids, ((0, 0), (0, n - ids.shape[1])),
-                               constant_values=-1)
-  return dataclasses.replace(sets, ordered_ids=jnp.where(
-      left[:, None], pad(large_ids, order_width),
-      pad(trunc.ordered_ids, order_width)))
-
-
-def _place_window(params: SamplingParams, trunc: Truncation, rows, floor,
+def place_window(params: SamplingParams, trunc: Truncation, rows, floor,
                   capacity: int, launch: tuning.WindowLaunch, *,
                   by_count: bool, **listing):
   """``(search, lower, upper, *list_lower)``: the params of a window search
@@ -296,7 +201,7 @@ def _place_window(params: SamplingParams, trunc: Truncation, rows, floor,
       launch=launch, **listing)
 
 
-def _window_threshold(window: Candidates, search: SamplingParams, rows, floor,
+def window_threshold(window: Candidates, search: SamplingParams, rows, floor,
                       lower, upper, row_max, capacity: int,
                       launch: tuning.WindowLaunch, *, by_count: bool):
   """``(threshold, kept mass, kept count, held)`` of a collected window
@@ -352,7 +257,7 @@ def _window_search(logits, params: SamplingParams, trunc: Truncation,
   list_capacity = 0 if lists is None else _listing_capacity(list_width,
                                                             config)
   launch = tuning.resolve(config.tuning).window
-  search, lower, upper, *list_lower = _place_window(
+  search, lower, upper, *list_lower = place_window(
       params, trunc, rows, floor, capacity, launch, by_count=by_count,
       **({} if lists is None else dict(list_rows=lists, list_width=list_width,
                                        list_capacity=list_capacity)))
@@ -361,13 +266,13 @@ def _window_search(logits, params: SamplingParams, trunc: Truncation,
                              _safe(trunc.row_max), None, config, upper=upper,
                              capacity=capacity, listing=listing or None)
   window, listed = found if listing else (found, None)
-  return (*_window_threshold(window, search, rows, floor, lower, upper,
+  return (*window_threshold(window, search, rows, floor, lower, upper,
                              trunc.row_max, capacity, launch,
                              by_count=by_count),
           _Listed(listing, listed) if listing else None)
 
 
-def _listing_width(width: int, config: SamplerConfig) -> bool:
+def listing_width(width: int, config: SamplerConfig) -> bool:
   """Whether a mask of ``width`` ids lists large kept sets from a ``Listing``
   (``large_thresholds``): ``width > C / 2`` (narrower masks come from the
   candidate buffer of top-k = ``width``) and within half a window of the top,
@@ -398,7 +303,7 @@ def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
   whose candidates overflowed their buffer) comes from ``pivot_threshold``
   instead, ``_PIVOT_PASSES`` more passes per search, and is not measured.
 
-  ``list_width`` (``_listing_width``): the window kernel and compact pass
+  ``list_width`` (``listing_width``): the window kernel and compact pass
   of each ``large`` row's first search (top-k's, else top-p's; a min-p
   row's run for it alone) also place and fill the row's ``Listing``: a
   window by count (``k = list_width``) with no upper end, which holds the
@@ -447,7 +352,7 @@ def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
   return sets, listed
 
 
-def _top_width(params: SamplingParams, width: int) -> SamplingParams:
+def top_width(params: SamplingParams, width: int) -> SamplingParams:
   """``params`` with top-k = ``width`` and top-p off (min-p kept)."""
   return SamplingParams(params.temperature,
                         jnp.full_like(params.top_k, width),
@@ -473,7 +378,7 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
   width = min(order_width, logits.shape[1])
   sets, listed = large_thresholds(
       logits, params, trunc, config, rows,
-      list_width=width if _listing_width(width, config) else 0)
+      list_width=width if listing_width(width, config) else 0)
   result, count, log_kept = floored_race(logits, params, streams, config,
                                          rows, sets.threshold, trunc.row_max)
   found = (result.tokens, result.logprobs, rows, sets.threshold, count,
@@ -546,14 +451,14 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
   every call than the cond.)
   """
   t = params.temperature
-  top_width = _top_width(params, width)
+  top_width = top_width(params, width)
   ids = jnp.zeros((logits.shape[0], width), jnp.int32)
   listed_rows = jnp.zeros_like(rows)
   if width <= config.max_candidates // 2:
     ids, listed_rows = trunc.ordered_ids[:, :width], rows & trunc.top_listed
   elif listed is not None:
     window, lower = listed.window, listed.listing.lower
-    last, _, _, held = _window_threshold(
+    last, _, _, held = window_threshold(
         window, top_width, listed.listing.rows, trunc.t1, lower,
         jnp.full_like(lower, jnp.inf), trunc.row_max,
         listed.listing.capacity, tuning.resolve(config.tuning).window,

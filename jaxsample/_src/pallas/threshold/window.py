@@ -120,7 +120,7 @@ def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
   With ``list_rows``, also ``list_lower`` ``[B]`` of those rows (a
   ``Listing``'s lower end, ``_listing_capacity(list_width)`` slots): the
   lower end of the by-count window of ``k = list_width`` (whose upper end
-  is ``inf``: ``_listing_width``), found in the last search at no extra
+  is ``inf``: ``route.listing_width``), found in the last search at no extra
   pass; ``t1`` must be the rows' min-p threshold.  ``launch``: its compiler
   parameters (default: the device's ``tuning.WindowLaunch``)."""
   launch = launch or tuning.resolve().window
