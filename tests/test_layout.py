@@ -238,10 +238,6 @@ def test_public_face_is_the_api_only():
 # ---------------------------------------------------------------------------
 
 TESTS = ROOT / "tests"
-# test_threshold_search.py's reads of route.py's private names: route.py is
-# being rewritten (issue 48, point 2); its stage-level names replace these.
-PENDING_PRIVATE = {"top_width", "window_threshold", "place_window",
-                   "_listing_width"}
 
 
 def private_uses(tree: ast.Module) -> set[str]:

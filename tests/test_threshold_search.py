@@ -240,13 +240,13 @@ def test_masks_of_large_sets_list_in_the_first_search_pass():
     lower = listed.listing.lower
     launch = tuning.resolve(config.tuning).window
     _, _, _, held = threshold.route.window_threshold(
-        listed.window, threshold.route.top_width(params, width),
+        listed.window, threshold.route.top_width_params(params, width),
         listed.listing.rows, tr.t1, lower, jnp.full_like(lower, jnp.inf),
         tr.row_max, listed.listing.capacity, launch, by_count=True)
     # The window kernel of each row's search placed the listing as a
     # by-count window of its own would (with no upper end).
     _, alone, upper = threshold.route.place_window(
-        threshold.route.top_width(params, width), tr, rows, tr.t1,
+        threshold.route.top_width_params(params, width), tr, rows, tr.t1,
         listed.listing.capacity, launch, by_count=True)
     return rows, tr.large != 0, sets, listed, held, (alone, upper), (
         threshold.large_kept_ids(x, params, tr, config, rows, sets.threshold,

@@ -24,7 +24,7 @@ from jaxsample._src.params import SamplerConfig, SamplingParams
 
 __all__ = ["floored_race", "KeptSets", "large_kept_ids", "large_thresholds",
            "listing_width", "place_window", "sample_large", "sample_truncated",
-           "top_width", "Truncation", "untruncated_sets", "window_threshold"]
+           "top_width_params", "Truncation", "untruncated_sets", "window_threshold"]
 
 
 # ---------------------------------------------------------------------------
@@ -352,7 +352,7 @@ def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
   return sets, listed
 
 
-def top_width(params: SamplingParams, width: int) -> SamplingParams:
+def top_width_params(params: SamplingParams, width: int) -> SamplingParams:
   """``params`` with top-k = ``width`` and top-p off (min-p kept)."""
   return SamplingParams(params.temperature,
                         jnp.full_like(params.top_k, width),
@@ -451,7 +451,7 @@ def large_kept_ids(logits, params: SamplingParams, trunc: Truncation,
   every call than the cond.)
   """
   t = params.temperature
-  top_width = top_width(params, width)
+  top_width = top_width_params(params, width)
   ids = jnp.zeros((logits.shape[0], width), jnp.int32)
   listed_rows = jnp.zeros_like(rows)
   if width <= config.max_candidates // 2:
