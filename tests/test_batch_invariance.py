@@ -11,17 +11,21 @@ batch size and V) are equal; between plans they differ by the fp32 rounding
 of another grouping of the normalizer's sum, within ``PLAN_ATOL``.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jaxsample
 from jaxsample import SamplerConfig, SamplingParams
+from jaxsample._src.parallel import batch as partition
 from jaxsample._src.pallas import common
 from jaxsample._src import tuning
 from jaxsample._src.pallas.threshold.base import pass_plan
 
-from helpers.cases import SAMPLE_SHAPE, random_logits
+from helpers.cases import SAMPLE_SHAPE, logits, random_logits
 from helpers.parametrize import slow_case
 from helpers.sampling import run_sample
 
@@ -39,6 +43,13 @@ PARAMS = SamplingParams.make(B, temperature=[1.0, 0.0, 1.2, 0.8, 1.0],
                              min_p=[0.0, 0.0, 0.0, 0.0, 0.05])
 KEYS = jax.random.split(jax.random.key(15), B)
 POSITIONS = jnp.asarray([0, 3, 3, 1000, 2**20], jnp.int32)
+# ``batch_invariant``'s batches: with ``TINY``'s 64-element loads at V = 4096
+# the default plans of these sizes all differ (many splits per row, as a
+# large V has with the default loads).
+BATCHES = (1, 9, 40, 130)
+TINY = tuning.Tuning(stats=tuning.StatsLaunch(block_size=64, chunks_per_step=1),
+                     compact=tuning.CompactLaunch(block_size=64),
+                     spec_stats=tuning.SpecStatsLaunch(block_size=64))
 
 
 def kernel_plans(batch: int, vocab: int, config: SamplerConfig):
@@ -138,3 +149,174 @@ def test_kernel_logprobs_between_launch_plans():
   np.testing.assert_array_equal(split.valid, default.valid)
   np.testing.assert_allclose(split.logprobs, default.logprobs, rtol=0,
                              atol=PLAN_ATOL)
+
+
+# The requests: plain, greedy, top-k, top-p, min-p, top-k + top-p, and a flat
+# top-p row whose kept set overflows the candidate buffer (the large-set route).
+REQUESTS = SamplingParams.make(
+    7, temperature=[1.0, 0.0, 1.2, 0.8, 1.0, 0.7, 3.0],
+    top_k=[0, 0, 20, 0, 0, 50, 0], top_p=[1.0, 1.0, 1.0, 0.9, 1.0, 0.9, 0.99],
+    min_p=[0.0, 0.0, 0.0, 0.0, 0.05, 0.0, 0.0])
+R = REQUESTS.batch_size
+
+
+def _requests(vocab):
+  x = np.array(random_logits(21, R, vocab))
+  x[-1] *= 0.05  # flat: thousands of ids in its top-p set
+  return (jnp.asarray(x), jax.random.split(jax.random.key(21), R),
+          jnp.asarray([0, 5, 9, 17, 2**20, 33, 1], jnp.int32))
+
+
+def _layout(batch: int):
+  """``(slots, fill)``: the requests' slots in a batch of ``batch`` rows
+  (each request alone at B = 1, ``slots`` then lists one slot per call) and
+  how many junk rows fill the rest."""
+  if batch == 1:
+    return np.zeros(R, int), 0
+  slots = np.random.default_rng(batch).choice(batch, R, replace=False)
+  return slots, batch - R
+
+
+def _batched(batch, x, keys, positions, draft=None):
+  """The requests' arrays laid out for ``batch`` rows: ``[(rows, arrays)]``
+  (one call per request at B = 1).  Junk rows: random logits (one repeats
+  request 0's row under its own key), all-zero padding rows, mixed params."""
+  slots, fill = _layout(batch)
+  if batch == 1:
+    return [([0], jax.tree.map(lambda a: a[r:r + 1], (x, REQUESTS, keys,
+                                                      positions, draft)))
+            for r in range(R)]
+  r = np.random.default_rng(batch + 1)
+  junk_x = logits(batch, fill, *x.shape[1:], scale=2.0)
+  junk_x[0] = np.asarray(x[0])
+  junk_x[1::3] = 0.0
+  junk_params = SamplingParams.make(
+      fill, temperature=r.uniform(0.0, 1.5, fill).astype(np.float32),
+      top_k=r.choice([0, 5, 100], fill), top_p=r.choice([1.0, 0.5, 0.95], fill),
+      min_p=r.choice([0.0, 0.1], fill))
+  junk = (jnp.asarray(junk_x), junk_params,
+          jax.random.split(jax.random.key(batch), fill),
+          jnp.asarray(r.integers(0, 100, fill), jnp.int32),
+          None if draft is None else jnp.asarray(
+              logits(batch + 2, fill, *draft.shape[1:], scale=2.0)))
+  order = np.empty(batch, int)  # row b of the batch: index into requests + junk
+  order[slots] = np.arange(R)
+  order[np.setdiff1d(np.arange(batch), slots)] = R + np.arange(fill)
+  whole = jax.tree.map(lambda a, b: jnp.concatenate([a, b])[order],
+                       (x, REQUESTS, keys, positions, draft), junk)
+  return [(slots, whole)]
+
+
+@functools.partial(jax.jit, static_argnames=("config", "call"))
+def _call(x, params, keys, positions, config, call):
+  """``sample`` (``call`` "sample"), with its mask ("sample+mask"), or
+  ``extract_sampling_mask`` ("extract")."""
+  if call == "extract":
+    return jaxsample.extract_sampling_mask(x, params, config=config)
+  return jaxsample.sample(x, params, keys, positions=positions, config=config,
+                          return_mask=call == "sample+mask")
+
+
+def _per_request(batches, run):
+  """``{B: outputs of the requests in request order}``."""
+  results = {}
+  for batch in batches:
+    outs = [jax.tree.map(lambda a: np.asarray(a)[np.asarray(rows)], run(*args))
+            for rows, args in _batched(batch, *batches[batch])]
+    results[batch] = jax.tree.map(lambda *a: np.concatenate(a), *outs)
+  return results
+
+
+def _assert_all_equal(results):
+  """Every batch size's outputs bit for bit those of the first."""
+  first, *rest = results
+  paths, want = zip(*jax.tree_util.tree_flatten_with_path(results[first])[0])
+  for batch in rest:
+    got = jax.tree.leaves(results[batch])
+    for path, a, b in zip(paths, got, want):
+      np.testing.assert_array_equal(
+          a, b, err_msg=f"B = {batch}: {jax.tree_util.keystr(path)}")
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("call,gen,fp64", [
+    ("sample+mask", "philox", False), slow_case("sample", "philox", False),
+    slow_case("extract", "philox", False),
+    slow_case("sample+mask", "threefry", False),
+    slow_case("sample+mask", "philox", True)])
+def test_batch_invariant_kernel_rows_are_bit_identical(call, gen, fp64):
+  """``SamplerConfig(batch_invariant=True)``: ``sample`` (plain and with its mask) and ``extract_sampling_mask``:
+  every request's token, validity, logprob and mask (kept ids, count,
+  ``logz``, ``lse``, flags) at B = 1, 9, 40 and 130 (their default plans differ), among junk and padding
+  rows, bit for bit."""
+  config = SamplerConfig(implementation="pallas", rng=gen,
+                         use_fp64_gumbel=fp64, tuning=TINY,
+                         batch_invariant=True)
+  args = _requests(V)
+  with jax.enable_x64(fp64):
+    results = _per_request({b: args for b in BATCHES},
+                           lambda x, p, k, pos, _: _call(x, p, k, pos, config,
+                                                         call))
+  out = results[1]
+  result, mask = {"sample": (out, None), "sample+mask": out,
+                  "extract": (None, out)}[call]
+  assert result is None or result.valid.all()
+  # not vacuous: kept sets, the flat row's overflowing one
+  assert mask is None or (mask.truncated[2:].all() and mask.overflow[-1])
+  _assert_all_equal(results)
+
+
+def _drafts(positions, vocab: int):
+  """``(drafts, num_draft)``: k = 2 drafts per request, ``(p + 1) * [1,
+  2] % V`` at position ``p``, one of them on odd positions."""
+  positions = jnp.asarray(positions)
+  drafts = (positions[:, None] + 1) * jnp.asarray([1, 2]) % vocab
+  return drafts.astype(jnp.int32), 2 - positions % 2
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _verify(target, params, keys, positions, draft_logits, config):
+  """``rejection_sample`` of ``_drafts``, with its masks (batch first:
+  ``[B, k + 1, ...]``)."""
+  drafts, num_draft = _drafts(positions, target.shape[-1])
+  result, masks = jaxsample.rejection_sample(
+      target, drafts, num_draft, params, keys, draft_logits=draft_logits,
+      positions=positions, config=config, return_mask=True)
+  return result, jax.tree.map(lambda a: jnp.moveaxis(a, 0, 1), masks)
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("with_draft", [slow_case(True), slow_case(False)])
+def test_batch_invariant_verification_is_bit_identical(with_draft):
+  """``SamplerConfig(batch_invariant=True)``: ``rejection_sample`` (k = 2, draft logits or one-hot drafts):
+  every request's tokens, acceptance, logprobs and masks at B = 1, 9, 40 and
+  130, among junk and padding rows, bit for bit."""
+  config = SamplerConfig(implementation="pallas", tuning=TINY,
+                         batch_invariant=True)
+  vocab = 2048
+  x, keys, positions = _requests(3 * vocab)
+  drafts, _ = _drafts(positions, vocab)
+  # Likely drafts (the target's logit + 6 there): accepts and rejects.
+  target = x.reshape(R, 3, vocab).at[
+      np.arange(R)[:, None], np.arange(2), drafts].add(6.0)
+  draft = (jnp.asarray(logits(22, R, 2, vocab, scale=2.0)) if with_draft
+           else None)
+  results = _per_request(
+      {b: (target, keys, positions, draft) for b in BATCHES},
+      lambda t, p, k, pos, d: _verify(t, p, k, pos, d, config))
+  out, _ = results[1]
+  assert 0 < out.num_accepted.sum() < 2 * R  # accepts and rejects
+  _assert_all_equal(results)
+
+
+def test_batch_invariant_batches_had_different_plans():
+  """The batches above are not vacuous: without ``batch_invariant`` their
+  kernel plans differ (``TINY``'s 64-element loads at V = 4096), with it
+  they are the one-row plan."""
+  plain = SamplerConfig(implementation="pallas", tuning=TINY)
+  invariant = SamplerConfig(implementation="pallas", tuning=TINY,
+                            batch_invariant=True)
+  shard = lambda config: partition.shard_config(config, 1)
+  assert len({kernel_plans(b, V, shard(plain)) for b in BATCHES}) == len(BATCHES)
+  assert {kernel_plans(b, V, shard(invariant)) for b in BATCHES} == {
+      kernel_plans(1, V, shard(plain))}

@@ -180,11 +180,11 @@ def test_overrides_reach_the_kernels_launches():
 
 
 def test_a_batch_shard_plans_as_the_whole_batch():
-  """``for_batch_shards``: a shard's ``Occupancy.batch_shards`` scales the
-  rows its plans are made for (warps and splits of the whole batch)."""
-  assert tuning.for_batch_shards(None, 1) is None
-  shard = tuning.resolve(tuning.for_batch_shards(
-      tuning.for_batch_shards(None, 2), 4))
+  """``planned``: a shard's ``Occupancy.batch_shards`` scales the rows its
+  plans are made for (warps and splits of the whole batch)."""
+  assert tuning.planned(None) is None
+  shard = tuning.resolve(tuning.planned(tuning.planned(None, shards=2),
+                                        shards=4))
   assert shard.occupancy.batch_shards == 8
   whole = tuning.resolve()
   for rows in (1, 4, 16):
@@ -194,6 +194,37 @@ def test_a_batch_shard_plans_as_the_whole_batch():
                             generator="philox", fp64=False)
     assert (plan.num_warps, plan.num_splits) == (want.num_warps,
                                                  want.num_splits)
+
+
+def test_batch_invariant_plans_every_batch_as_one_row():
+  """``batch_invariant``: every kernel plan at any batch size (and on any
+  batch shard) is the one-row plan, so a row's sums keep their order."""
+  one = tuning.resolve(tuning.planned(None, batch_invariant=True))
+  sharded = tuning.resolve(tuning.planned(None, shards=4,
+                                          batch_invariant=True))
+  alone = tuning.resolve()
+  want = common.race_plan(1, 151936, alone.gumbel, alone.occupancy,
+                          generator="philox", fp64=False)
+  plain = {common.race_plan(b, 151936, alone.gumbel, alone.occupancy,
+                            generator="philox", fp64=False).num_splits
+           for b in (1, 33, 130, 512)}
+  assert len(plain) > 1  # without it, the plan follows B
+  for tuned in (one, sharded):
+    for rows in (1, 33, 130, 512):
+      for fp64 in (False, True):
+        plan = common.race_plan(rows, 151936, tuned.gumbel, tuned.occupancy,
+                                generator="philox", fp64=fp64)
+        base = common.race_plan(1, 151936, alone.gumbel, alone.occupancy,
+                                generator="philox", fp64=fp64)
+        assert (plan.num_warps, plan.num_splits) == (base.num_warps,
+                                                     base.num_splits)
+      stats = common.make_plan(rows, 151936, chunk=1024, tile=4096,
+                               num_warps=4, num_splits=None, num_stages=1,
+                               occupancy=tuned.occupancy)
+      assert stats.num_splits == common.make_plan(
+          1, 151936, chunk=1024, tile=4096, num_warps=4, num_splits=None,
+          num_stages=1, occupancy=alone.occupancy).num_splits
+  assert want.num_warps == 4
 
 
 @pytest.mark.parametrize("make,match", [

@@ -326,6 +326,12 @@ class SamplerConfig:
     logprobs: ``sample`` returns the sampled tokens' logprobs (default;
       other entry points ignore this field).  False:
       ``SampleResult.logprobs`` is None; the tokens are the same.
+    batch_invariant: the kernels plan every batch as one row (vocab splits
+      and warps as at B = 1), so a row's logprobs and masks are bit-identical
+      at any batch size, index and padding (its tokens always are; the XLA
+      backends always are bit-identical).  Off by default: slower at large
+      B (an H200, V = 151936 fp32: plain 42.0 against 68.4 us at B = 128,
+      ``benchmarks/results/2026-11-29e-h200-batch-invariant-plans``).
   """
 
   rng: str = "philox"
@@ -336,6 +342,7 @@ class SamplerConfig:
   max_candidates: int = 1024
   kernel_bitmask: bool = False
   logprobs: bool = True
+  batch_invariant: bool = False
 
   def __post_init__(self):
     if self.rng not in rng.GENERATORS:
@@ -355,6 +362,9 @@ class SamplerConfig:
                        f"{self.kernel_bitmask!r}")
     if not isinstance(self.logprobs, bool):
       raise ValueError(f"logprobs must be a bool; got {self.logprobs!r}")
+    if not isinstance(self.batch_invariant, bool):
+      raise ValueError(f"batch_invariant must be a bool; got "
+                       f"{self.batch_invariant!r}")
     if isinstance(self.max_mask_ids, bool) or not isinstance(
         self.max_mask_ids, (int, np.integer)) or self.max_mask_ids < 1:
       raise ValueError(f"max_mask_ids must be an int >= 1; got "

@@ -22,9 +22,9 @@ import numbers
 import jax
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["BoundsLaunch", "CompactLaunch", "DEFAULT", "for_batch_shards",
+__all__ = ["BoundsLaunch", "CompactLaunch", "DEFAULT",
            "H100_KIND", "H200_KIND", "Launch", "Measured", "MEASURED", "Occupancy",
-           "overriding", "PackLaunch", "PassLaunch", "PivotLaunch",
+           "overriding", "PackLaunch", "planned", "PassLaunch", "PivotLaunch",
            "RaceLaunch", "resolve", "SelectLaunch", "SpecStatsLaunch",
            "StatsLaunch", "Tuning", "WindowLaunch"]
 
@@ -196,13 +196,18 @@ class Occupancy:
       are made for ``batch_shards`` times a call's rows, so a batch shard
       launches what the whole batch would and its kernels sum in the same
       order (bit-identical logprobs).  ``jaxsample._src.parallel.batch`` sets it
-      (``for_batch_shards``).
+      (``planned``).
+    batch_invariant: plan every batch as one row (``planned_rows`` 1): a
+      row's kernels then sum in the same order at any batch size, so its
+      logprobs and masks are bit-identical at any B
+      (``SamplerConfig.batch_invariant`` sets it; slower at large B).
   """
 
   sm_count: int = 132
   programs_per_sm: tuple[tuple[int, int], ...] = ((1, 15), (2, 6), (4, 3))
   one_warp_resident: int = 16
   batch_shards: int = 1
+  batch_invariant: bool = False
 
   def __post_init__(self):
     _check(self, "sm_count", self.sm_count)
@@ -218,8 +223,9 @@ class Occupancy:
           f"pairs with an entry for 1 warp; got {pairs!r}")
 
   def planned_rows(self, batch: int) -> int:
-    """The rows a plan is made for: the whole batch's on a batch shard."""
-    return batch * self.batch_shards
+    """The rows a plan is made for: one when ``batch_invariant``, else the
+    whole batch's on a batch shard."""
+    return 1 if self.batch_invariant else batch * self.batch_shards
 
   def splits(self, rows: int, n_tiles: int, num_warps: int) -> int:
     """Splits per row: ``programs_per_sm`` programs per SM, rounded up; for
@@ -368,15 +374,18 @@ def _resolve(override: Tuning, device_kind: str) -> Tuning:
       for name in _KINDS})
 
 
-def for_batch_shards(override: Tuning | None, shards: int) -> Tuning | None:
-  """``override`` for a call on one of ``shards`` batch shards: its resolved
-  ``occupancy`` with ``batch_shards`` multiplied by ``shards`` (``override``
-  itself for 1 shard)."""
-  if shards == 1:
+def planned(override: Tuning | None, *, shards: int = 1,
+            batch_invariant: bool = False) -> Tuning | None:
+  """``override`` for a call on one of ``shards`` batch shards, planned as
+  one row with ``batch_invariant``: its resolved ``occupancy`` with
+  ``batch_shards`` multiplied by ``shards`` and ``batch_invariant`` set
+  (``override`` itself for 1 shard without it)."""
+  if shards == 1 and not batch_invariant:
     return override
   occupancy = resolve(override).occupancy
   return dataclasses.replace(override or Tuning(), occupancy=dataclasses.replace(
-      occupancy, batch_shards=occupancy.batch_shards * shards))
+      occupancy, batch_shards=occupancy.batch_shards * shards,
+      batch_invariant=occupancy.batch_invariant or batch_invariant))
 
 
 def overriding(knobs: dict[str, int], device_kind: str | None = None) -> Tuning:

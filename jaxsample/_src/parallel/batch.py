@@ -89,9 +89,10 @@ def manual_rows(x, batch: int, *, exclude: str | None = None):
 
 def shard_config(config: SamplerConfig, shards: int) -> SamplerConfig:
   """``config`` for a call on one of ``shards`` batch shards: its kernels
-  plan as for the whole batch (``tuning.Occupancy.batch_shards``)."""
-  return dataclasses.replace(
-      config, tuning=tuning.for_batch_shards(config.tuning, shards))
+  plan as for the whole batch (``tuning.Occupancy.batch_shards``), or as for
+  one row with ``config.batch_invariant``."""
+  return dataclasses.replace(config, tuning=tuning.planned(
+      config.tuning, shards=shards, batch_invariant=config.batch_invariant))
 
 
 def per_batch_shard(entry, axes: tuple[str, ...], batched, shared, *,
