@@ -20,8 +20,9 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxsample
+from jaxsample import sharded
 from jaxsample._src import reference, spec
-from jaxsample._src.parallel import vocab as sharded
+from jaxsample._src.parallel.vocab import search_split
 from jaxsample._src.tuning import RaceLaunch, Tuning
 
 from helpers.sharding import (VOCAB_SPLIT, assert_same_leaves, require_two_gpus,
@@ -165,7 +166,7 @@ def test_split_candidates_are_the_rows_top_k():
   x = jnp.round(jax.random.normal(jax.random.key(2), (3, 64)) * 2)  # ties
   shards = jnp.moveaxis(x.reshape(3, 4, 16), 1, 0)
   for width in (8, 64):
-    top = jax.vmap(lambda s, w=width: sharded.search_split(
+    top = jax.vmap(lambda s, w=width: search_split(
         "v", 64, jax.lax.axis_index("v") * 16).top(s, w), axis_name="v")
     assert_same_leaves(jax.lax.top_k(x, width), jax.tree.map(lambda a: a[0],
                                                        top(shards)))
@@ -178,7 +179,7 @@ def test_split_take_moves_values_of_any_width():
   widened to 32-bit words)."""
   x = np.random.default_rng(7).normal(size=(3, 64)) * 3
   ids = np.array([0, 37, 63])
-  take = jax.jit(jax.vmap(lambda s: sharded.search_split(
+  take = jax.jit(jax.vmap(lambda s: search_split(
       "v", 64, jax.lax.axis_index("v") * 16).take(s, ids), axis_name="v"))
   for dtype in (jnp.bfloat16, jnp.float32):
     values = jnp.asarray(x, dtype)

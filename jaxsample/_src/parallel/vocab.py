@@ -71,7 +71,8 @@ from jax.sharding import PartitionSpec as P
 
 from jaxsample._src import (backends, dispatch, reference, rng, rowwise,
                             sampling_mask, spec_reference, xla_search)
-from jaxsample._src.parallel import batch as partition
+from jaxsample._src.parallel.batch import (batch_split_over, explicit_axes,
+                                           manual_rows, shard_config)
 from jaxsample._src.backends import pallas as kernel_backend, xla_reference
 from jaxsample._src.pallas import common, gumbel
 from jaxsample._src import tuning
@@ -115,7 +116,7 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
   shards = lax.axis_size(axis_name)
   vocab = local * shards
   offset = lax.axis_index(axis_name) * local
-  _, first_row = partition.manual_rows(logits, batch, exclude=axis_name)
+  _, first_row = manual_rows(logits, batch, exclude=axis_name)
   streams, _ = rng.row_streams(key, positions, batch, vocab,
                                first_row=first_row)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
@@ -124,8 +125,8 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
 
   width = config.max_mask_ids if return_mask else 0
   # A batch shard's kernels plan as for the whole batch.
-  config = partition.shard_config(
-      config, partition.manual_rows(logits, batch, exclude=axis_name)[0])
+  config = shard_config(
+      config, manual_rows(logits, batch, exclude=axis_name)[0])
 
   def parallel():
     race = _race_pallas if backends.backend_name(config) == "pallas" else (
@@ -239,7 +240,7 @@ def rejection_sample_sharded(
   n = jnp.clip(num_draft, 0, k1 - 1).astype(jnp.int32)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(vocab)
-  key = spec_reference.request_keys(key, batch, partition.manual_rows(
+  key = spec_reference.request_keys(key, batch, manual_rows(
       target_logits, batch, exclude=axis_name)[1])
   if k1 == 1:
     return spec_reference.without_drafts(
@@ -278,7 +279,7 @@ XX
   """
   split = {name: a for name, a in split.items() if a is not None}
   logits = split.get("logits", split.get("target_logits"))
-  vocab_axes = partition.explicit_axes(logits, logits.ndim - 1)
+  vocab_axes = explicit_axes(logits, logits.ndim - 1)
   if processors is not None:
     raise ValueError(
         "processors are not taken for logits split along the vocabulary "
@@ -289,7 +290,7 @@ XX
         f"the vocabulary is split over mesh axes {vocab_axes}: split it over "
         "one axis, or call sample_sharded inside jax.shard_map")
   axis_name = vocab_axes[0]
-  batch = partition.explicit_axes(logits, 0) or None
+  batch = explicit_axes(logits, 0) or None
   keys, whole = dict(keys or {}), dict(whole or {})
   if keys and rng.key_words(keys["key"]).ndim == 1:  # one key: replicated
     whole["key"] = keys.pop("key")
@@ -301,7 +302,7 @@ XX
   split = {name: reshard(a, split_specs[name]) for name, a in split.items()}
   rows, whole = reshard(rows, P(batch)), reshard(whole, P())
   def body(split, rows, whole):
-    with partition.batch_split_over(batch or ()):
+    with batch_split_over(batch or ()):
       return fn(**split, **rows, **whole, axis_name=axis_name)
 
   mesh = jax.typeof(logits).sharding.mesh
