@@ -73,7 +73,8 @@ from jaxsample._src import (backends, dispatch, reference, rng, rowwise,
                             sampling_mask, spec_reference, xla_search)
 from jaxsample._src.parallel.batch import (batch_split_over, explicit_axes,
                                            manual_rows, shard_config)
-from jaxsample._src.backends import pallas as kernel_backend, xla_reference
+from jaxsample._src.backends import xla_reference
+from jaxsample._src.backends.pallas import untruncated_facts, with_mask
 from jaxsample._src.pallas import common, gumbel
 from jaxsample._src import tuning
 from jaxsample._src.params import SamplerConfig, SamplingParams, as_config
@@ -129,9 +130,12 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
       config, manual_rows(logits, batch, exclude=axis_name)[0])
 
   def parallel():
-    race = _race_pallas if backends.backend_name(config) == "pallas" else (
-        _race_xla)
-    return race(logits, params, streams, config, offset, axis_name, width)
+    race = _kernel_race if backends.backend_name(config) == "pallas" else (
+        _reference_race)
+    result, row_max, lse, finite = race(logits, params, streams, config,
+                                        offset, axis_name, bool(width))
+    return with_mask(result, untruncated_facts(row_max, lse, finite, width),
+                     params, width)
 
   def truncated():
     if backends.backend_name(config) == "xla":
@@ -271,7 +275,9 @@ def vocab_mesh_call(fn, *, split, rows, keys=None, whole=None,
   and along the batch as the logits are; ``rows``: pytrees of ``[B, ...]``
   arrays (None allowed), split along the batch; ``keys``: ``key`` (with
   ``positions``), per request (``[B]`` keys) following the batch, else
-XX
+  replicated; ``whole``: arrays replicated on every device;
+  ``out_batch_dims``: the batch axis of ``fn``'s outputs (a pytree prefix
+  of them).
 
   Raises:
     ValueError: for ``processors`` (apply them before splitting the
@@ -375,11 +381,13 @@ def _pick(values: jax.Array, shard: jax.Array) -> jax.Array:
   return jnp.take_along_axis(values, shard[None], axis=0)[0]
 
 
-def _race_xla(logits, params: SamplingParams, streams: rng.RowStreams,
-              config: SamplerConfig, offset, axis_name: str, width: int):
-  """The reference race of this shard, one gather, one integer psum:
-  ``(SampleResult, mask or None)`` (a mask ``width`` wide: its count of
-  finite entries rides on the psum)."""
+def _reference_race(logits, params: SamplingParams, streams: rng.RowStreams,
+                    config: SamplerConfig, offset, axis_name: str,
+                    count_finite: bool):
+  """The reference race of rows without a filter, one gather and one
+  integer psum: ``(SampleResult, row_max, lse, finite)``, ``finite`` (the
+  count of entries ``> -inf``, on the same psum) None without
+  ``count_finite``."""
   x = reference.sanitize(logits)
   y = reference.temper(x, params.temperature)
   keep = y > -jnp.inf
@@ -401,22 +409,23 @@ def _race_xla(logits, params: SamplingParams, streams: rng.RowStreams,
   shift = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
   terms = [reference.fixed_point_limbs(
       jnp.where(keep, jnp.exp(y - shift[:, None]), 0.0))]
-  if width:  # the mask's count of finite entries, on the same psum
+  if count_finite:  # the mask's count of finite entries, on the same psum
     terms.append(jnp.sum(keep, axis=-1, dtype=jnp.int32)[:, None])
   sums = lax.psum(jnp.concatenate(terms, axis=1), axis_name)
   log_sum = jnp.log(reference.limbs_to_float(sums[:, :reference.LIMBS]))
   result = reference.finalize(x_token, params, tokens, (shift, log_sum),
                               row_max)
-  finite = sums[:, reference.LIMBS] if width else None
-  return kernel_backend.with_mask(result, kernel_backend.untruncated_facts(
-      row_max, shift + log_sum, finite, width), params, width)
+  finite = sums[:, reference.LIMBS] if count_finite else None
+  return result, row_max, shift + log_sum, finite
 
 
-def _race_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
-                 config: SamplerConfig, offset, axis_name: str, width: int):
-  """The Gumbel kernel on this shard, its partials gathered and combined:
-  ``(SampleResult, mask or None)`` (with a mask ``width`` wide the kernel
-  also counts the finite entries, as the one-device kernel path does)."""
+def _kernel_race(logits, params: SamplingParams, streams: rng.RowStreams,
+                 config: SamplerConfig, offset, axis_name: str,
+                 count_finite: bool):
+  """``gumbel.sample_untruncated`` of rows split over ``axis_name``: the
+  Gumbel kernel's partials of this shard gathered, then finished as one
+  device finishes its splits: ``(SampleResult, row_max, lse, finite)``
+  (``finite`` None without ``count_finite``)."""
   batch, local = logits.shape
   vocab = local * lax.axis_size(axis_name)
   tuned = tuning.resolve(config.tuning)
@@ -434,12 +443,12 @@ def _race_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
         config.tuning or tuning.Tuning(), gumbel=launch))
   partials = gumbel.gumbel_partials(logits, params.temperature, streams,
                                     config, vocab_offset=offset,
-                                    count_finite=bool(width))
+                                    count_finite=count_finite)
   token, _, _ = gumbel.combine_partials(partials)
   x_local = jnp.take_along_axis(logits, (token - offset)[:, None],
                                 axis=-1)[:, 0].astype(jnp.float32)
   fields = [partials.race, partials.index, partials.max, partials.sumexp]
-  fields += [partials.kept] if width else []
+  fields += [partials.kept] if count_finite else []
   *gathered, x_shards = _gather_rows(fields + [x_local], axis_name)
   # [n, B, S] -> [B, n S]: splits in id order.
   race, index, top, sumexp, *kept = [
@@ -447,6 +456,5 @@ def _race_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   whole = gumbel.GumbelPartials(race, index, top, sumexp)
   result, row_max, (shift, log_sum) = gumbel.finish_sampling(
       None, params, whole, logit_at=lambda t: _pick(x_shards, t // local))
-  finite = jnp.sum(kept[0], axis=-1) if width else None
-  return kernel_backend.with_mask(result, kernel_backend.untruncated_facts(
-      row_max, shift + log_sum, finite, width), params, width)
+  finite = jnp.sum(kept[0], axis=-1) if count_finite else None
+  return result, row_max, shift + log_sum, finite
