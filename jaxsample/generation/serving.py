@@ -55,15 +55,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsample.generation import slot_programs
-from jaxsample.generation.admission import (RequestRules, admission_inputs,
-                                            check_limits, pack_host_bitmask,
-                                            request_from_fields,
-                                            share_prompts, slot_processors)
 from jaxsample.generation.generate import bucket
 from jaxsample.generation.lm import as_language_model
 from jaxsample.generation.requests import (ABORT, ERROR, Completion,
                                            ProcessorLimits, Request,
-                                           Speculation, StreamEvent)
+                                           RequestRules, Speculation,
+                                           StreamEvent, check_limits,
+                                           request_from_fields)
+from jaxsample.generation.slot_programs import (admission_inputs,
+                                                pack_host_bitmask,
+                                                share_prompts, slot_processors)
 from jaxsample.generation.tracked import Tracked
 from jaxsample._src.logprobs import MODES, check_num_top
 from jaxsample._src.params import SamplerConfig
