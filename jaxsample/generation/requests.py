@@ -1,6 +1,7 @@
 """What a ``ServeLoop`` takes and gives: ``Request``, ``StreamEvent``,
 ``Completion``, and the loop's ``Speculation`` and ``ProcessorLimits``
-settings (``docs/serving.md``)."""
+settings (``docs/serving.md``); ``RequestRules``: a request checked against
+the loop's limits (``ServeLoop.submit``'s rules)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The serving loop's slot state and its jitted programs.
+"""The serving loop's slot state, its admission rows and its jitted programs.
 
 The device state is a ``DecodeState`` (plain decoding) or a ``SpecState``
 (speculative) of ``slots`` rows whose shapes never change; ``empty_state``
@@ -12,6 +12,10 @@ builds it with every slot finished (free).
   rows into the chosen slots;
 * ``step``: ``steps`` decode (or speculative) steps of every slot in a
   ``lax.scan``.
+
+The host builds the admission program's fixed-shape inputs from a batch of
+requests (``admission_inputs``, ``share_prompts``, ``slot_processors``) and
+a ``bitmask_fn`` result's packed words (``pack_host_bitmask``).
 
 With logits processors every slot carries a ``LogitsProcessors`` row
 (``slot_processors``: fixed widths, neutral where unused); the
