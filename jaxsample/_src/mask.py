@@ -55,5 +55,4 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   # An empty batch has no rows to launch kernels or searches on.
   rows = (backends.backend(config) if logits.shape[0] else
           backends.xla_reference)
-  return over_batch_shards(rows.extract_rows, (logits, params),
-                                     config=config)
+  return over_batch_shards(rows.extract_rows, (logits, params), config=config)

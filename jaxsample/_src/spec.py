@@ -263,8 +263,7 @@ def rejection_sample(target_logits: jax.Array,
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(vocab)
   # Per-request keys from here on: a batch shard's requests keep theirs.
-  key = request_keys(key, batch,
-                     manual_rows(target_logits, batch)[1])
+  key = request_keys(key, batch, manual_rows(target_logits, batch)[1])
   if k1 == 1:
     return without_drafts(functools.partial(sampling.sample, config=config),
                           target_logits, params, key, positions, return_mask)

@@ -105,10 +105,10 @@ def _reject_one_hot(target_logits, d, n, params: SamplingParams, noise_keys,
   j = jnp.zeros((batch,), jnp.int32)
   if k:
     u = spec_reference.acceptance_uniforms(accept_keys, positions, k, vocab,
-                                     config.rng)
+                                           config.rng)
     j = spec_reference.accepted_count(u, lt_d, jnp.zeros_like(lt_d),
-                                d == token[:, :k], greedy, valid[:, :k], n,
-                                synthetic_rates)
+                                      d == token[:, :k], greedy, valid[:, :k],
+                                      n, synthetic_rates)
 
   # The token at slot j: its row's race (without d_j after a rejection).
   token_j, top_j, valid_j = _at(token, j), _at(top, j), _at(valid, j)
@@ -187,9 +187,9 @@ def _reject_with_draft_logits(target_logits, d, n, params: SamplingParams,
   ld_d = jnp.where(ds.valid, log_probs_at(x_d, ds.shift, ds.log_sum,
                                           t[:, None], floor_d), 0.0)
   u = spec_reference.acceptance_uniforms(accept_keys, positions, k, vocab,
-                                   config.rng)
+                                         config.rng)
   j = spec_reference.accepted_count(u, lt_d, ld_d, d == ts.argmax, greedy,
-                              ts.valid, n, synthetic_rates)
+                                    ts.valid, n, synthetic_rates)
   jc = jnp.minimum(j, k - 1)
   # A greedy rejection emits row j's argmax: pass 1 has it.
   known = greedy & (j < n)
