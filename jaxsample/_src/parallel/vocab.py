@@ -114,10 +114,9 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
   logits = jnp.asarray(logits)
   params = dispatch.check_logits(logits, params)
   batch, local = logits.shape
-  shards = lax.axis_size(axis_name)
-  vocab = local * shards
+  vocab = local * lax.axis_size(axis_name)
   offset = lax.axis_index(axis_name) * local
-  _, first_row = manual_rows(logits, batch, exclude=axis_name)
+  batch_shards, first_row = manual_rows(logits, batch, exclude=axis_name)
   streams, _ = rng.row_streams(key, positions, batch, vocab,
                                first_row=first_row)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
@@ -126,8 +125,7 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
 
   width = config.max_mask_ids if return_mask else 0
   # A batch shard's kernels plan as for the whole batch.
-  config = shard_config(
-      config, manual_rows(logits, batch, exclude=axis_name)[0])
+  config = shard_config(config, batch_shards)
 
   def parallel():
     race = _kernel_race if backends.backend_name(config) == "pallas" else (
@@ -233,7 +231,8 @@ def rejection_sample_sharded(
           synthetic_rates, positions))
   shards = lax.axis_size(axis_name)
   spec_reference.check_inputs(target_logits, draft_tokens, num_draft, params,
-                    draft_logits, synthetic_rates, positions, shards=shards)
+                              draft_logits, synthetic_rates, positions,
+                              shards=shards)
   batch, k1, local = target_logits.shape
   vocab = local * shards
   params = SamplingParams.rows(params, batch)
