@@ -34,7 +34,8 @@ def test_jit_takes_the_vocab_parallel_path_for_vocab_sharded_logits():
   """Logits split along the vocabulary on a 2x2 Explicit mesh, under plain
   jax.jit: sample (one key, masks), extract_sampling_mask and
   rejection_sample (per-request keys, draft logits, masks) equal one
-  device bit for bit (xla_search); processors are refused by name."""
+  device bit for bit (xla_search); processors and a vocabulary split over
+  two axes are refused by name."""
   x, batches = _mask_inputs()
   params = batches[0]
   config = jaxsample.SamplerConfig(implementation="xla_search",
@@ -66,6 +67,9 @@ def test_jit_takes_the_vocab_parallel_path_for_vocab_sharded_logits():
       jax.jit(lambda x: jaxsample.sample(x, params, key, config=config,
                                          processors=banned))(
           jax.device_put(x, P("b", "v")))
+    with pytest.raises(ValueError, match="split it over one axis"):
+      jax.jit(lambda x: jaxsample.sample(x, params, key, config=config))(
+          jax.device_put(x, P(None, ("b", "v"))))
 
 
 def test_exact_sum_is_order_independent():
