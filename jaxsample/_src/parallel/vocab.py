@@ -1,59 +1,23 @@
 """Vocab-parallel sampling: logits split along the vocabulary (tensor parallel).
 
-``sample_sharded`` runs inside ``jax.shard_map`` on one shard ``[B, V / n]``
-of the logits (shard ``i`` holds global ids ``[i V / n, (i + 1) V / n)``,
-``n`` the size of ``axis_name``).  Each shard races its slice with the noise
-of the *global* ids and reduces it to a few values per row; collectives of
-``O(B)`` values finish the row, never moving the vocabulary.
+``sample_sharded``, ``extract_sampling_mask_sharded`` and
+``rejection_sample_sharded`` run inside ``jax.shard_map`` on one shard
+``[B, V / n]`` of the logits (shard ``i`` holds global ids ``[i V / n, (i +
+1) V / n)``, ``n`` the size of ``axis_name``), drawing the noise of the
+global ids; collectives of ``O(B)`` values finish each row:
 
-Rows without top-k, top-p or min-p (a batch where no sampled row truncates):
+* rows without a filter: each shard races its slice (``_reference_race``,
+  or the Gumbel kernel's partials: ``_kernel_race``), one all-gather of a
+  few values per row (``_gather_rows``) picks the winner, and on the XLA
+  paths one integer ``psum`` sums the normalizer's digits;
+* a batch with a truncating row: the sort-free search with a ``Split``
+  (``search_split``: candidates all-gathered, counts and digit sums
+  ``psum``'d); on ``implementation="xla"`` the batch gathers the vocabulary
+  and samples it whole (exact, not parallel).
 
-1. one all-gather (``_gather_rows``) of each shard's per-row summary: the XLA
-   path's race maximum and its id, the max of ``y = x / T`` and its id and
-   the logits at both ids; the kernel path's per-split partials
-   (``gumbel.GumbelPartials``, a few splits per shard; with a mask, also
-   their counts of finite entries) and the logit at the shard's winner.
-   Every device then picks the same winner: the largest race value, the
-   smallest id on ties (shards are in id order), as on one device.
-2. XLA paths only: one ``psum`` of five int32 per row, the fixed-point digit
-   sums of ``exp(y - max y)`` (``reference.fixed_point_limbs``): integer
-   sums, so the log-normalizer has the same bits as on one device (with a
-   mask, a sixth: the count of finite entries; the mask of an untruncated
-   row lists no id, so no id moves).
-
-A batch with a truncating row, on the sort-free XLA search
-(``implementation="xla_search"``, ``"pallas"``, or ``"auto"``): ``xla_search``
-with a ``Split`` (``search_split``): each shard's ``lax.top_k`` candidates
-all-gathered (``B x W`` values and ids per shard, ``W`` = 64, 256 or 1024;
-at least the mask width) and cut to the row's top ``W``; counts and mass
-digit sums of the count and mass searches ``psum``'d (``B x 5`` int32 per
-pass, at most 32 passes per search, only when some row needs one); the
-whole-row race and argmax fallbacks all-gather each shard's best.  A mask's
-ids are the joined candidates'.  The kernel path's truncation kernels do
-not run split: their windowed and pivot searches would each need the
-``Split`` collectives between kernel launches, so its truncating batches
-take the search (the XLA reference's kept sets; see Exactness).  On
-``implementation="xla"`` (the sort-based reference) a truncating batch
-gathers the vocabulary (``_gather_rows``) and samples it as
-``jaxsample.sample`` would: exact, not parallel.
-
-Exactness: tokens, logprobs, validity and masks equal the single-device
-``sample`` (same config, same keys) bit for bit, with every generator
-(philox, threefry, FP64 noise), except on ``"pallas"``: untruncated
-batches' logprobs (and masks' ``lse``) are bit for bit when the
-single-device kernel's vocab splits fall on shard boundaries (``V / n`` a
-multiple of its split length; this path then launches those same splits),
-else within a few fp32 ulps (partials summed in another grouping);
-truncating batches equal the single-device ``"xla_search"`` call bit for
-bit, which the kernel path matches up to fp32 rounding (logprobs, ``logz``,
-``lse``; a top-p crossing within rounding of ``p`` may keep a neighbouring
-set).
-
-``extract_sampling_mask_sharded``: the masks of vocab-sharded logits on the
-sort-free search, from the same collectives (only the joined candidates, the
-listed ids among them, move).  ``rejection_sample_sharded``: speculative
-verification of vocab-sharded target and draft logits, the XLA reference
-with the split search's kept sets.
+``vocab_mesh_call`` is how ``sample``, ``extract_sampling_mask`` and
+``rejection_sample`` reach these under ``jax.jit``.  What is exact, and each
+path's collectives: ``docs/multi_device.md``.
 """
 
 from __future__ import annotations
@@ -92,8 +56,8 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
                    return_mask: bool = False
                    ) -> SampleResult | tuple[SampleResult, SamplingMask]:
   """``jaxsample.sample`` of logits split along the vocabulary over the
-  ``jax.shard_map`` axis ``axis_name`` (module doc: the collectives and what
-  is exact).
+  ``jax.shard_map`` axis ``axis_name`` (``docs/multi_device.md``: the
+  collectives and what is exact).
 
   Args:
     logits: this shard's ``[B, V / n]`` columns, shard ``i`` of ``n`` holding
