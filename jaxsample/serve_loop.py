@@ -11,9 +11,9 @@
   streamed ``StreamEvent``s, ``Completion``s in an OpenAI-like shape and
   optional ``Speculation`` (``NgramDrafter``, ``ModelDrafter``) and
   per-request logits processors (``ProcessorLimits``)
-  (``jaxsample.generation.serving``, ``requests``, ``admission``,
-  ``tracked``, ``slot_programs``, ``drafters``, ``spec_step``; user
-  guide: ``docs/serving.md``).
+  (``jaxsample.generation.serving``, ``requests``, ``tracked``,
+  ``slot_programs``, ``drafters``, ``spec_step``; user guide:
+  ``docs/serving.md``).
 * The model contract (``LanguageModel``, ``NnxLM``, ``FunctionLM``):
   ``jaxsample.generation.lm``; user guide: ``docs/generation.md``.
 """

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxsample  # noqa: E402
-from jaxsample._src.parallel import vocab as sharded  # noqa: E402
+from jaxsample import sharded  # noqa: E402
 
 B, V = 8, 8192
 x = np.random.default_rng(5).normal(size=(B, V)).astype(np.float32) * 3

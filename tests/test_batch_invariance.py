@@ -20,7 +20,7 @@ import pytest
 
 import jaxsample
 from jaxsample import SamplerConfig, SamplingParams
-from jaxsample._src.parallel import batch as partition
+from jaxsample._src.parallel.batch import shard_config
 from jaxsample._src.pallas import common
 from jaxsample._src import tuning
 from jaxsample._src.pallas.threshold.base import pass_plan
@@ -320,7 +320,7 @@ def test_batch_invariant_batches_had_different_plans():
   plain = SamplerConfig(implementation="pallas", tuning=TINY)
   invariant = SamplerConfig(implementation="pallas", tuning=TINY,
                             batch_invariant=True)
-  shard = lambda config: partition.shard_config(config, 1)
+  shard = lambda config: shard_config(config, 1)
   assert len({kernel_plans(b, V, shard(plain)) for b in BATCHES}) == len(BATCHES)
   assert {kernel_plans(b, V, shard(invariant)) for b in BATCHES} == {
       kernel_plans(1, V, shard(plain))}

@@ -20,8 +20,9 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxsample
+from jaxsample import sharded
 from jaxsample._src import reference, spec
-from jaxsample._src.parallel import vocab as sharded
+from jaxsample._src.parallel.vocab import search_split
 from jaxsample._src.tuning import RaceLaunch, Tuning
 
 from helpers.sharding import (VOCAB_SPLIT, assert_same_leaves, require_two_gpus,
@@ -33,7 +34,8 @@ def test_jit_takes_the_vocab_parallel_path_for_vocab_sharded_logits():
   """Logits split along the vocabulary on a 2x2 Explicit mesh, under plain
   jax.jit: sample (one key, masks), extract_sampling_mask and
   rejection_sample (per-request keys, draft logits, masks) equal one
-  device bit for bit (xla_search); processors are refused by name."""
+  device bit for bit (xla_search); processors and a vocabulary split over
+  two axes are refused by name."""
   x, batches = _mask_inputs()
   params = batches[0]
   config = jaxsample.SamplerConfig(implementation="xla_search",
@@ -65,6 +67,9 @@ def test_jit_takes_the_vocab_parallel_path_for_vocab_sharded_logits():
       jax.jit(lambda x: jaxsample.sample(x, params, key, config=config,
                                          processors=banned))(
           jax.device_put(x, P("b", "v")))
+    with pytest.raises(ValueError, match="split it over one axis"):
+      jax.jit(lambda x: jaxsample.sample(x, params, key, config=config))(
+          jax.device_put(x, P(None, ("b", "v"))))
 
 
 def test_exact_sum_is_order_independent():
@@ -165,7 +170,7 @@ def test_split_candidates_are_the_rows_top_k():
   x = jnp.round(jax.random.normal(jax.random.key(2), (3, 64)) * 2)  # ties
   shards = jnp.moveaxis(x.reshape(3, 4, 16), 1, 0)
   for width in (8, 64):
-    top = jax.vmap(lambda s, w=width: sharded.search_split(
+    top = jax.vmap(lambda s, w=width: search_split(
         "v", 64, jax.lax.axis_index("v") * 16).top(s, w), axis_name="v")
     assert_same_leaves(jax.lax.top_k(x, width), jax.tree.map(lambda a: a[0],
                                                        top(shards)))
@@ -178,7 +183,7 @@ def test_split_take_moves_values_of_any_width():
   widened to 32-bit words)."""
   x = np.random.default_rng(7).normal(size=(3, 64)) * 3
   ids = np.array([0, 37, 63])
-  take = jax.jit(jax.vmap(lambda s: sharded.search_split(
+  take = jax.jit(jax.vmap(lambda s: search_split(
       "v", 64, jax.lax.axis_index("v") * 16).take(s, ids), axis_name="v"))
   for dtype in (jnp.bfloat16, jnp.float32):
     values = jnp.asarray(x, dtype)

@@ -11,7 +11,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxsample._src import backends, dispatch
-from jaxsample._src.parallel import batch as partition, vocab as sharded
+from jaxsample._src.parallel.batch import explicit_axes, over_batch_shards
+from jaxsample._src.parallel.vocab import (extract_sampling_mask_sharded,
+                                           vocab_mesh_call)
 from jaxsample._src.params import SamplerConfig, SamplingParams, as_config
 from jaxsample._src.processors import LogitsProcessors
 from jaxsample._src.sampling_mask import MaskOverflowError, SamplingMask
@@ -41,9 +43,9 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   config = as_config(config)
   logits = jnp.asarray(logits)
   params = dispatch.check_logits(logits, params)
-  if partition.explicit_axes(logits, 1):  # vocab-sharded under jit
-    return sharded.vocab_mesh_call(
-        functools.partial(sharded.extract_sampling_mask_sharded,
+  if explicit_axes(logits, 1):  # vocab-sharded under jit
+    return vocab_mesh_call(
+        functools.partial(extract_sampling_mask_sharded,
                           config=config),
         split=dict(logits=logits), rows=dict(params=params),
         processors=processors)
@@ -53,5 +55,4 @@ def extract_sampling_mask(logits: jax.Array, params: SamplingParams, *,
   # An empty batch has no rows to launch kernels or searches on.
   rows = (backends.backend(config) if logits.shape[0] else
           backends.xla_reference)
-  return partition.over_batch_shards(rows.extract_rows, (logits, params),
-                                     config=config)
+  return over_batch_shards(rows.extract_rows, (logits, params), config=config)

@@ -49,7 +49,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +61,6 @@ from jaxsample._src.tuning import Tuning
 __all__ = ["IMPLEMENTATIONS", "MIN_TEMPERATURE", "SamplerConfig",
            "SamplingParams", "as_config", "check_setting"]
 
-Implementation = Literal["auto", "pallas", "xla_search", "xla"]
 IMPLEMENTATIONS: tuple[str, ...] = ("auto", "pallas", "xla_search", "xla")
 
 MIN_TEMPERATURE = 1e-5

@@ -2,7 +2,7 @@
 backend's ``sample_rows`` (``jaxsample._src.backends``: the XLA reference,
 the XLA search or the Pallas kernels), over the batch's shards; logits
 split along the vocabulary on a mesh of Explicit axes take
-``sharded.sample_sharded``."""
+``parallel.vocab.sample_sharded``."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from typing import Literal, overload
 import jax
 import jax.numpy as jnp
 
-from jaxsample._src import (backends, dispatch, mask,
-                            processors as processing, rng, sampling_mask)
-from jaxsample._src.parallel import batch as partition, vocab as sharded
+from jaxsample._src import backends, dispatch, mask, rng, sampling_mask
+from jaxsample._src.parallel.batch import (explicit_axes, manual_rows,
+                                           over_batch_shards)
+from jaxsample._src.parallel.vocab import sample_sharded, vocab_mesh_call
 from jaxsample._src.params import SamplerConfig, SamplingParams, as_config
+from jaxsample._src.processors import LogitsProcessors
 from jaxsample._src.reference import SampleResult
 from jaxsample._src.sampling_mask import SamplingMask
 
@@ -28,7 +30,7 @@ def sample(logits: jax.Array, params: SamplingParams, key: jax.Array, *,
            positions: jax.Array | None = None,
            config: SamplerConfig | str | None = None,
            return_mask: Literal[False] = False,
-           processors: processing.LogitsProcessors | None = None
+           processors: LogitsProcessors | None = None
            ) -> SampleResult:
   ...
 
@@ -38,7 +40,7 @@ def sample(logits: jax.Array, params: SamplingParams, key: jax.Array, *,
            positions: jax.Array | None = None,
            config: SamplerConfig | str | None = None,
            return_mask: Literal[True],
-           processors: processing.LogitsProcessors | None = None
+           processors: LogitsProcessors | None = None
            ) -> tuple[SampleResult, SamplingMask]:
   ...
 
@@ -50,7 +52,7 @@ def sample(logits: jax.Array,
            positions: jax.Array | None = None,
            config: SamplerConfig | str | None = None,
            return_mask: bool = False,
-           processors: processing.LogitsProcessors | None = None
+           processors: LogitsProcessors | None = None
            ) -> SampleResult | tuple[SampleResult, SamplingMask]:
   """Samples one token per row of ``logits`` ``[B, V]``.
 
@@ -118,15 +120,15 @@ def _sample(logits, params, key, positions, config: SamplerConfig,
   """``sample`` for a checked ``config``."""
   logits = jnp.asarray(logits)
   params = dispatch.check_logits(logits, params)
-  if partition.explicit_axes(logits, 1):  # vocab-sharded under jax.jit
-    return sharded.vocab_mesh_call(
-        functools.partial(sharded.sample_sharded, config=config,
+  if explicit_axes(logits, 1):  # vocab-sharded under jax.jit
+    return vocab_mesh_call(
+        functools.partial(sample_sharded, config=config,
                           return_mask=return_mask),
         split=dict(logits=logits), rows=dict(params=params),
         keys=dict(key=key, positions=positions), processors=processors)
   batch, vocab = logits.shape
   # Inside shard_map a batch shard counts one key's rows globally.
-  _, first_row = partition.manual_rows(logits, batch)
+  _, first_row = manual_rows(logits, batch)
   logits = backends.process_logits(logits, processors, config)
   streams, _ = rng.row_streams(key, positions, batch, vocab,
                                first_row=first_row)
@@ -141,7 +143,7 @@ def _sample(logits, params, key, positions, config: SamplerConfig,
   with dispatch.x64_scope(config.use_fp64_gumbel, *jax.tree.leaves(logits),
                           key, positions,
                           *jax.tree.leaves(params)):
-    result, result_mask = partition.over_batch_shards(
+    result, result_mask = over_batch_shards(
         backends.backend(config).sample_rows, (logits, params, streams),
         config=config, static=(return_mask,))
   if not return_mask:

@@ -120,7 +120,10 @@ import jax.numpy as jnp
 
 from jaxsample._src import (backends, dispatch, mask, rng, sampling,
                             spec_reference)
-from jaxsample._src.parallel import batch as partition, vocab as sharded
+from jaxsample._src.parallel.batch import (explicit_axes, manual_rows,
+                                           over_batch_shards)
+from jaxsample._src.parallel.vocab import (rejection_sample_sharded,
+                                           vocab_mesh_call)
 from jaxsample._src.params import SamplerConfig, SamplingParams, as_config
 from jaxsample._src.processors import LogitsProcessors, apply_to_slots
 from jaxsample._src.sampling_mask import SamplingMask
@@ -228,9 +231,9 @@ def rejection_sample(target_logits: jax.Array,
       positions = arrays
   check_inputs(target_logits, draft_tokens, num_draft, params, draft_logits,
                synthetic_rates, positions)
-  if partition.explicit_axes(target_logits, 2):  # vocab-sharded under jit
-    return sharded.vocab_mesh_call(
-        functools.partial(sharded.rejection_sample_sharded, config=config,
+  if explicit_axes(target_logits, 2):  # vocab-sharded under jit
+    return vocab_mesh_call(
+        functools.partial(rejection_sample_sharded, config=config,
                           return_mask=return_mask),
         split=dict(target_logits=target_logits, draft_logits=draft_logits),
         rows=dict(draft_tokens=draft_tokens, num_draft=num_draft,
@@ -260,14 +263,13 @@ def rejection_sample(target_logits: jax.Array,
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(vocab)
   # Per-request keys from here on: a batch shard's requests keep theirs.
-  key = request_keys(key, batch,
-                     partition.manual_rows(target_logits, batch)[1])
+  key = request_keys(key, batch, manual_rows(target_logits, batch)[1])
   if k1 == 1:
     return without_drafts(functools.partial(sampling.sample, config=config),
                           target_logits, params, key, positions, return_mask)
   with dispatch.x64_scope(config.use_fp64_gumbel, target_logits, key,
                           positions, *jax.tree.leaves(params)):
-    result, rows = partition.over_batch_shards(
+    result, rows = over_batch_shards(
         backends.backend(config).verify_rows,
         (target_logits, draft_tokens, n, params, key, positions,
          draft_logits), (synthetic_rates,), config=config,

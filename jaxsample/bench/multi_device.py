@@ -31,8 +31,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxsample as js
+from jaxsample import sharded
 from jaxsample._src import rng
-from jaxsample._src.parallel import vocab as sharded
 from jaxsample.bench import cases as cases_lib
 from jaxsample.bench.runner import Group, Suite
 from jaxsample.bench.suites import grid_cases

@@ -1,44 +1,18 @@
 """``ServeLoop``: continuous batching over a fixed number of slots.
 
-The loop owns a device state of ``slots`` decode slots and jitted programs
-(``slot_programs``) whose shapes never change while requests come and go:
-
-* *admit*: up to ``admit_batch`` queued requests, their prompts left-aligned
-  in a bucket of ``max(16, next_pow2(longest))`` columns (capped at the
-  cache), are prefilled on a fresh cache of ``admit_batch`` rows (one
-  compile per bucket of the model alone, ``warmup`` compiles them all),
-  their first token sampled, and the rows scattered into free slots (one
-  compile);
-* *step*: ``steps_per_call`` decode steps of every slot (``decode_step``), or
-  with ``speculation`` that many speculative steps (``spec_step``).
-
-Between calls the host reads the emitted tokens, streams them to each
-request (``events``, callbacks), retires finished requests and admits queued
-ones into the freed slots.  With ``overlap`` (the default) each ``step``
-dispatches its programs before it reads the outputs of the previous
-``step``'s, so that host work runs while the device computes: a request
-that ends by its budget hands its slot on as soon as the programs
-dispatched for it will end it (``_release_finishing``), one that stops
-otherwise idles its slot through one more step call; neither changes any
-request's tokens.  A request's tokens depend
-only on its prompt, seed, parameters, budget and stop ids: plain decoding
-gives exactly ``generate``'s tokens for the same key (``seed`` ``s`` is the
-key ``jax.random.PRNGKey(s)``); speculative decoding gives the same tokens
-for greedy requests and the same distribution for sampled ones.
-
-Logits processors (``processors=ProcessorLimits(...)``): each slot carries
-its request's ``LogitsProcessors`` row (penalties, bias, allowed and banned
-ids, min tokens; fixed widths, neutral where unused) and its output history,
-which every emitted token extends, so a request gets exactly what the decode
-step gives it alone with those processors.  A request's ``bitmask_fn`` runs
-on the host before each of its tokens (before admission for the first);
-its words are the step's ``bitmask`` argument.
-
-No request harms another: ``submit`` refuses a malformed request
-(``ValueError`` naming the field); a request that fails later (its
-``bitmask_fn``, its callback, its admission rows or outputs) ends alone
-with finish reason ``"error"``, as an aborted one with ``"abort"``, its
-slot freed (``docs/serving.md``, Bad requests and failures).
+The loop owns a device state of ``slots`` decode slots and the jitted
+programs of ``slot_programs``, whose shapes never change while requests
+come and go.  Each ``step`` admits queued requests into free slots (prompts
+prefilled in buckets of ``max(16, next_pow2(longest))`` columns, first
+tokens sampled), runs ``steps_per_call`` decode (or speculative) steps of
+every slot, streams the tokens read back to their requests (``events``,
+callbacks) and retires the finished ones.  With ``overlap`` (the default) a
+call dispatches its programs before it reads the previous call's outputs,
+and a request whose budget the dispatched programs reach hands its slot on
+at once (``_release_finishing``); neither changes any request's tokens,
+which depend only on its prompt, seed, settings, budget and stop ids.  A
+request that fails after ``submit`` ends alone with finish reason
+``"error"``.  The rules in full: ``docs/serving.md``.
 """
 
 from __future__ import annotations
@@ -55,15 +29,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxsample.generation import slot_programs
-from jaxsample.generation.admission import (RequestRules, admission_inputs,
-                                            check_limits, pack_host_bitmask,
-                                            request_from_fields,
-                                            share_prompts, slot_processors)
 from jaxsample.generation.generate import bucket
 from jaxsample.generation.lm import as_language_model
 from jaxsample.generation.requests import (ABORT, ERROR, Completion,
                                            ProcessorLimits, Request,
-                                           Speculation, StreamEvent)
+                                           RequestRules, Speculation,
+                                           StreamEvent, check_limits,
+                                           request_from_fields)
+from jaxsample.generation.slot_programs import (admission_inputs,
+                                                pack_host_bitmask,
+                                                share_prompts, slot_processors)
 from jaxsample.generation.tracked import Tracked
 from jaxsample._src.logprobs import MODES, check_num_top
 from jaxsample._src.params import SamplerConfig

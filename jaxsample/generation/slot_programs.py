@@ -1,4 +1,4 @@
-"""The serving loop's slot state and its jitted programs.
+"""The serving loop's slot state, its admission rows and its jitted programs.
 
 The device state is a ``DecodeState`` (plain decoding) or a ``SpecState``
 (speculative) of ``slots`` rows whose shapes never change; ``empty_state``
@@ -13,8 +13,12 @@ builds it with every slot finished (free).
 * ``step``: ``steps`` decode (or speculative) steps of every slot in a
   ``lax.scan``.
 
+The host builds the admission program's fixed-shape inputs from a batch of
+requests (``admission_inputs``, ``share_prompts``, ``slot_processors``) and
+a ``bitmask_fn`` result's packed words (``pack_host_bitmask``).
+
 With logits processors every slot carries a ``LogitsProcessors`` row
-(``admission.slot_processors``: fixed widths, neutral where unused); the
+(``slot_processors``: fixed widths, neutral where unused); the
 grammar ``bitmask`` rows of a step are the host's argument to ``step``.
 
 ``admit`` and ``step`` return the new state (the old one is donated) and an
@@ -30,21 +34,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxsample.generation.requests import ProcessorLimits, Request
 from jaxsample.generation.spec_step import SpecState, spec_step, write_history
 from jaxsample.generation.step import (DecodeState, decode_step, emit,
                                        prompt_logits)
 from jaxsample._src.logprobs import TokenLogprobs
 from jaxsample._src.mask import SamplingMask
 from jaxsample._src.params import SamplingParams
+from jaxsample._src.processors import (LogitsProcessors, bitmask_width,
+                                       neutral_field)
 
-__all__ = ["Output", "Programs", "admit", "empty_state", "pack", "programs",
-           "prompt", "scatter_rows", "step"]
+__all__ = ["Output", "Programs", "admission_inputs", "admit", "empty_state",
+           "pack", "pack_host_bitmask", "programs", "prompt", "scatter_rows",
+           "share_prompts", "slot_processors", "step"]
 
 
 @jax.tree_util.register_dataclass
@@ -259,3 +267,131 @@ def empty_state(lm, weights, slots: int, max_stop_tokens: int, length: int,
     return state
   return SpecState(state, jnp.zeros((slots, length), jnp.int32),
                    drafter.init(draft_weights, slots, length))
+
+
+def admission_inputs(batch: Sequence[tuple[Request, int, int]], rows: int,
+                     width: int, max_stop_tokens: int):
+  """The admission program's inputs for ``(request, budget, sample index)``
+  triples in ``rows`` rows (the rest padding) with prompts in ``width``
+  columns: ``(tokens, lengths, params, keys, stop_ids, budgets)``; sample
+  ``i``'s key is ``[i, seed]``."""
+  tokens = np.zeros((rows, width), np.int32)
+  lengths = np.ones(rows, np.int32)
+  fields = {"temperature": np.zeros(rows, np.float32),
+            "top_k": np.zeros(rows, np.int32),
+            "top_p": np.ones(rows, np.float32),
+            "min_p": np.zeros(rows, np.float32)}
+  keys = np.zeros((rows, 2), np.uint32)
+  stop_ids = np.full((rows, max_stop_tokens), -1, np.int32)
+  budgets = np.zeros(rows, np.int32)
+  for row, (request, budget, index) in enumerate(batch):
+    tokens[row, :len(request.prompt)] = request.prompt
+    lengths[row] = len(request.prompt)
+    for name, values in fields.items():
+      # top_k beyond int32 means off, as does the clipped value.
+      values[row] = np.clip(getattr(request, name), -2**31 + 1, 2**31 - 1)
+    keys[row] = index, request.seed
+    stop_ids[row, :len(request.stop)] = request.stop
+    budgets[row] = budget
+  return (tokens, lengths, SamplingParams(**fields), keys, stop_ids, budgets)
+
+
+def share_prompts(groups: Sequence, tokens: np.ndarray, lengths: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The prompt program's rows for admission rows ``tokens`` ``[A, W]`` and
+  ``lengths`` ``[A]`` whose first ``len(groups)`` rows hold samples
+  (``groups[j]``: the request of row ``j``; one request's rows hold its
+  prompt): ``(prompt tokens, prompt lengths, sources)``, each request's
+  prompt once in the first rows (the rest padding), ``sources[j]`` row
+  ``j``'s prompt row."""
+  rank = {}
+  sources = np.arange(len(lengths), dtype=np.int32)  # padding: any row
+  for row, group in enumerate(groups):
+    sources[row] = rank.setdefault(group, len(rank))
+  firsts = [groups.index(group) for group in rank]
+  prompts, prompt_lengths = np.zeros_like(tokens), np.ones_like(lengths)
+  prompts[:len(firsts)] = tokens[firsts]
+  prompt_lengths[:len(firsts)] = lengths[firsts]
+  return prompts, prompt_lengths, sources
+
+
+def slot_processors(limits: ProcessorLimits | None,
+                    requests: Sequence[Request], rows: int, *, history: int,
+                    stop_width: int, vocab_size: int,
+                    bitmasks: Sequence[np.ndarray | None] = ()
+                    ) -> LogitsProcessors | None:
+  """The ``LogitsProcessors`` (numpy ``[rows, ...]`` fields) of ``requests``
+  (checked) in the first rows and neutral padding after: the fields
+  ``limits`` enables, id tables of their fixed widths padded with -1, the
+  prompt and output histories ``history`` wide, ``bitmasks[row]`` packed
+  words (all ids allowed where None or missing).  None without ``limits``."""
+  if limits is None:
+    return None
+  fields = {}
+
+  def neutral(*names, width=None):
+    for name in names:
+      fields[name] = neutral_field(name, (rows,) if width is None
+                                   else (rows, width))
+
+  if limits.penalties:
+    neutral("repetition_penalty", "presence_penalty", "frequency_penalty")
+    neutral("prompt_ids", "output_ids", width=history)
+  if limits.logit_bias:
+    neutral("bias_ids", "bias_values", width=limits.logit_bias)
+  for name, field in (("allowed_token_ids", "allowed_ids"),
+                      ("banned_token_ids", "banned_ids")):
+    if getattr(limits, name):
+      neutral(field, width=getattr(limits, name))
+  if limits.min_tokens:
+    neutral("min_tokens")
+    neutral("stop_ids", width=stop_width)
+  if limits.penalties or limits.min_tokens:
+    neutral("num_output")
+  if limits.bitmask:
+    neutral("bitmask", width=bitmask_width(vocab_size))
+  for row, request in enumerate(requests):
+    if limits.penalties:
+      for name in ("repetition_penalty", "presence_penalty",
+                   "frequency_penalty"):
+        fields[name][row] = getattr(request, name)
+      fields["prompt_ids"][row, :len(request.prompt)] = request.prompt
+    if limits.logit_bias and request.logit_bias:
+      items = sorted(request.logit_bias.items())
+      fields["bias_ids"][row, :len(items)] = [i for i, _ in items]
+      fields["bias_values"][row, :len(items)] = [b for _, b in items]
+    for name, field in (("allowed_token_ids", "allowed_ids"),
+                        ("banned_token_ids", "banned_ids")):
+      ids = getattr(request, name)
+      if getattr(limits, name) and ids:
+        fields[field][row, :len(ids)] = ids
+    if limits.min_tokens:
+      fields["min_tokens"][row] = request.min_tokens
+      fields["stop_ids"][row, :len(request.stop)] = request.stop
+    if row < len(bitmasks) and bitmasks[row] is not None:
+      fields["bitmask"][row] = bitmasks[row]
+  return LogitsProcessors(**fields)
+
+
+def pack_host_bitmask(allowed, vocab_size: int) -> np.ndarray:
+  """``int32 [ceil(V / 32)]`` words of a ``bitmask_fn`` result: bool
+  ``[V]`` allowed ids, or packed words (``int32``/``uint32``, also as one
+  ``[1, W]`` row, xgrammar's buffer); bit ``j`` of word ``w`` allows id
+  ``32 w + j``.  Raises ``ValueError`` for anything else."""
+  value = np.asarray(allowed)
+  width = bitmask_width(vocab_size)
+  if value.ndim == 2 and value.shape[0] == 1:
+    value = value[0]
+  if value.dtype == bool and value.shape == (vocab_size,):
+    bits = np.zeros(32 * width, bool)
+    bits[:vocab_size] = value
+    return np.packbits(bits, bitorder="little").view("<u4").view(np.int32)
+  if value.dtype in (np.int32, np.uint32) and value.shape == (width,):
+    return value.view(np.int32)
+  if value.dtype.kind in "iu" and value.shape == (width,):
+    words = value.astype(np.int64)
+    if np.all((words >= -2**31) & (words < 2**32)):
+      return (words & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+  raise ValueError(f"bitmask_fn must return bool [{vocab_size}] (allowed ids) "
+                   f"or int32 [{width}] packed words; got {value.dtype} "
+                   f"{list(value.shape)}")

@@ -4,12 +4,11 @@ far, the outputs read for it, and its multi-token stop sequences."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
 
-from jaxsample.generation.admission import stop_end
 from jaxsample.generation.generate import FINISH_REASONS
 from jaxsample.generation.requests import Completion, Request, StreamEvent
 
@@ -103,7 +102,7 @@ class Tracked:
   def cut_at_stop(self, fields: dict) -> str | None:
     """Cuts the new tokens (``advance``'s ``fields``, and the completion)
     after the first match of a multi-token stop sequence
-    (``admission.stop_end``); returns ``"stop"`` if one matched."""
+    (``stop_end``); returns ``"stop"`` if one matched."""
     done = self.completion
     end = stop_end(done.token_ids, len(fields["token_ids"]), self.sequences,
                    self.request.min_tokens)
@@ -114,3 +113,20 @@ class Tracked:
       fields[name] = values[:len(values) - excess]
       del getattr(done, name)[len(getattr(done, name)) - excess:]
     return FINISH_REASONS[0]
+
+
+def stop_end(tokens: Sequence[int], new: int,
+             sequences: Sequence[tuple[int, ...]], min_tokens: int
+             ) -> int | None:
+  """The output length at which a multi-token stop sequence first ends
+  within the last ``new`` of ``tokens`` (the output so far), or None.  A
+  match counts only past ``min_tokens`` tokens (its last token is token
+  ``min_tokens + 1`` or later, as single stop ids are held back); the
+  output is then cut after it (its tokens are kept, as a stop id is)."""
+  for end in range(max(len(tokens) - new + 1, min_tokens + 1),
+                   len(tokens) + 1):
+    for sequence in sequences:
+      if end >= len(sequence) and tuple(
+          tokens[end - len(sequence):end]) == sequence:
+        return end
+  return None

@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jaxsample
-from jaxsample._src.parallel import vocab as sharded
+from jaxsample import sharded
 
 
 VOCAB_SPLIT = P("b", "v")

@@ -8,10 +8,9 @@ on ``implementation="xla"`` (it samples the gathered vocabulary); the
 
 from __future__ import annotations
 
-from jaxsample._src import (processors as processing, reference, rng,
-                            sampling_mask, spec_reference)
+from jaxsample._src import reference, rng, sampling_mask, spec_reference
 from jaxsample._src.params import SamplerConfig, SamplingParams
-from jaxsample._src.processors import LogitsProcessors
+from jaxsample._src.processors import LogitsProcessors, maybe_apply
 
 __all__ = ["extract_rows", "extract_with", "process_logits",
            "processed_mask", "sample_rows", "verify_rows", "verify_with"]
@@ -22,7 +21,7 @@ def process_logits(logits, processors: LogitsProcessors | None,
   """The rows the XLA backends read: ``processors.maybe_apply``'s pre-pass
   (or ``logits`` as they are; ``config`` changes nothing)."""
   del config
-  return processing.maybe_apply(logits, processors)
+  return maybe_apply(logits, processors)
 
 
 def sample_rows(logits, params: SamplingParams, streams: rng.RowStreams,

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import triton as plgpu
 
-from jaxsample._src import processors as processing
+from jaxsample._src.processors import bitmask_allows
 from jaxsample._src.pallas import common
 
 __all__ = ["allowed_at", "logits_at", "MaskedLogits",
@@ -67,7 +67,7 @@ def unmasked(logits) -> jax.Array:
   -inf)`` in their dtype; logits as they are."""
   if not isinstance(logits, MaskedLogits):
     return logits
-  allows = processing.bitmask_allows(logits.bitmask, logits.shape[1])
+  allows = bitmask_allows(logits.bitmask, logits.shape[1])
   return jnp.where(allows, logits.values, -jnp.inf).astype(logits.dtype)
 
 

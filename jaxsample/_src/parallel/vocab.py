@@ -1,59 +1,23 @@
 """Vocab-parallel sampling: logits split along the vocabulary (tensor parallel).
 
-``sample_sharded`` runs inside ``jax.shard_map`` on one shard ``[B, V / n]``
-of the logits (shard ``i`` holds global ids ``[i V / n, (i + 1) V / n)``,
-``n`` the size of ``axis_name``).  Each shard races its slice with the noise
-of the *global* ids and reduces it to a few values per row; collectives of
-``O(B)`` values finish the row, never moving the vocabulary.
+``sample_sharded``, ``extract_sampling_mask_sharded`` and
+``rejection_sample_sharded`` run inside ``jax.shard_map`` on one shard
+``[B, V / n]`` of the logits (shard ``i`` holds global ids ``[i V / n, (i +
+1) V / n)``, ``n`` the size of ``axis_name``), drawing the noise of the
+global ids; collectives of ``O(B)`` values finish each row:
 
-Rows without top-k, top-p or min-p (a batch where no sampled row truncates):
+* rows without a filter: each shard races its slice (``_reference_race``,
+  or the Gumbel kernel's partials: ``_kernel_race``), one all-gather of a
+  few values per row (``_gather_rows``) picks the winner, and on the XLA
+  paths one integer ``psum`` sums the normalizer's digits;
+* a batch with a truncating row: the sort-free search with a ``Split``
+  (``search_split``: candidates all-gathered, counts and digit sums
+  ``psum``'d); on ``implementation="xla"`` the batch gathers the vocabulary
+  and samples it whole (exact, not parallel).
 
-1. one all-gather (``_gather_rows``) of each shard's per-row summary: the XLA
-   path's race maximum and its id, the max of ``y = x / T`` and its id and
-   the logits at both ids; the kernel path's per-split partials
-   (``gumbel.GumbelPartials``, a few splits per shard; with a mask, also
-   their counts of finite entries) and the logit at the shard's winner.
-   Every device then picks the same winner: the largest race value, the
-   smallest id on ties (shards are in id order), as on one device.
-2. XLA paths only: one ``psum`` of five int32 per row, the fixed-point digit
-   sums of ``exp(y - max y)`` (``reference.fixed_point_limbs``): integer
-   sums, so the log-normalizer has the same bits as on one device (with a
-   mask, a sixth: the count of finite entries; the mask of an untruncated
-   row lists no id, so no id moves).
-
-A batch with a truncating row, on the sort-free XLA search
-(``implementation="xla_search"``, ``"pallas"``, or ``"auto"``): ``xla_search``
-with a ``Split`` (``search_split``): each shard's ``lax.top_k`` candidates
-all-gathered (``B x W`` values and ids per shard, ``W`` = 64, 256 or 1024;
-at least the mask width) and cut to the row's top ``W``; counts and mass
-digit sums of the count and mass searches ``psum``'d (``B x 5`` int32 per
-pass, at most 32 passes per search, only when some row needs one); the
-whole-row race and argmax fallbacks all-gather each shard's best.  A mask's
-ids are the joined candidates'.  The kernel path's truncation kernels do
-not run split: their windowed and pivot searches would each need the
-``Split`` collectives between kernel launches, so its truncating batches
-take the search (the XLA reference's kept sets; see Exactness).  On
-``implementation="xla"`` (the sort-based reference) a truncating batch
-gathers the vocabulary (``_gather_rows``) and samples it as
-``jaxsample.sample`` would: exact, not parallel.
-
-Exactness: tokens, logprobs, validity and masks equal the single-device
-``sample`` (same config, same keys) bit for bit, with every generator
-(philox, threefry, FP64 noise), except on ``"pallas"``: untruncated
-batches' logprobs (and masks' ``lse``) are bit for bit when the
-single-device kernel's vocab splits fall on shard boundaries (``V / n`` a
-multiple of its split length; this path then launches those same splits),
-else within a few fp32 ulps (partials summed in another grouping);
-truncating batches equal the single-device ``"xla_search"`` call bit for
-bit, which the kernel path matches up to fp32 rounding (logprobs, ``logz``,
-``lse``; a top-p crossing within rounding of ``p`` may keep a neighbouring
-set).
-
-``extract_sampling_mask_sharded``: the masks of vocab-sharded logits on the
-sort-free search, from the same collectives (only the joined candidates, the
-listed ids among them, move).  ``rejection_sample_sharded``: speculative
-verification of vocab-sharded target and draft logits, the XLA reference
-with the split search's kept sets.
+``vocab_mesh_call`` is how ``sample``, ``extract_sampling_mask`` and
+``rejection_sample`` reach these under ``jax.jit``.  What is exact, and each
+path's collectives: ``docs/multi_device.md``.
 """
 
 from __future__ import annotations
@@ -71,8 +35,10 @@ from jax.sharding import PartitionSpec as P
 
 from jaxsample._src import (backends, dispatch, reference, rng, rowwise,
                             sampling_mask, spec_reference, xla_search)
-from jaxsample._src.parallel import batch as partition
-from jaxsample._src.backends import pallas as kernel_backend, xla_reference
+from jaxsample._src.parallel.batch import (batch_split_over, explicit_axes,
+                                           manual_rows, shard_config)
+from jaxsample._src.backends import xla_reference
+from jaxsample._src.backends.pallas import untruncated_facts, with_mask
 from jaxsample._src.pallas import common, gumbel
 from jaxsample._src import tuning
 from jaxsample._src.params import SamplerConfig, SamplingParams, as_config
@@ -90,8 +56,8 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
                    return_mask: bool = False
                    ) -> SampleResult | tuple[SampleResult, SamplingMask]:
   """``jaxsample.sample`` of logits split along the vocabulary over the
-  ``jax.shard_map`` axis ``axis_name`` (module doc: the collectives and what
-  is exact).
+  ``jax.shard_map`` axis ``axis_name`` (``docs/multi_device.md``: the
+  collectives and what is exact).
 
   Args:
     logits: this shard's ``[B, V / n]`` columns, shard ``i`` of ``n`` holding
@@ -112,10 +78,9 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
   logits = jnp.asarray(logits)
   params = dispatch.check_logits(logits, params)
   batch, local = logits.shape
-  shards = lax.axis_size(axis_name)
-  vocab = local * shards
+  vocab = local * lax.axis_size(axis_name)
   offset = lax.axis_index(axis_name) * local
-  _, first_row = partition.manual_rows(logits, batch, exclude=axis_name)
+  batch_shards, first_row = manual_rows(logits, batch, exclude=axis_name)
   streams, _ = rng.row_streams(key, positions, batch, vocab,
                                first_row=first_row)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
@@ -124,13 +89,15 @@ def sample_sharded(logits: jax.Array, params: SamplingParams, key: jax.Array,
 
   width = config.max_mask_ids if return_mask else 0
   # A batch shard's kernels plan as for the whole batch.
-  config = partition.shard_config(
-      config, partition.manual_rows(logits, batch, exclude=axis_name)[0])
+  config = shard_config(config, batch_shards)
 
   def parallel():
-    race = _race_pallas if backends.backend_name(config) == "pallas" else (
-        _race_xla)
-    return race(logits, params, streams, config, offset, axis_name, width)
+    race = _kernel_race if backends.backend_name(config) == "pallas" else (
+        _reference_race)
+    result, row_max, lse, finite = race(logits, params, streams, config,
+                                        offset, axis_name, bool(width))
+    return with_mask(result, untruncated_facts(row_max, lse, finite, width),
+                     params, width)
 
   def truncated():
     if backends.backend_name(config) == "xla":
@@ -228,7 +195,8 @@ def rejection_sample_sharded(
           synthetic_rates, positions))
   shards = lax.axis_size(axis_name)
   spec_reference.check_inputs(target_logits, draft_tokens, num_draft, params,
-                    draft_logits, synthetic_rates, positions, shards=shards)
+                              draft_logits, synthetic_rates, positions,
+                              shards=shards)
   batch, k1, local = target_logits.shape
   vocab = local * shards
   params = SamplingParams.rows(params, batch)
@@ -239,7 +207,7 @@ def rejection_sample_sharded(
   n = jnp.clip(num_draft, 0, k1 - 1).astype(jnp.int32)
   with jax.ensure_compile_time_eval():  # concrete params stay concrete
     params = params.canonical(vocab)
-  key = spec_reference.request_keys(key, batch, partition.manual_rows(
+  key = spec_reference.request_keys(key, batch, manual_rows(
       target_logits, batch, exclude=axis_name)[1])
   if k1 == 1:
     return spec_reference.without_drafts(
@@ -270,7 +238,9 @@ def vocab_mesh_call(fn, *, split, rows, keys=None, whole=None,
   and along the batch as the logits are; ``rows``: pytrees of ``[B, ...]``
   arrays (None allowed), split along the batch; ``keys``: ``key`` (with
   ``positions``), per request (``[B]`` keys) following the batch, else
-XX
+  replicated; ``whole``: arrays replicated on every device;
+  ``out_batch_dims``: the batch axis of ``fn``'s outputs (a pytree prefix
+  of them).
 
   Raises:
     ValueError: for ``processors`` (apply them before splitting the
@@ -278,7 +248,7 @@ XX
   """
   split = {name: a for name, a in split.items() if a is not None}
   logits = split.get("logits", split.get("target_logits"))
-  vocab_axes = partition.explicit_axes(logits, logits.ndim - 1)
+  vocab_axes = explicit_axes(logits, logits.ndim - 1)
   if processors is not None:
     raise ValueError(
         "processors are not taken for logits split along the vocabulary "
@@ -289,7 +259,7 @@ XX
         f"the vocabulary is split over mesh axes {vocab_axes}: split it over "
         "one axis, or call sample_sharded inside jax.shard_map")
   axis_name = vocab_axes[0]
-  batch = partition.explicit_axes(logits, 0) or None
+  batch = explicit_axes(logits, 0) or None
   keys, whole = dict(keys or {}), dict(whole or {})
   if keys and rng.key_words(keys["key"]).ndim == 1:  # one key: replicated
     whole["key"] = keys.pop("key")
@@ -301,7 +271,7 @@ XX
   split = {name: reshard(a, split_specs[name]) for name, a in split.items()}
   rows, whole = reshard(rows, P(batch)), reshard(whole, P())
   def body(split, rows, whole):
-    with partition.batch_split_over(batch or ()):
+    with batch_split_over(batch or ()):
       return fn(**split, **rows, **whole, axis_name=axis_name)
 
   mesh = jax.typeof(logits).sharding.mesh
@@ -374,11 +344,13 @@ def _pick(values: jax.Array, shard: jax.Array) -> jax.Array:
   return jnp.take_along_axis(values, shard[None], axis=0)[0]
 
 
-def _race_xla(logits, params: SamplingParams, streams: rng.RowStreams,
-              config: SamplerConfig, offset, axis_name: str, width: int):
-  """The reference race of this shard, one gather, one integer psum:
-  ``(SampleResult, mask or None)`` (a mask ``width`` wide: its count of
-  finite entries rides on the psum)."""
+def _reference_race(logits, params: SamplingParams, streams: rng.RowStreams,
+                    config: SamplerConfig, offset, axis_name: str,
+                    count_finite: bool):
+  """The reference race of rows without a filter, one gather and one
+  integer psum: ``(SampleResult, row_max, lse, finite)``, ``finite`` (the
+  count of entries ``> -inf``, on the same psum) None without
+  ``count_finite``."""
   x = reference.sanitize(logits)
   y = reference.temper(x, params.temperature)
   keep = y > -jnp.inf
@@ -400,22 +372,23 @@ def _race_xla(logits, params: SamplingParams, streams: rng.RowStreams,
   shift = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
   terms = [reference.fixed_point_limbs(
       jnp.where(keep, jnp.exp(y - shift[:, None]), 0.0))]
-  if width:  # the mask's count of finite entries, on the same psum
+  if count_finite:  # the mask's count of finite entries, on the same psum
     terms.append(jnp.sum(keep, axis=-1, dtype=jnp.int32)[:, None])
   sums = lax.psum(jnp.concatenate(terms, axis=1), axis_name)
   log_sum = jnp.log(reference.limbs_to_float(sums[:, :reference.LIMBS]))
   result = reference.finalize(x_token, params, tokens, (shift, log_sum),
                               row_max)
-  finite = sums[:, reference.LIMBS] if width else None
-  return kernel_backend.with_mask(result, kernel_backend.untruncated_facts(
-      row_max, shift + log_sum, finite, width), params, width)
+  finite = sums[:, reference.LIMBS] if count_finite else None
+  return result, row_max, shift + log_sum, finite
 
 
-def _race_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
-                 config: SamplerConfig, offset, axis_name: str, width: int):
-  """The Gumbel kernel on this shard, its partials gathered and combined:
-  ``(SampleResult, mask or None)`` (with a mask ``width`` wide the kernel
-  also counts the finite entries, as the one-device kernel path does)."""
+def _kernel_race(logits, params: SamplingParams, streams: rng.RowStreams,
+                 config: SamplerConfig, offset, axis_name: str,
+                 count_finite: bool):
+  """``gumbel.sample_untruncated`` of rows split over ``axis_name``: the
+  Gumbel kernel's partials of this shard gathered, then finished as one
+  device finishes its splits: ``(SampleResult, row_max, lse, finite)``
+  (``finite`` None without ``count_finite``)."""
   batch, local = logits.shape
   vocab = local * lax.axis_size(axis_name)
   tuned = tuning.resolve(config.tuning)
@@ -433,12 +406,12 @@ def _race_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
         config.tuning or tuning.Tuning(), gumbel=launch))
   partials = gumbel.gumbel_partials(logits, params.temperature, streams,
                                     config, vocab_offset=offset,
-                                    count_finite=bool(width))
+                                    count_finite=count_finite)
   token, _, _ = gumbel.combine_partials(partials)
   x_local = jnp.take_along_axis(logits, (token - offset)[:, None],
                                 axis=-1)[:, 0].astype(jnp.float32)
   fields = [partials.race, partials.index, partials.max, partials.sumexp]
-  fields += [partials.kept] if width else []
+  fields += [partials.kept] if count_finite else []
   *gathered, x_shards = _gather_rows(fields + [x_local], axis_name)
   # [n, B, S] -> [B, n S]: splits in id order.
   race, index, top, sumexp, *kept = [
@@ -446,6 +419,5 @@ def _race_pallas(logits, params: SamplingParams, streams: rng.RowStreams,
   whole = gumbel.GumbelPartials(race, index, top, sumexp)
   result, row_max, (shift, log_sum) = gumbel.finish_sampling(
       None, params, whole, logit_at=lambda t: _pick(x_shards, t // local))
-  finite = jnp.sum(kept[0], axis=-1) if width else None
-  return kernel_backend.with_mask(result, kernel_backend.untruncated_facts(
-      row_max, shift + log_sum, finite, width), params, width)
+  finite = jnp.sum(kept[0], axis=-1) if count_finite else None
+  return result, row_max, shift + log_sum, finite

@@ -11,8 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxsample._src import rng, rowwise
-from jaxsample._src import spec_reference as spec_ref
+from jaxsample._src import rng, rowwise, spec_reference
 from jaxsample._src.pallas import common, gumbel
 from jaxsample._src import tuning
 from jaxsample._src.pallas.spec.stats import kernel_switch
@@ -46,7 +45,7 @@ class _ResidualMath(common.KernelMath):
     y = super().div(x, t)
     lt = (y - shift_t) - log_sum_t
     ld = (super().div(self.draft, t) - shift_d) - log_sum_d
-    return spec_ref.residual_logits(y, lt, ld)
+    return spec_reference.residual_logits(y, lt, ld)
 
 
 _EMIT_ROW_DTYPES = ((jnp.float32,) + (jnp.int32,) * 4 + common.STREAM_DTYPES

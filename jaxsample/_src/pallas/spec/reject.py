@@ -8,8 +8,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxsample._src import reference, rng
-from jaxsample._src import spec_reference as spec_ref
+from jaxsample._src import reference, rng, spec_reference
 from jaxsample._src.pallas import common, gumbel, threshold
 from jaxsample._src.pallas.spec.stats import (combine_stats, log_probs_at,
                                          stats_partials)
@@ -55,7 +54,7 @@ class KeptFloors:
 def _reject_one_hot(target_logits, d, n, params: SamplingParams, noise_keys,
                     accept_keys, positions, synthetic_rates,
                     config: SamplerConfig,
-                    floors: KeptFloors | None) -> spec_ref.SpecResult:
+                    floors: KeptFloors | None) -> spec_reference.SpecResult:
   """``reject`` for one-hot drafts in one pass: the Gumbel kernel races every
   target row ``i <= n`` with the noise of position ``p + i``, leaving the
   draft ``d_i`` out of sampled rows ``i < n`` (the one-hot residual), and
@@ -105,11 +104,11 @@ def _reject_one_hot(target_logits, d, n, params: SamplingParams, noise_keys,
   lt_d = jnp.where(valid[:, :k], lt_d, -jnp.inf).astype(jnp.float32)
   j = jnp.zeros((batch,), jnp.int32)
   if k:
-    u = spec_ref.acceptance_uniforms(accept_keys, positions, k, vocab,
-                                     config.rng)
-    j = spec_ref.accepted_count(u, lt_d, jnp.zeros_like(lt_d),
-                                d == token[:, :k], greedy, valid[:, :k], n,
-                                synthetic_rates)
+    u = spec_reference.acceptance_uniforms(accept_keys, positions, k, vocab,
+                                           config.rng)
+    j = spec_reference.accepted_count(u, lt_d, jnp.zeros_like(lt_d),
+                                      d == token[:, :k], greedy, valid[:, :k],
+                                      n, synthetic_rates)
 
   # The token at slot j: its row's race (without d_j after a rejection).
   token_j, top_j, valid_j = _at(token, j), _at(top, j), _at(valid, j)
@@ -125,13 +124,13 @@ def _reject_one_hot(target_logits, d, n, params: SamplingParams, noise_keys,
   lp = jnp.where(greedy, 0.0, log_probs_at(
       x_token, _at(new_shift, j), _at(log_sum, j), t, _at(floor_t, j)))
   lp = jnp.where(valid_j, lp, -jnp.inf).astype(jnp.float32)
-  return spec_ref.assemble(d, j, token_j, lt_d, lp)
+  return spec_reference.assemble(d, j, token_j, lt_d, lp)
 
 
 def reject(target_logits, d, n, params: SamplingParams, noise_keys,
            accept_keys, positions, draft_logits, synthetic_rates,
            config: SamplerConfig,
-           floors: KeptFloors | None = None) -> spec_ref.SpecResult:
+           floors: KeptFloors | None = None) -> spec_reference.SpecResult:
   """``rejection_sample`` by the kernels for canonical params; ``d`` clipped
   drafts, ``n`` clipped counts, raw stream keys ``[B, 2]``
   (``spec.stream_keys``) and uint32 positions.  ``floors``: ``backends.pallas.kept_floors``
@@ -148,7 +147,8 @@ def reject(target_logits, d, n, params: SamplingParams, noise_keys,
 def _reject_with_draft_logits(target_logits, d, n, params: SamplingParams,
                               noise_keys, accept_keys, positions, draft_logits,
                               synthetic_rates, config: SamplerConfig,
-                              floors: KeptFloors | None) -> spec_ref.SpecResult:
+                              floors: KeptFloors | None
+                              ) -> spec_reference.SpecResult:
   """``reject`` with draft logits (``k >= 1``): passes 1 and 2."""
   batch, k1, vocab = target_logits.shape
   k = k1 - 1
@@ -186,10 +186,10 @@ def _reject_with_draft_logits(target_logits, d, n, params: SamplingParams,
   x_d = reference.sanitize(draft2d[rows[:, None] * k + slots, d])
   ld_d = jnp.where(ds.valid, log_probs_at(x_d, ds.shift, ds.log_sum,
                                           t[:, None], floor_d), 0.0)
-  u = spec_ref.acceptance_uniforms(accept_keys, positions, k, vocab,
-                                   config.rng)
-  j = spec_ref.accepted_count(u, lt_d, ld_d, d == ts.argmax, greedy,
-                              ts.valid, n, synthetic_rates)
+  u = spec_reference.acceptance_uniforms(accept_keys, positions, k, vocab,
+                                         config.rng)
+  j = spec_reference.accepted_count(u, lt_d, ld_d, d == ts.argmax, greedy,
+                                    ts.valid, n, synthetic_rates)
   jc = jnp.minimum(j, k - 1)
   # A greedy rejection emits row j's argmax: pass 1 has it.
   known = greedy & (j < n)
@@ -226,4 +226,4 @@ def _reject_with_draft_logits(target_logits, d, n, params: SamplingParams,
   lp = jnp.where(rejected, residual_lp, plain_lp)
   token = jnp.where(known, known_token, token).astype(jnp.int32)
   lp = jnp.where(known, known_lp, lp).astype(jnp.float32)
-  return spec_ref.assemble(d, j, token, lt_d, lp)
+  return spec_reference.assemble(d, j, token, lt_d, lp)
