@@ -269,7 +269,10 @@ def test_matches_transformers(name, tmp_path):
 @pytest.mark.usefixtures("full_precision")
 def test_bench_suite_tiny(tmp_path):
   """``python -m jaxsample.bench hf --tiny`` writes a row per shape and
-  batch with both frameworks' figures."""
+  batch with both frameworks' figures; the decode step (a difference of two
+  generate calls) is positive, with the sampler's share of it and the first
+  token's time, or None where the host's noise exceeds it (a tiny model:
+  2026-11-29i's GPU run measured a step of -0.77 ms at 4 new tokens)."""
   import json
 
   pytest.importorskip("torch", reason="the hf suite needs torch")
@@ -284,4 +287,8 @@ def test_bench_suite_tiny(tmp_path):
   for row in rows:
     assert row["jaxsample_tok_s"] > 0 and row["transformers_tok_s"] > 0
     assert row["jaxsample_peak_gib"] > 0 and row["transformers_peak_gib"] > 0
-    assert 0 < row["sampler_share"]
+    if row["step_us"] is None:
+      assert row["sampler_share"] is None and row["jaxsample_ttft_ms"] is None
+    else:
+      assert row["step_us"] > 0 and row["sampler_share"] > 0
+      assert row["jaxsample_ttft_ms"] > 0

@@ -157,7 +157,9 @@ def time_jaxsample(model, prompts: np.ndarray, new: int, cache_len: int):
   all three: a call whose requests stop
   after ``k < new`` tokens (``k`` in ``new``'s token-buffer bucket) gives
   the step ``(T(new) - T(k)) / (new - k)`` and the first token
-  ``T(new) - (new - 1) * step``.
+  ``T(new) - (new - 1) * step``.  Where that difference is not positive
+  (the host's noise exceeds ``new - k`` steps of a small model: raise
+  ``--new-tokens``), the step and the first token are None (not resolved).
   """
   if new < 2:
     raise SystemExit("--new-tokens must be >= 2")
@@ -173,6 +175,8 @@ def time_jaxsample(model, prompts: np.ndarray, new: int, cache_len: int):
   full = min(_time(lambda: run(new)) for _ in range(2))
   part = min(_time(lambda: run(k)) for _ in range(2))
   step = (full - part) / (new - k)
+  if step <= 0:
+    return full, None, None
   return full, full - (new - 1) * step, step
 
 
@@ -232,17 +236,17 @@ def bench_shape(name, arch, fields, opts, root) -> list[dict]:
       torch.cuda.reset_peak_memory_stats()
     hf_s, hf_first = time_transformers(torch, hf, prompts, new)
     hf_peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
-    step_us = js_step * 1e6
+    step_us = js_step and js_step * 1e6
     alone = sampler_us(batch, fields["vocab_size"])
     row = {"shape": name, "batch": batch, "prompt_len": opts.prompt_len,
            "new_tokens": new, "jaxsample_tok_s": batch * new / js_s,
            "transformers_tok_s": batch * new / hf_s,
-           "jaxsample_ttft_ms": js_first * 1e3,
+           "jaxsample_ttft_ms": js_first and js_first * 1e3,
            "transformers_ttft_ms": hf_first * 1e3,
            "jaxsample_peak_gib": js_peak and js_peak / 2**30,
            "transformers_peak_gib": hf_peak and hf_peak / 2**30,
            "step_us": step_us, "sampler_us": alone,
-           "sampler_share": alone / step_us}
+           "sampler_share": step_us and alone / step_us}
     rows.append(row)
     print(_format(row), flush=True)
   del hf
@@ -253,14 +257,18 @@ def bench_shape(name, arch, fields, opts, root) -> list[dict]:
 
 def _format(row: dict) -> str:
   gib = lambda v: "-" if v is None else f"{v:.1f}"
+  share = ("step not resolved (raise --new-tokens)" if row["step_us"] is None
+           else f"{100 * row['sampler_share']:.2f}% of the "
+           f"{row['step_us'] / 1e3:.2f} ms step")
+  ttft = row["jaxsample_ttft_ms"]
   return (f"{row['shape']:>14} B={row['batch']:<3} tok/s jaxsample "
           f"{row['jaxsample_tok_s']:9.0f} transformers "
           f"{row['transformers_tok_s']:9.0f} | TTFT ms "
-          f"{row['jaxsample_ttft_ms']:7.1f} / {row['transformers_ttft_ms']:7.1f}"
+          f"{'-' if ttft is None else f'{ttft:7.1f}'} / "
+          f"{row['transformers_ttft_ms']:7.1f}"
           f" | peak GiB {gib(row['jaxsample_peak_gib'])} / "
           f"{gib(row['transformers_peak_gib'])} | sampler "
-          f"{row['sampler_us']:.1f} us = {100 * row['sampler_share']:.2f}% of "
-          f"the {row['step_us'] / 1e3:.2f} ms step")
+          f"{row['sampler_us']:.1f} us = {share}")
 
 
 def _in_child(name: str, opts: argparse.Namespace, out: pathlib.Path) -> list:
