@@ -11,12 +11,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxsample._src import (processors as processing, rng, rowwise,
-                            sampling_mask)
-from jaxsample._src.pallas import gumbel, threshold
-from jaxsample._src.pallas import spec as kernels
+from jaxsample._src import rng, rowwise, sampling_mask
+from jaxsample._src.pallas import gumbel, spec, threshold
 from jaxsample._src.pallas.bitmask import MaskedLogits
 from jaxsample._src.params import SamplerConfig, SamplingParams
+from jaxsample._src.processors import LogitsProcessors, maybe_apply
 from jaxsample._src.reference import SampleResult
 from jaxsample._src.sampling_mask import SamplingMask
 from jaxsample._src.spec_reference import per_row_params, stream_keys
@@ -27,7 +26,7 @@ __all__ = ["extract_rows", "joint_kept_sets", "kept_floors", "kept_set_masks",
 
 
 def process_logits(logits: jax.Array,
-                   processors: processing.LogitsProcessors | None,
+                   processors: LogitsProcessors | None,
                    config: SamplerConfig):
   """The rows the kernels read: ``MaskedLogits`` where
   ``config.kernel_bitmask`` is on and the bitmask is the only processor
@@ -35,13 +34,13 @@ def process_logits(logits: jax.Array,
   their passes); otherwise
   ``processors.maybe_apply``'s XLA pre-pass (or ``logits`` as they are)."""
   if (processors is not None and config.kernel_bitmask and isinstance(
-      processors, processing.LogitsProcessors) and
+      processors, LogitsProcessors) and
       _bitmask_only(processors) and jnp.ndim(logits) == 2 and
       jnp.shape(logits)[0]):
     processors.check(*jnp.shape(logits))
     return MaskedLogits(jnp.asarray(logits),
                         jnp.asarray(processors.bitmask).astype(jnp.int32))
-  return processing.maybe_apply(logits, processors)
+  return maybe_apply(logits, processors)
 
 
 def sample_rows(logits, params: SamplingParams, streams: rng.RowStreams,
@@ -173,7 +172,7 @@ def verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,
         floors.target, ordered_ids=floors.target_ids) if width else None
 
   # 4. race: acceptance, then the emitted token's race.
-  fused = lambda floors: kernels.reject(
+  fused = lambda floors: spec.reject(
       target_logits, d, n, params, noise_keys, accept_keys,
       positions.astype(jnp.uint32), draft_logits, synthetic_rates, config,
       floors)
@@ -194,7 +193,7 @@ def verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,
 
 def kept_floors(target_logits, draft_logits, n, params: SamplingParams,
                 config: SamplerConfig, *,
-                order_width: int = 0) -> kernels.KeptFloors:
+                order_width: int = 0) -> spec.KeptFloors:
   """``kept_sets`` of the target rows and the draft rows that the kernels
   may read (target slots ``<= n``, draft slots ``< n``; one cond:
   ``joint_kept_sets``); threshold -inf, not measured, for the
@@ -218,7 +217,7 @@ def kept_floors(target_logits, draft_logits, n, params: SamplingParams,
       jax.tree.map(lambda a, m=q.logits.shape[0] // batch: a.reshape(
           (batch, m) + a.shape[1:]), sets)
       for q, sets in zip(queries, joint_kept_sets(queries, config))]
-  return kernels.KeptFloors(dataclasses.replace(target, ordered_ids=None),
+  return spec.KeptFloors(dataclasses.replace(target, ordered_ids=None),
                             draft[0] if draft else None, target.ordered_ids)
 
 
@@ -420,7 +419,7 @@ def kept_set_masks(logits, params: SamplingParams, sets,
         width), params, width)[1]
 
 
-def _bitmask_only(processors: processing.LogitsProcessors) -> bool:
+def _bitmask_only(processors: LogitsProcessors) -> bool:
   """Whether a bitmask is the only processor that changes logits (static;
   histories and counts alone change nothing)."""
   return processors.bitmask is not None and not processors.penalizes and all(
