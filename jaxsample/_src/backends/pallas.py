@@ -11,8 +11,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxsample._src import rng, rowwise, sampling_mask
-from jaxsample._src.pallas import gumbel, spec, threshold
+from jaxsample._src import rng, rowwise, sampling_mask, tuning
+from jaxsample._src.pallas import common, gumbel, spec, threshold
 from jaxsample._src.pallas.bitmask import MaskedLogits
 from jaxsample._src.params import SamplerConfig, SamplingParams
 from jaxsample._src.processors import LogitsProcessors, maybe_apply
@@ -21,7 +21,8 @@ from jaxsample._src.sampling_mask import SamplingMask
 from jaxsample._src.spec_reference import per_row_params, stream_keys
 
 __all__ = ["extract_rows", "joint_kept_sets", "kept_floors", "kept_set_masks",
-           "kept_sets", "KeptSetQuery", "process_logits", "sample_rows",
+           "kept_sets", "KeptSetQuery", "process_logits", "race_vocab_shard",
+           "sample_rows",
            "untruncated_facts", "verify_rows", "with_mask"]
 
 
@@ -364,6 +365,59 @@ def untruncated_facts(row_max, lse, finite, width: int):
       ordered_ids=jnp.zeros((lse.shape[0], width), jnp.int32)
   ) if width else None
 
+
+def race_vocab_shard(logits, params: SamplingParams, streams: rng.RowStreams,
+                     config: SamplerConfig, *, offset, shards: int, gather,
+                     count_finite: bool):
+  """``gumbel.sample_untruncated`` of rows whose vocabulary is split into
+  ``shards`` equal shards, run on each shard: ``logits`` ``[B, V / shards]``
+  are this shard's columns, from global id ``offset``.
+
+  The Gumbel kernel's partials of this shard (the one-device splits of
+  ``V`` where a shard holds whole ones), its logit at its winner, and with
+  ``count_finite`` its counts of entries ``> -inf``, all gathered by one
+  ``gather`` (``[B, ...]`` arrays -> ``[shards, B, ...]``, the same on every
+  shard), then finished as one device finishes its splits.
+
+  Returns ``(SampleResult, row_max, lse, finite)`` as ``sample_untruncated``
+  (``finite`` None without ``count_finite``).
+
+  Raises:
+    ValueError: ``V / shards`` is not a multiple of the plan's RNG tile.
+  """
+  batch, local = logits.shape
+  tuned = tuning.resolve(config.tuning)
+  plan = common.race_plan(batch, local * shards, tuned.gumbel,
+                          tuned.occupancy, generator=config.rng,
+                          fp64=config.use_fp64_gumbel)
+  if local % plan.tile:
+    raise ValueError(
+        f"the kernels need vocab shards of a multiple of {plan.tile} ids (one "
+        f"RNG tile); got {local}: pad the vocabulary with -inf logits to a "
+        f"multiple of {plan.tile * shards}")
+  if not local % plan.split_len:  # the one-device splits, shard by shard
+    launch = dataclasses.replace(tuned.gumbel,
+                                 num_splits=local // plan.split_len)
+    config = dataclasses.replace(config, tuning=dataclasses.replace(
+        config.tuning or tuning.Tuning(), gumbel=launch))
+  partials = gumbel.gumbel_partials(logits, params.temperature, streams,
+                                    config, vocab_offset=offset,
+                                    count_finite=count_finite)
+  token, _, _ = gumbel.combine_partials(partials)
+  x_local = jnp.take_along_axis(logits, (token - offset)[:, None],
+                                axis=-1)[:, 0].astype(jnp.float32)
+  fields = [partials.race, partials.index, partials.max, partials.sumexp]
+  fields += [partials.kept] if count_finite else []
+  *gathered, x_shards = gather(fields + [x_local])
+  # [n, B, S] -> [B, n S]: splits in id order.
+  race, index, top, sumexp, *kept = [
+      jnp.moveaxis(g, 0, 1).reshape(batch, -1) for g in gathered]
+  whole = gumbel.GumbelPartials(race, index, top, sumexp)
+  result, row_max, (shift, log_sum) = gumbel.finish_sampling(
+      None, params, whole, logit_at=lambda t: jnp.take_along_axis(
+          x_shards, (t // local)[None], axis=0)[0])
+  finite = jnp.sum(kept[0], axis=-1) if count_finite else None
+  return result, row_max, shift + log_sum, finite
 
 def _kept_facts(count, log_kept, ordered_ids, rows, width: int):
   """Facts of kept sets ``ordered_ids``; ``rows`` (a ``Truncation`` or
