@@ -373,11 +373,12 @@ def race_vocab_shard(logits, params: SamplingParams, streams: rng.RowStreams,
   ``shards`` equal shards, run on each shard: ``logits`` ``[B, V / shards]``
   are this shard's columns, from global id ``offset``.
 
-  The Gumbel kernel's partials of this shard (the one-device splits of
-  ``V`` where a shard holds whole ones), its logit at its winner, and with
-  ``count_finite`` its counts of entries ``> -inf``, all gathered by one
-  ``gather`` (``[B, ...]`` arrays -> ``[shards, B, ...]``, the same on every
-  shard), then finished as one device finishes its splits.
+  The Gumbel kernel's partials of this shard (on the one-device plan's
+  splits where the shard width is a multiple of their length), the logit
+  at the shard's winner and, with ``count_finite``, the counts of entries
+  ``> -inf`` go through one ``gather(arrays)`` (a list of ``[B, ...]``
+  arrays -> each ``[shards, B, ...]`` in shard order, the same on every
+  shard), then are finished as one device finishes its splits.
 
   Returns ``(SampleResult, row_max, lse, finite)`` as ``sample_untruncated``
   (``finite`` None without ``count_finite``).
