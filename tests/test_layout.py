@@ -31,14 +31,13 @@ APPS = ("jaxsample.bench", "jaxsample.demo", "jaxsample.generation",
 
 
 # Kernels and their thin wrappers; the API modules that validate and call
-# one backend (``jaxsample._src.backends``); the modules through which the
-# API reaches the kernels: the Pallas backend, and the vocab-parallel race
-# (it combines the Gumbel kernel's partials across vocab shards).
+# one backend (``jaxsample._src.backends``); the module through which the
+# API reaches the kernels: the Pallas backend (the vocab-parallel race
+# included: ``race_vocab_shard``).
 KERNELS = "jaxsample._src.pallas"
 BACKEND_API = ("jaxsample._src.sampling", "jaxsample._src.mask",
                "jaxsample._src.spec")
-KERNEL_GATES = {"jaxsample._src.backends.pallas",
-                "jaxsample._src.parallel.vocab"}
+KERNEL_GATES = {"jaxsample._src.backends.pallas"}
 
 
 def in_package(name: str, package: str) -> bool:

@@ -11,23 +11,23 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxsample._src import (processors as processing, rng, rowwise,
-                            sampling_mask)
-from jaxsample._src.pallas import gumbel, threshold
-from jaxsample._src.pallas import spec as kernels
+from jaxsample._src import rng, rowwise, sampling_mask, tuning
+from jaxsample._src.pallas import common, gumbel, spec, threshold
 from jaxsample._src.pallas.bitmask import MaskedLogits
 from jaxsample._src.params import SamplerConfig, SamplingParams
+from jaxsample._src.processors import LogitsProcessors, maybe_apply
 from jaxsample._src.reference import SampleResult
 from jaxsample._src.sampling_mask import SamplingMask
 from jaxsample._src.spec_reference import per_row_params, stream_keys
 
 __all__ = ["extract_rows", "joint_kept_sets", "kept_floors", "kept_set_masks",
-           "kept_sets", "KeptSetQuery", "process_logits", "sample_rows",
+           "kept_sets", "KeptSetQuery", "process_logits", "race_vocab_shard",
+           "sample_rows",
            "untruncated_facts", "verify_rows", "with_mask"]
 
 
 def process_logits(logits: jax.Array,
-                   processors: processing.LogitsProcessors | None,
+                   processors: LogitsProcessors | None,
                    config: SamplerConfig):
   """The rows the kernels read: ``MaskedLogits`` where
   ``config.kernel_bitmask`` is on and the bitmask is the only processor
@@ -35,13 +35,13 @@ def process_logits(logits: jax.Array,
   their passes); otherwise
   ``processors.maybe_apply``'s XLA pre-pass (or ``logits`` as they are)."""
   if (processors is not None and config.kernel_bitmask and isinstance(
-      processors, processing.LogitsProcessors) and
+      processors, LogitsProcessors) and
       _bitmask_only(processors) and jnp.ndim(logits) == 2 and
       jnp.shape(logits)[0]):
     processors.check(*jnp.shape(logits))
     return MaskedLogits(jnp.asarray(logits),
                         jnp.asarray(processors.bitmask).astype(jnp.int32))
-  return processing.maybe_apply(logits, processors)
+  return maybe_apply(logits, processors)
 
 
 def sample_rows(logits, params: SamplingParams, streams: rng.RowStreams,
@@ -173,7 +173,7 @@ def verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,
         floors.target, ordered_ids=floors.target_ids) if width else None
 
   # 4. race: acceptance, then the emitted token's race.
-  fused = lambda floors: kernels.reject(
+  fused = lambda floors: spec.reject(
       target_logits, d, n, params, noise_keys, accept_keys,
       positions.astype(jnp.uint32), draft_logits, synthetic_rates, config,
       floors)
@@ -194,7 +194,7 @@ def verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,
 
 def kept_floors(target_logits, draft_logits, n, params: SamplingParams,
                 config: SamplerConfig, *,
-                order_width: int = 0) -> kernels.KeptFloors:
+                order_width: int = 0) -> spec.KeptFloors:
   """``kept_sets`` of the target rows and the draft rows that the kernels
   may read (target slots ``<= n``, draft slots ``< n``; one cond:
   ``joint_kept_sets``); threshold -inf, not measured, for the
@@ -218,7 +218,7 @@ def kept_floors(target_logits, draft_logits, n, params: SamplingParams,
       jax.tree.map(lambda a, m=q.logits.shape[0] // batch: a.reshape(
           (batch, m) + a.shape[1:]), sets)
       for q, sets in zip(queries, joint_kept_sets(queries, config))]
-  return kernels.KeptFloors(dataclasses.replace(target, ordered_ids=None),
+  return spec.KeptFloors(dataclasses.replace(target, ordered_ids=None),
                             draft[0] if draft else None, target.ordered_ids)
 
 
@@ -366,6 +366,60 @@ def untruncated_facts(row_max, lse, finite, width: int):
   ) if width else None
 
 
+def race_vocab_shard(logits, params: SamplingParams, streams: rng.RowStreams,
+                     config: SamplerConfig, *, offset, shards: int, gather,
+                     count_finite: bool):
+  """``gumbel.sample_untruncated`` of rows whose vocabulary is split into
+  ``shards`` equal shards, run on each shard: ``logits`` ``[B, V / shards]``
+  are this shard's columns, from global id ``offset``.
+
+  The Gumbel kernel's partials of this shard (on the one-device plan's
+  splits where the shard width is a multiple of their length), the logit
+  at the shard's winner and, with ``count_finite``, the counts of entries
+  ``> -inf`` go through one ``gather(arrays)`` (a list of ``[B, ...]``
+  arrays -> each ``[shards, B, ...]`` in shard order, the same on every
+  shard), then are finished as one device finishes its splits.
+
+  Returns ``(SampleResult, row_max, lse, finite)`` as ``sample_untruncated``
+  (``finite`` None without ``count_finite``).
+
+  Raises:
+    ValueError: ``V / shards`` is not a multiple of the plan's RNG tile.
+  """
+  batch, local = logits.shape
+  tuned = tuning.resolve(config.tuning)
+  plan = common.race_plan(batch, local * shards, tuned.gumbel,
+                          tuned.occupancy, generator=config.rng,
+                          fp64=config.use_fp64_gumbel)
+  if local % plan.tile:
+    raise ValueError(
+        f"the kernels need vocab shards of a multiple of {plan.tile} ids (one "
+        f"RNG tile); got {local}: pad the vocabulary with -inf logits to a "
+        f"multiple of {plan.tile * shards}")
+  if not local % plan.split_len:  # the one-device splits, shard by shard
+    launch = dataclasses.replace(tuned.gumbel,
+                                 num_splits=local // plan.split_len)
+    config = dataclasses.replace(config, tuning=dataclasses.replace(
+        config.tuning or tuning.Tuning(), gumbel=launch))
+  partials = gumbel.gumbel_partials(logits, params.temperature, streams,
+                                    config, vocab_offset=offset,
+                                    count_finite=count_finite)
+  token, _, _ = gumbel.combine_partials(partials)
+  x_local = jnp.take_along_axis(logits, (token - offset)[:, None],
+                                axis=-1)[:, 0].astype(jnp.float32)
+  fields = [partials.race, partials.index, partials.max, partials.sumexp]
+  fields += [partials.kept] if count_finite else []
+  *gathered, x_shards = gather(fields + [x_local])
+  # [n, B, S] -> [B, n S]: splits in id order.
+  race, index, top, sumexp, *kept = [
+      jnp.moveaxis(g, 0, 1).reshape(batch, -1) for g in gathered]
+  whole = gumbel.GumbelPartials(race, index, top, sumexp)
+  result, row_max, (shift, log_sum) = gumbel.finish_sampling(
+      None, params, whole, logit_at=lambda t: jnp.take_along_axis(
+          x_shards, (t // local)[None], axis=0)[0])
+  finite = jnp.sum(kept[0], axis=-1) if count_finite else None
+  return result, row_max, shift + log_sum, finite
+
 def _kept_facts(count, log_kept, ordered_ids, rows, width: int):
   """Facts of kept sets ``ordered_ids``; ``rows`` (a ``Truncation`` or
   ``KeptSets``) gives each row's ``finite``, ``row_max`` and ``lse``."""
@@ -420,7 +474,7 @@ def kept_set_masks(logits, params: SamplingParams, sets,
         width), params, width)[1]
 
 
-def _bitmask_only(processors: processing.LogitsProcessors) -> bool:
+def _bitmask_only(processors: LogitsProcessors) -> bool:
   """Whether a bitmask is the only processor that changes logits (static;
   histories and counts alone change nothing)."""
   return processors.bitmask is not None and not processors.penalizes and all(

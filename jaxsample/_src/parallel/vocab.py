@@ -22,7 +22,6 @@ path's collectives: ``docs/multi_device.md``.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -38,9 +37,8 @@ from jaxsample._src import (backends, dispatch, reference, rng, rowwise,
 from jaxsample._src.parallel.batch import (batch_split_over, explicit_axes,
                                            manual_rows, shard_config)
 from jaxsample._src.backends import xla_reference
-from jaxsample._src.backends.pallas import untruncated_facts, with_mask
-from jaxsample._src.pallas import common, gumbel
-from jaxsample._src import tuning
+from jaxsample._src.backends.pallas import (race_vocab_shard,
+                                            untruncated_facts, with_mask)
 from jaxsample._src.params import SamplerConfig, SamplingParams, as_config
 from jaxsample._src.reference import SampleResult
 from jaxsample._src.sampling_mask import SamplingMask
@@ -385,39 +383,10 @@ def _reference_race(logits, params: SamplingParams, streams: rng.RowStreams,
 def _kernel_race(logits, params: SamplingParams, streams: rng.RowStreams,
                  config: SamplerConfig, offset, axis_name: str,
                  count_finite: bool):
-  """``gumbel.sample_untruncated`` of rows split over ``axis_name``: the
-  Gumbel kernel's partials of this shard gathered, then finished as one
-  device finishes its splits: ``(SampleResult, row_max, lse, finite)``
-  (``finite`` None without ``count_finite``)."""
-  batch, local = logits.shape
-  vocab = local * lax.axis_size(axis_name)
-  tuned = tuning.resolve(config.tuning)
-  plan = common.race_plan(batch, vocab, tuned.gumbel, tuned.occupancy,
-                          generator=config.rng, fp64=config.use_fp64_gumbel)
-  if local % plan.tile:
-    raise ValueError(
-        f"the kernels need vocab shards of a multiple of {plan.tile} ids (one "
-        f"RNG tile); got {local}: pad the vocabulary with -inf logits to a "
-        f"multiple of {plan.tile * lax.axis_size(axis_name)}")
-  if not local % plan.split_len:  # the one-device splits, shard by shard
-    launch = dataclasses.replace(tuned.gumbel,
-                                 num_splits=local // plan.split_len)
-    config = dataclasses.replace(config, tuning=dataclasses.replace(
-        config.tuning or tuning.Tuning(), gumbel=launch))
-  partials = gumbel.gumbel_partials(logits, params.temperature, streams,
-                                    config, vocab_offset=offset,
-                                    count_finite=count_finite)
-  token, _, _ = gumbel.combine_partials(partials)
-  x_local = jnp.take_along_axis(logits, (token - offset)[:, None],
-                                axis=-1)[:, 0].astype(jnp.float32)
-  fields = [partials.race, partials.index, partials.max, partials.sumexp]
-  fields += [partials.kept] if count_finite else []
-  *gathered, x_shards = _gather_rows(fields + [x_local], axis_name)
-  # [n, B, S] -> [B, n S]: splits in id order.
-  race, index, top, sumexp, *kept = [
-      jnp.moveaxis(g, 0, 1).reshape(batch, -1) for g in gathered]
-  whole = gumbel.GumbelPartials(race, index, top, sumexp)
-  result, row_max, (shift, log_sum) = gumbel.finish_sampling(
-      None, params, whole, logit_at=lambda t: _pick(x_shards, t // local))
-  finite = jnp.sum(kept[0], axis=-1) if count_finite else None
-  return result, row_max, shift + log_sum, finite
+  """The kernels' race of rows without a filter split over ``axis_name``
+  (``race_vocab_shard``, one all-gather): ``(SampleResult, row_max, lse,
+  finite)`` (``finite`` None without ``count_finite``)."""
+  return race_vocab_shard(
+      logits, params, streams, config, offset=offset,
+      shards=lax.axis_size(axis_name), count_finite=count_finite,
+      gather=lambda arrays: _gather_rows(arrays, axis_name))
