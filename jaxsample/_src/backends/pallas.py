@@ -420,6 +420,7 @@ def race_vocab_shard(logits, params: SamplingParams, streams: rng.RowStreams,
   finite = jnp.sum(kept[0], axis=-1) if count_finite else None
   return result, row_max, shift + log_sum, finite
 
+
 def _kept_facts(count, log_kept, ordered_ids, rows, width: int):
   """Facts of kept sets ``ordered_ids``; ``rows`` (a ``Truncation`` or
   ``KeptSets``) gives each row's ``finite``, ``row_max`` and ``lse``."""
