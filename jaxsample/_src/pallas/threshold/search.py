@@ -29,10 +29,11 @@ def largest_keys(reaches: tuple, bits: int, start=None,
                  bits_per_step: int = 1) -> tuple:
   """Per predicate of ``reaches``, the largest uint32 ``v`` with its low ``32
   - bits`` bits zero and ``reaches(v)`` (monotone: true below some point);
-  0 if none.  Built from the top, ``bits_per_step = r`` bits per step
+  0 if none.  Built from the top, ``bits_per_step = r`` key bits per step
   (``ceil(bits / r)`` steps; the first resolves ``bits mod r`` bits if
   that is not 0): a step evaluates each predicate at the ``2^r - 1`` keys
-  ``v | d << shift`` (``d = 1 .. 2^r - 1``) and keeps the largest that
+  ``v | d << shift`` (``d = 1 .. 2^r - 1``; in a step of fewer bits the
+  largest digit stands for those beyond it) and keeps the largest that
   reaches (``v`` if none).  The key is the same for every ``r`` as long as
   each predicate is a function of its key (every evaluation the same
   reduction).  The searches and the candidates of a step are independent,
@@ -40,11 +41,11 @@ def largest_keys(reaches: tuple, bits: int, start=None,
 
   ``start = (prefix, known)`` (``key_prefix``): the search looks only among
   the keys whose ``known`` high bits are ``prefix``'s (the steps that hold
-  bits below ``known``, and a check): the largest there, or 0 if none there
-  reaches."""
+  bits below ``known``, the first of them only those bits, and a check):
+  the largest there, or 0 if none there reaches."""
   r = bits_per_step
   steps = -(-bits // r)
-  pad = steps * r - bits  # step i resolves key bits r*i - pad .. r*i - pad + r - 1
+  pad = steps * r - bits  # step i: the r key bits from bit r * i - pad
   if start is None:
     prefix, known, first = jnp.uint32(0), 0, 0
   else:  # the step that holds key bit ``known`` (none if known >= bits)
@@ -56,7 +57,7 @@ def largest_keys(reaches: tuple, bits: int, start=None,
         i.astype(jnp.uint32) if r == 1 else jnp.uint32(r) * i.astype(
             jnp.uint32))
     digits = [jnp.uint32(d) for d in range(1, 1 << r)]
-    if r > 1:  # the step's bits above key bit ``known`` (or bit 0) are set
+    if r > 1:  # the step's bits above key bit ``known`` (or 0) are known
       hidden = jnp.maximum(known + pad - r * i, 0).astype(jnp.uint32)
       digits = [jnp.minimum(d, jnp.uint32((1 << r) - 1) >> hidden)
                 for d in digits]

@@ -217,12 +217,12 @@ def select_threshold(y, row_max, t1, params: SamplingParams | jax.Array,
   if bound and not isinstance(launch, tuning.SearchLaunch):
     raise ValueError("a bound-mode select searches: its launch must be a "
                      f"tuning.SearchLaunch (e.g. WindowLaunch); got {launch!r}")
-  kernel = functools.partial(_select_kernel, bound=bound,
-                             has_above=above is not None,
-                             has_active=active is not None,
-                             has_window=window is not None, width=order_width,
-                             bits=bits, bits_per_step=launch.search_bits_per_step
-                             if bound else 1, interpret=interpret)
+  kernel = functools.partial(
+      _select_kernel, bound=bound, has_above=above is not None,
+      has_active=active is not None, has_window=window is not None,
+      width=order_width, bits=bits,
+      bits_per_step=launch.search_bits_per_step if bound else 1,
+      interpret=interpret)
   out_shape = [jax.ShapeDtypeStruct((batch,), jnp.float32),
                jax.ShapeDtypeStruct((batch,), jnp.int32),
                jax.ShapeDtypeStruct((batch,), jnp.float32),
