@@ -23,24 +23,22 @@ import jax
 from jax.experimental.pallas import triton as plgpu
 
 __all__ = ["BoundsLaunch", "CompactLaunch", "DEFAULT",
-           "H100_KIND", "H200_KIND", "Launch", "MAX_SEARCH_BITS_PER_STEP",
-           "Measured", "MEASURED", "Occupancy",
+           "H100_KIND", "H200_KIND", "Launch", "Measured", "MEASURED", "Occupancy",
            "overriding", "PackLaunch", "planned", "PassLaunch", "PivotLaunch",
-           "RaceLaunch", "resolve", "SearchLaunch", "SelectLaunch",
-           "SpecStatsLaunch", "StatsLaunch", "Tuning", "WindowLaunch"]
+           "RaceLaunch", "resolve", "SelectLaunch", "SpecStatsLaunch",
+           "StatsLaunch", "Tuning", "WindowLaunch"]
 
 
 def _check(owner, name: str, value, *, pow2: bool = False,
-           optional: bool = False, most: int | None = None) -> None:
+           optional: bool = False) -> None:
   if value is None and optional:
     return
   ok = (isinstance(value, numbers.Integral) and not isinstance(value, bool)
-        and value >= 1 and (most is None or value <= most))
+        and value >= 1)
   if pow2:
     ok = ok and value >= 16 and not value & (value - 1)
   if not ok:
-    want = ("a power of 2 >= 16" if pow2 else "an int >= 1" if most is None
-            else f"an int in 1..{most}")
+    want = "a power of 2 >= 16" if pow2 else "an int >= 1"
     raise ValueError(f"{type(owner).__name__}.{name} must be {want}"
                      f"{' or None' if optional else ''}; got {value!r}")
 
@@ -62,58 +60,31 @@ class Launch:
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
       _check(self, field.name, value, pow2=field.name == "block_size",
-             optional=field.default is None, most=field.metadata.get("most"))
+             optional=field.default is None)
 
   def compiler_params(self) -> plgpu.CompilerParams:
     return plgpu.CompilerParams(num_warps=self.num_warps,
                                 num_stages=self.num_stages)
 
 
-# The most key bits a search step may resolve: a step evaluates each
-# predicate at 2^r - 1 keys, each a block reduction.
-MAX_SEARCH_BITS_PER_STEP = 4
-
-
 @dataclasses.dataclass(frozen=True)
-class SearchLaunch(Launch):
-  """A kernel whose threshold searches build an order key from the top
-  (``threshold.search.largest_keys``).
-
-  Attributes:
-    search_bits_per_step: key bits ``r`` (1 to ``MAX_SEARCH_BITS_PER_STEP``)
-      each search step resolves: a search of ``b`` bits takes ``ceil(b /
-      r)`` steps in a row instead of ``b``, each step ``2^r - 1``
-      independent block reductions per predicate instead of 1 (more
-      registers and work per step for fewer synchronizations).  The
-      thresholds are the same for every ``r``.
-  """
-
-  search_bits_per_step: int = dataclasses.field(
-      default=1, metadata={"most": MAX_SEARCH_BITS_PER_STEP})
-
-
-@dataclasses.dataclass(frozen=True)
-class BoundsLaunch(SearchLaunch):
-  """The bound select (``jaxsample_row_bounds``): one program per row, a
-  search of ``BOUND_KEY_BITS`` over the row's segment maxima."""
+class BoundsLaunch(Launch):
+  """The bound select (``jaxsample_row_bounds``): one program per row."""
 
   num_warps: int = 8
 
 
 @dataclasses.dataclass(frozen=True)
 class SelectLaunch(Launch):
-  """The final select (``jaxsample_select_threshold`` over the candidates;
-  it ranks them and searches nothing)."""
+  """The final select (``jaxsample_select_threshold`` over the candidates)."""
 
   num_warps: int = 4
 
 
 @dataclasses.dataclass(frozen=True)
-class WindowLaunch(SearchLaunch):
-  """The window kernel (``jaxsample_threshold_window``: two or three
-  searches of ``BOUND_KEY_BITS`` over the row's sample) and the window's
-  exact select (``jaxsample_select_threshold`` in bound mode: a 32-bit
-  search over the window's buffer): long serial searches."""
+class WindowLaunch(Launch):
+  """The window kernel (``jaxsample_threshold_window``) and the window's
+  exact select: long serial searches."""
 
   num_warps: int = 16
 

@@ -25,63 +25,32 @@ BOUND_KEY_BITS = 20
 NEG_INF_KEY = 0x007FFFFF  # order_key(-inf); smaller keys are NaN patterns
 
 
-def largest_keys(reaches: tuple, bits: int, start=None,
-                 bits_per_step: int = 1) -> tuple:
+def largest_keys(reaches: tuple, bits: int, start=None) -> tuple:
   """Per predicate of ``reaches``, the largest uint32 ``v`` with its low ``32
-  - bits`` bits zero and ``reaches(v)`` (monotone: true below some point);
-  0 if none.  Built from the top, ``bits_per_step = r`` key bits per step
-  (``ceil(bits / r)`` steps; the first resolves ``bits mod r`` bits if
-  that is not 0): a step evaluates each predicate at the ``2^r - 1`` keys
-  ``v | d << shift`` (``d = 1 .. 2^r - 1``; in a step of fewer bits the
-  largest digit stands for those beyond it) and keeps the largest that
-  reaches (``v`` if none).  The key is the same for every ``r`` as long as
-  each predicate is a function of its key (every evaluation the same
-  reduction).  The searches and the candidates of a step are independent,
-  so their block reductions overlap.
+  - bits`` bits zero and ``reaches(v)`` (monotone: true below some point),
+  built bit by bit in ``bits`` steps; 0 if none.  The searches share one
+  loop, so the block reductions of their steps overlap.
 
   ``start = (prefix, known)`` (``key_prefix``): the search looks only among
-  the keys whose ``known`` high bits are ``prefix``'s (the steps that hold
-  bits below ``known``, the first of them only those bits, and a check):
-  the largest there, or 0 if none there reaches."""
-  r = bits_per_step
-  steps = -(-bits // r)
-  pad = steps * r - bits  # step i: the r key bits from bit r * i - pad
-  if start is None:
-    prefix, known, first = jnp.uint32(0), 0, 0
-  else:  # the step that holds key bit ``known`` (none if known >= bits)
-    prefix, known = start
-    first = known if r == 1 else (jnp.minimum(known, bits) + pad) // r
+  the keys whose ``known`` high bits are ``prefix``'s (``bits - known``
+  steps and a check): the largest there, or 0 if none there reaches."""
 
   def body(i, keys):
-    shift = jnp.uint32(32 - r + pad) - (
-        i.astype(jnp.uint32) if r == 1 else jnp.uint32(r) * i.astype(
-            jnp.uint32))
-    digits = [jnp.uint32(d) for d in range(1, 1 << r)]
-    if r > 1:  # the step's bits above key bit ``known`` (or 0) are known
-      hidden = jnp.maximum(known + pad - r * i, 0).astype(jnp.uint32)
-      digits = [jnp.minimum(d, jnp.uint32((1 << r) - 1) >> hidden)
-                for d in digits]
-    increments = [d << shift for d in digits]
+    bit = jnp.uint32(1) << (jnp.uint32(31) - i.astype(jnp.uint32))
+    return tuple(jnp.where(reach(v | bit), v | bit, v)
+                 for reach, v in zip(reaches, keys))
 
-    def step(reach, v):
-      found = v
-      for inc in increments:  # the reaching candidates are the smallest
-        found = jnp.where(reach(v | inc), v | inc, found)
-      return found
-
-    return tuple(step(reach, v) for reach, v in zip(reaches, keys))
-
-  keys = lax.fori_loop(first, steps, body, (prefix,) * len(reaches))
   if start is None:
-    return keys
+    return lax.fori_loop(0, bits, body, (jnp.uint32(0),) * len(reaches))
+  prefix, known = start
+  keys = lax.fori_loop(known, bits, body, (prefix,) * len(reaches))
   return tuple(jnp.where(reach(v), v, jnp.uint32(0))
                for reach, v in zip(reaches, keys))
 
 
-def largest_key(reaches, bits: int, start=None,
-                bits_per_step: int = 1) -> jax.Array:
+def largest_key(reaches, bits: int, start=None) -> jax.Array:
   """``largest_keys`` of one predicate."""
-  return largest_keys((reaches,), bits, start, bits_per_step)[0]
+  return largest_keys((reaches,), bits, start)[0]
 
 
 def key_prefix(lower, upper):
@@ -101,15 +70,14 @@ def count_reaches(key, survives, n):
 
 
 def _bound_thresholds(y, survives, e, k, p, mass, above, bits: int,
-                      window=None, bits_per_step: int = 1):
+                      window=None):
   """Bound mode's ``(t2, k_found, t3)``, rounded down to ``bits`` key bits.
 
   One search per row: with top-k on, ``t2`` (the ``k``-th largest survivor)
   and ``t3 = -inf`` (every top-k survivor stays a candidate); otherwise ``t2 =
   -inf`` and ``t3`` (the largest value whose upper mass, plus ``above``,
-  reaches ``p * mass``).  ``ceil(bits / bits_per_step)`` search steps
-  (``largest_key``), plus a block reduction for ``k_found``; with 32 bits
-  the thresholds are exact (element values).
+  reaches ``p * mass``).  ``bits`` block reductions, plus one for
+  ``k_found``; with 32 bits the thresholds are exact (element values).
   ``window = (lower, upper)``: the search looks only among the keys that
   share the high bits of ``[lower, upper]``'s (``key_prefix``), and gives
   -inf where none there reaches: exact when the threshold lies in the
@@ -122,23 +90,21 @@ def _bound_thresholds(y, survives, e, k, p, mass, above, bits: int,
   start = None if window is None else key_prefix(*window)
   found = lax.cond(
       k > 0,
-      lambda: largest_key(count_reaches(key, survives, k), bits, start,
-                          bits_per_step),
-      lambda: largest_key(mass_reaches, bits, start, bits_per_step))
+      lambda: largest_key(count_reaches(key, survives, k), bits, start),
+      lambda: largest_key(mass_reaches, bits, start))
   bound = jnp.where(found > NEG_INF_KEY, common.key_value(found), -jnp.inf)
   k_found = jnp.sum(jnp.where(survives, 1, 0)) >= k
   return (jnp.where(k > 0, bound, -jnp.inf), k_found,
           jnp.where(k > 0, -jnp.inf, bound))
 
 
-def kept_bound(y, row_max, t1, k, p, mass, above, bits: int, window=None,
-               bits_per_step: int = 1):
+def kept_bound(y, row_max, t1, k, p, mass, above, bits: int, window=None):
   """Bound mode's ``(max(t1, t2, t3), k_found)`` over the values ``y``
   (``_bound_thresholds``; ``t3`` only where ``p < 1``)."""
   finite = y > -jnp.inf
   e = jnp.where(finite, jnp.exp(y - row_max), 0.0)
   t2, k_found, t3 = _bound_thresholds(y, finite & (y >= t1), e, k, p, mass,
-                                      above, bits, window, bits_per_step)
+                                      above, bits, window)
   return jnp.maximum(jnp.maximum(t1, t2), jnp.where(p < 1, t3, -jnp.inf)), (
       k_found)
 

@@ -72,13 +72,11 @@ def _rank_plan(n: int, interpret: bool) -> tuple[list[int], int]:
 
 def _select_kernel(y_ref, row_max_ref, t1_ref, param_ref, mass_ref, *refs,
                    bound: bool, has_above: bool, has_active: bool,
-                   has_window: bool, width: int, bits: int, bits_per_step: int,
-                   interpret: bool):
+                   has_window: bool, width: int, bits: int, interpret: bool):
   """One row's thresholds (``select_threshold``).
 
   Bound mode (all ``N`` entries filled; input ``above`` if ``has_above``,
-  then ``lower`` and ``upper`` if ``has_window``): ``kept_bound``, searching
-  ``bits_per_step`` key bits per step.
+  then ``lower`` and ``upper`` if ``has_window``): ``kept_bound``.
   Final mode (inputs ``scan``, ``ids``, ``race``; a candidate buffer with
   ``scan`` filled slots, none if ``scan > N``): on the smallest prefix of
   ``_rank_plan``'s sizes holding them, ``_rank``, then ``t2 = min{y_i :
@@ -114,7 +112,7 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, param_ref, mass_ref, *refs,
           has_window) else None
       threshold, k_found = kept_bound(y, row_max, t1, k, p, mass_ref[row],
                                       refs[0][row] if has_above else 0.0, bits,
-                                      window, bits_per_step)
+                                      window)
     else:
       above, mass, ties = _rank(y_ref, row, scan, y, t1, row_max,
                                 with_ties=bool(width), step=step)
@@ -176,10 +174,9 @@ def select_threshold(y, row_max, t1, params: SamplingParams | jax.Array,
   """Thresholds of ``y`` ``[B, N]`` (N a power of 2, -inf padded), no sort,
   under ``params`` (or their ``pack_param_table``).
 
-  Bound mode searches order keys from the top (``_bound_thresholds``: one
-  search of ``bits``, ``launch.search_bits_per_step`` key bits per step,
-  counting ``above`` ``[B]`` (default 0) as mass above every entry; with
-  32 bits an exact search of a row's
+  Bound mode searches order keys bit by bit (``_bound_thresholds``: one
+  search of ``bits`` block reductions, counting ``above`` ``[B]`` (default
+  0) as mass above every entry; with 32 bits an exact search of a row's
   top-p threshold inside a window of its values); final mode ranks the
   entries against the min-p survivors among the first ``scan`` slots
   (``[B]``, required; every finite entry must lie there; ``scan > N``, an
@@ -203,26 +200,17 @@ def select_threshold(y, row_max, t1, params: SamplingParams | jax.Array,
   the others are undefined.  ``window = (lower, upper)`` ``[B]`` (bound
   mode): the search looks only where the thresholds' keys share the high
   bits of ``[lower, upper]``'s (``_bound_thresholds``).  ``launch``: its
-  compiler parameters (default: the device's ``tuning.SelectLaunch`` in
-  final mode; in bound mode, which searches, a ``tuning.SearchLaunch``,
-  default the device's ``tuning.WindowLaunch``: the window's exact select
-  runs under it).
+  compiler parameters (default: the device's ``tuning.SelectLaunch``).
   """
-  if launch is None:
-    tuned = tuning.resolve()
-    launch = tuned.window if bound else tuned.select
+  launch = launch or tuning.resolve().select
   batch = y.shape[0]
   if window is not None and not bound:
     raise ValueError("a window bounds a bound-mode search")
-  if bound and not isinstance(launch, tuning.SearchLaunch):
-    raise ValueError("a bound-mode select searches: its launch must be a "
-                     f"tuning.SearchLaunch (e.g. WindowLaunch); got {launch!r}")
-  kernel = functools.partial(
-      _select_kernel, bound=bound, has_above=above is not None,
-      has_active=active is not None, has_window=window is not None,
-      width=order_width, bits=bits,
-      bits_per_step=launch.search_bits_per_step if bound else 1,
-      interpret=interpret)
+  kernel = functools.partial(_select_kernel, bound=bound,
+                             has_above=above is not None,
+                             has_active=active is not None,
+                             has_window=window is not None, width=order_width,
+                             bits=bits, interpret=interpret)
   out_shape = [jax.ShapeDtypeStruct((batch,), jnp.float32),
                jax.ShapeDtypeStruct((batch,), jnp.int32),
                jax.ShapeDtypeStruct((batch,), jnp.float32),

@@ -151,11 +151,10 @@ _BOUND_OUTPUTS = len(_BoundOutputs._fields)
 
 
 def _bound_kernel(param_ref, *refs, splits: int, segments: int, capacity: int,
-                  top_width: int, bits_per_step: int, interpret: bool):
+                  top_width: int, interpret: bool):
   """One row's stats combined across splits, its bound and its route
   (``row_bounds``; ``top_width``: outputs ``pass_bound`` and the narrow
-  pass's param table too; ``bits_per_step``: the searches' key bits per
-  step).  ``refs``: the ``StatsPartials`` refs, the
+  pass's param table too).  ``refs``: the ``StatsPartials`` refs, the
   ``_BoundOutputs`` refs, then the narrow pass's outputs."""
   stats = StatsPartials(*refs[:_STATS_FIELDS])
   out = _BoundOutputs(*refs[_STATS_FIELDS:_STATS_FIELDS + _BOUND_OUTPUTS])
@@ -204,8 +203,7 @@ def _bound_kernel(param_ref, *refs, splits: int, segments: int, capacity: int,
     y = kmath.temper(plgpu.load(stats.segment_max.at[row, lanes],
                                 mask=lanes < segments, other=-jnp.inf), t)
     bound, _ = kept_bound(y, safe_max, t1, k, params.top_p,
-                          mass * (1 + _BOUND_MARGIN), 0.0, BOUND_KEY_BITS,
-                          bits_per_step=bits_per_step)
+                          mass * (1 + _BOUND_MARGIN), 0.0, BOUND_KEY_BITS)
     valid = jnp.isfinite(row_max)
     # The sample's estimate is too noisy to trust a top-k row (k > C / 2)
     # with the buffer.
@@ -218,7 +216,7 @@ def _bound_kernel(param_ref, *refs, splits: int, segments: int, capacity: int,
     if top_width:  # large rows: the bound of their top_width largest
       pass_bound = lax.cond(large, lambda: kept_bound(
           y, safe_max, t1, jnp.int32(top_width), 1.0, mass, 0.0,
-          BOUND_KEY_BITS, bits_per_step=bits_per_step)[0], lambda: bound)
+          BOUND_KEY_BITS)[0], lambda: bound)
       pass_k = jnp.where(large, top_width, k)
       pass_bound_out[row] = pass_bound
       pass_table_out[TOP_K_FIELD, row] = pass_k
@@ -296,8 +294,7 @@ def row_bounds(logits, params: SamplingParams, config: SamplerConfig, *,
   The bound select combines each row's per-split stats, searches its
   segment maxima (``kept_bound``; on ``large`` rows with ``top_width``, a
   second search by count) and routes it: one program per row
-  (``tuning.BoundsLaunch``, whose ``search_bits_per_step`` the searches
-  take).
+  (``tuning.BoundsLaunch``).
   """
   batch, vocab = logits.shape
   tuned = tuning.resolve(config.tuning)
@@ -307,9 +304,7 @@ def row_bounds(logits, params: SamplingParams, config: SamplerConfig, *,
   kernel = functools.partial(_bound_kernel, splits=plan.num_splits,
                              segments=stats.segment_max.shape[1],
                              capacity=config.max_candidates,
-                             top_width=top_width,
-                             bits_per_step=tuned.bounds.search_bits_per_step,
-                             interpret=plan.interpret)
+                             top_width=top_width, interpret=plan.interpret)
   f32, i32 = (jax.ShapeDtypeStruct((batch,), d) for d in (jnp.float32,
                                                           jnp.int32))
   table = pack_param_table(params)

@@ -43,13 +43,13 @@ def window_half(capacity: int) -> int:
 def _window_kernel(param_ref, sample_ref, row_max_ref, t1_ref, mass_ref,
                    active_ref, lower_ref, upper_ref, *list_lower_ref,
                    half: int, by_count: bool, list_rank: int, list_half: int,
-                   bits_per_step: int, interpret: bool):
+                   interpret: bool):
   """One ``active`` row's window ``[lower, upper)``: sample ranks ``r +-
   half`` around the estimated threshold (rank ``r``; ``by_count``: the
   ``k``-th largest survivor, else the top-p threshold), clamped to ``>=
   t1``.  With ``list_half``, also a listing's lower end: sample rank
   ``list_rank + list_half``, found in the same search (each active row
-  computes both).  ``bits_per_step``: the searches' key bits per step."""
+  computes both)."""
   row = pl.program_id(0)
 
   @pl.when(active_ref[row] != 0)
@@ -76,7 +76,7 @@ def _window_kernel(param_ref, sample_ref, row_max_ref, t1_ref, mass_ref,
       target = (1 - p) * mass_ref[row] + p * below_t1
       threshold_key = largest_key(
           lambda v: jnp.sum(jnp.where(key < v, e, 0.0)) <= target,
-          BOUND_KEY_BITS, bits_per_step=bits_per_step)
+          BOUND_KEY_BITS)
       rank = jnp.sum(jnp.where(survives & (key >= threshold_key), 1, 0))
 
     # The (rank - half)-th and (rank + half)-th largest survivors (rounded
@@ -84,8 +84,7 @@ def _window_kernel(param_ref, sample_ref, row_max_ref, t1_ref, mass_ref,
     ranks = (rank - half, rank + half) + (
         (list_rank + list_half,) if list_half else ())
     found = largest_keys(tuple(count_reaches(key, survives, n)
-                               for n in ranks), BOUND_KEY_BITS,
-                         bits_per_step=bits_per_step)
+                               for n in ranks), BOUND_KEY_BITS)
     ranked = [jnp.where(f > NEG_INF_KEY, common.key_value(f), -jnp.inf)
               for f in found]
     # The upper end rounds up (the search's next key): rounded down, it
@@ -116,8 +115,7 @@ def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
   caller checks both), from the rows' ``sample`` (``RowBounds.sample``,
   tempered here by ``params.temperature`` as the kernels temper logits).
   ``mass``: the row's mass relative to ``row_max``.  Two or three searches of
-  ``BOUND_KEY_BITS`` over the sample, ``launch.search_bits_per_step`` key
-  bits per step.
+  ``BOUND_KEY_BITS`` block reductions over the sample.
 
   With ``list_rows``, also ``list_lower`` ``[B]`` of those rows (a
   ``Listing``'s lower end, ``_listing_capacity(list_width)`` slots): the
@@ -133,7 +131,7 @@ def threshold_window(sample, row_max, t1, params: SamplingParams, mass,
       _window_kernel, half=window_half(capacity), by_count=by_count,
       list_rank=list_width // SAMPLE_STRIDE,
       list_half=window_half(list_capacity) if listing else 0,
-      bits_per_step=launch.search_bits_per_step, interpret=interpret)
+      interpret=interpret)
   shape = jax.ShapeDtypeStruct((batch,), jnp.float32)
   return common.pallas_call(
       kernel, out_shape=[shape] * (2 + listing), grid=(batch,),
