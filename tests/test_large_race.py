@@ -56,26 +56,22 @@ def _fused_and_floored(x, params, streams, config):
   return rows, sets.measured, fused, floored
 
 
-@pytest.mark.parametrize("gen,fp64,vocab", [
-    ("philox", False, 8000), slow_case("threefry", False, 8000),
-    slow_case("philox", True, 8000), slow_case("philox", False, 4003)])
-def test_fused_race_matches_floored_race_and_reference(gen, fp64, vocab):
+@pytest.mark.parametrize("gen,vocab", [
+    ("philox", 8000), slow_case("threefry", 8000), slow_case("philox", 4003)])
+def test_fused_race_matches_floored_race_and_reference(gen, vocab):
   """The large rows' tokens equal the floored race's bit for bit and their
   counts exactly; logprobs and ``log_kept`` (the window's measured mass
-  against the Gumbel kernel's sum) within 1e-5.  FP64 noise races every
-  row with the floor.  Through ``jaxsample.sample`` the mixed batch's
-  tokens equal the reference's, logprobs within 1e-5."""
+  against the Gumbel kernel's sum) within 1e-5.  Through
+  ``jaxsample.sample`` the mixed batch's tokens equal the reference's,
+  logprobs within 1e-5."""
   x = _flat_rows(vocab)
   params = SamplingParams.make(8, **_ROWS)
   canon = params.canonical(vocab)
   key = jax.random.key(3)
   streams, _ = rng.row_streams(key, None, 8, vocab)
-  config = SamplerConfig(rng=gen, max_candidates=_CAPACITY,
-                         use_fp64_gumbel=fp64)
-  with jax.enable_x64(fp64):
-    rows, measured, fused, (result, count, log_kept) = jax.tree.map(
-        np.asarray, _fused_and_floored(jnp.asarray(x), canon, streams,
-                                       config))
+  config = SamplerConfig(rng=gen, max_candidates=_CAPACITY)
+  rows, measured, fused, (result, count, log_kept) = jax.tree.map(
+      np.asarray, _fused_and_floored(jnp.asarray(x), canon, streams, config))
   token, logprob, complete, _, fused_count, fused_log_kept = fused
   np.testing.assert_array_equal(rows, [True] * 6 + [False] * 2)
   # The window searches held rows 0-3 (raced there); 4 and 5 took the floor.
@@ -87,11 +83,27 @@ def test_fused_race_matches_floored_race_and_reference(gen, fp64, vocab):
                              atol=1e-5)
   np.testing.assert_allclose(fused_log_kept[rows], log_kept[rows], rtol=1e-5,
                              atol=1e-5)
+  assert (count[rows] > _CAPACITY).all(), count  # sets no buffer holds
+  a = _sample_matches_reference(x, params, key, gen, fp64=False)
+  np.testing.assert_array_equal(a.tokens[rows], token[rows])
+
+
+@pytest.mark.slow
+def test_fp64_noise_races_large_sets_with_the_floor():
+  """FP64 noise (its own route: each kept set's threshold, then the Gumbel
+  kernel's FP64 race with the floor): the mixed batch's tokens equal the
+  reference's, logprobs within 1e-5."""
+  _sample_matches_reference(_flat_rows(8000), SamplingParams.make(8, **_ROWS),
+                            jax.random.key(3), "philox", fp64=True)
+
+
+def _sample_matches_reference(x, params, key, gen: str, *, fp64: bool):
+  """``jaxsample.sample``'s kernels on ``x`` against the reference; returns
+  the kernels' result."""
   a = run_sample(x, params, key, impl="pallas", rng=gen, fp64=fp64,
                  max_candidates=_CAPACITY)
   b = run_sample(x, params, key, impl="xla", rng=gen, fp64=fp64)
   np.testing.assert_array_equal(a.tokens, b.tokens)
   np.testing.assert_array_equal(a.valid, b.valid)
   np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
-  np.testing.assert_array_equal(a.tokens[rows], token[rows])
-  assert (count[rows] > _CAPACITY).all(), count  # sets no buffer holds
+  return a

@@ -354,7 +354,7 @@ def collect_candidates(logits, params: SamplingParams | jax.Array, active,
     flags = flags + 2 * listing.rows.astype(jnp.int32)
   stream_inputs = ()
   if racing:
-    flags = flags + 4 * (race_above & active).astype(jnp.int32)
+    flags = flags + 4 * (race_above & (active != 0)).astype(jnp.int32)
     stream_inputs = (rowwise.pack_rows(jax.tree.leaves(streams), batch),)
   list_inputs = () if listing is None else (listing.lower,)
   gather = () if segments is None else (segments.gather.astype(jnp.int32),)
