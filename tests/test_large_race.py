@@ -18,6 +18,7 @@ from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import rng
 from jaxsample._src.pallas import threshold
 
+from helpers.cases import assert_same_result
 from helpers.parametrize import slow_case
 from helpers.sampling import run_sample
 
@@ -102,8 +103,6 @@ def _sample_matches_reference(x, params, key, gen: str, *, fp64: bool):
   the kernels' result."""
   a = run_sample(x, params, key, impl="pallas", rng=gen, fp64=fp64,
                  max_candidates=_CAPACITY)
-  b = run_sample(x, params, key, impl="xla", rng=gen, fp64=fp64)
-  np.testing.assert_array_equal(a.tokens, b.tokens)
-  np.testing.assert_array_equal(a.valid, b.valid)
-  np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+  assert_same_result(a, run_sample(x, params, key, impl="xla", rng=gen,
+                                   fp64=fp64))
   return a

@@ -59,8 +59,9 @@ threshold is found (``route.sample_large``).  Two passes over the row
 (stats, windowed compact), three with top-k and top-p both on; rows whose
 threshold a window did not find, min-p alone and FP64 noise take the Gumbel
 kernel with a ``floor``, one more pass.  A window that missed the threshold
-or overflowed its buffer (rows whose ties span the window, and the rare rows whose sample misleads
-the estimate by more than 5 standard deviations) leaves the threshold to
+or overflowed its buffer (rows whose ties span the window, and the rare rows
+whose sample misleads the estimate by more than 5 standard deviations)
+leaves the threshold to
 ``pivot_threshold``: at most ``_PIVOT_PASSES`` passes, each splitting the
 order-key interval that holds it at ``_PIVOTS`` pivots, in one kernel (one
 program per row; rows without a miss skip it, so no ``lax.cond`` guards
