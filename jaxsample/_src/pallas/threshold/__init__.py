@@ -51,17 +51,12 @@ around the threshold estimated from the sample; the compact pass, windowed,
 writes the window's elements and sums the count and mass above and the mass
 below it; a bound-mode search over the window finds the exact threshold
 bit by bit, from the high key bits the window's ends share (top-k first;
-top-p then searches above ``max(t1, t2)``).  The
-row's last window search races the kept set with FP32 noise: its compact
-pass races the elements above the window (``gumbel.GumbelRace``) and the
-pack kernel the window's, so the token is the better of the two once the
-threshold is found (``route.sample_large``).  Two passes over the row
-(stats, windowed compact), three with top-k and top-p both on; rows whose
-threshold a window did not find, min-p alone and FP64 noise take the Gumbel
-kernel with a ``floor``, one more pass.  A window that missed the threshold
-or overflowed its buffer (rows whose ties span the window, and the rare rows
-whose sample misleads the estimate by more than 5 standard deviations)
-leaves the threshold to
+top-p then searches above ``max(t1, t2)``).  Then
+the Gumbel kernel with a ``floor`` races the kept set and counts it.  Three
+passes over the row (stats, windowed compact, Gumbel), four with top-k and
+top-p both on; a window that missed the threshold or overflowed its buffer
+(rows whose ties span the window, and the rare rows whose sample misleads
+the estimate by more than 5 standard deviations) leaves the threshold to
 ``pivot_threshold``: at most ``_PIVOT_PASSES`` passes, each splitting the
 order-key interval that holds it at ``_PIVOTS`` pivots, in one kernel (one
 program per row; rows without a miss skip it, so no ``lax.cond`` guards

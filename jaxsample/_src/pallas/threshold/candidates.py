@@ -12,7 +12,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxsample._src import rng, rowwise
-from jaxsample._src.pallas import bitmask, common, gumbel
+from jaxsample._src.pallas import bitmask, common
 from jaxsample._src import tuning
 from jaxsample._src.pallas.threshold.base import (FILTER_SLACK, LOG2E,
                                              pack_param_table, pass_plan,
@@ -28,8 +28,6 @@ __all__ = ["Candidates", "collect_candidates", "Listing", "Segments"]
 # ---------------------------------------------------------------------------
 
 
-_NO_ID = jnp.iinfo(jnp.int32).max  # loses every tie of an argmin of ids
-
 # ``_compact_kernel`` counts a chunk's listed elements in the high half of the
 # word whose low half counts its candidates, so one prefix sum places both.
 _LISTED = 1 << 16
@@ -38,7 +36,7 @@ _LISTED = 1 << 16
 def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
                     *refs, plan: common.KernelPlan, vocab: int, capacity: int,
                     list_capacity: int, segment: int, windowed: bool,
-                    gathering: bool, masked: bool, generator: str | None):
+                    gathering: bool, masked: bool):
   """Writes the split's elements with ``x * (1 / T) >= L - slack`` (a superset
   of ``{y >= L}``: ``collect_candidates`` drops the rest) in vocab order and
   sums the mass of the other min-p survivors.  ``windowed`` (input ``U``,
@@ -56,25 +54,17 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
   split's share of them in order, and report no outside mass.
 
   ``masked``: a ``bitmask.MaskedLogits`` words ref follows ``x_ref``.
-
-  ``generator`` (windowed; input the row streams, outputs ``race_out``):
-  rows flagged 4 also race the elements above the window
-  (``gumbel.GumbelRace``, the Gumbel kernel's race: the split's best ``y +
-  g`` and its id, smallest on ties); the others skip the noise.
   """
   row, split = pl.program_id(0), pl.program_id(1)
   flags = active_ref[row]
   active, candidates = flags != 0, (flags & 1) != 0
   listing = list_capacity > 0
-  racing = generator is not None
   upper_refs, refs = refs[:windowed], refs[windowed:]
   list_refs, refs = refs[:listing], refs[listing:]
-  stream_refs, refs = refs[:racing], refs[racing:]
   gather_refs, (x_ref, *refs) = refs[:3 * gathering], refs[3 * gathering:]
   words_refs, (x_out, id_out, count_out, outside_out, *outs) = (
       refs[:masked], refs[masked:])
-  above_out, outs = outs[:2 * windowed], outs[2 * windowed:]
-  race_out, list_count_out = outs[:2 * racing], outs[2 * racing:]
+  above_out, list_count_out = outs[:2 * windowed], outs[2 * windowed:]
   gather = gather_refs[0][row] != 0 if gathering else None
   kmath = common.KernelMath(plan.interpret)
   inv_t = 1.0 / row_params(param_ref, row)[0].temperature
@@ -92,10 +82,8 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
 
   store = functools.partial(_store, x_out, id_out, row, split)
 
-  def compact(carry, index, x, bits=None, race=None):
-    """One chunk (``race``: a ``GumbelRace`` of the elements above the
-    window, ``bits`` their noise)."""
-    count, list_count, outside, above, raced = carry
+  def compact(carry, index, x):
+    count, list_count, outside, *above = carry
     x = sanitize(x)
     approx = x * inv_t
     finite = x > -jnp.inf
@@ -106,11 +94,8 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
     if above_out:
       surely_above = approx >= filter_upper
       flag = flag & ~surely_above
-      above = (above[0] + jnp.where(surely_above, 1, 0),
-               above[1] + jnp.where(surely_above, e, 0.0))
-      if race is not None:
-        raced = race.chunk_step(raced, common.Chunk(None, index, bits),
-                                jnp.where(surely_above, x, -jnp.inf))
+      above = [above[0] + jnp.where(surely_above, 1, 0),
+               above[1] + jnp.where(surely_above, e, 0.0)]
       below = ~flag & ~surely_above
     else:
       below = ~flag
@@ -135,15 +120,16 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
     pl.when(found > 0)(write)
     if listing:
       return (count + (found & (_LISTED - 1)), list_count + (found >> 16),
-              outside, above, raced)
-    return count + found, list_count, outside, above, raced
+              outside, *above)
+    return count + found, list_count, outside, *above
 
   lanes = lambda dtype: jnp.zeros((plan.chunk,), dtype)
   init = (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
-          lanes(jnp.float32),
-          (lanes(jnp.int32), lanes(jnp.float32)) if above_out else (), ())
+          lanes(jnp.float32))
+  if above_out:
+    init += (lanes(jnp.int32), lanes(jnp.float32))
 
-  def finish(count, list_count, outside, above, raced):
+  def finish(count, list_count, outside, above):
     count_out[row, split] = count
     outside_out[row, split] = jnp.sum(outside)
     for out, value in zip(above_out, above):
@@ -151,44 +137,23 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
     if listing:
       list_count_out[0][row, split] = list_count
 
-  def walk(race: gumbel.GumbelRace | None):
-    """The split's pass (``race``: racing the elements above the
-    window)."""
-    start = split * plan.split_len
-    noise, carry = None, init
-    if race is not None:
-      noise = common.Noise(generator, rng.RowStreams(*common.table_row(
-          stream_refs[0], row, common.STREAM_DTYPES)), 0, wide=False)
-      carry = init[:-1] + (race.init(start + jnp.arange(plan.chunk,
-                                                        dtype=jnp.int32)),)
-    carry = common.chunk_loop(
-        plan, kmath, start, vocab,
+  @pl.when(active & ~gather if gathering else active)
+  def _():
+    count, list_count, outside, *above = common.chunk_loop(
+        plan, kmath, split * plan.split_len, vocab,
         bitmask.row_loader(x_ref, words_refs, row, plan.chunk),
-        lambda carry, chunk, x: compact(carry, chunk.index, x, chunk.bits,
-                                        race), carry, noise=noise)
-    finish(*carry)
-    if race is not None:
-      best, index, _, _ = race.finish(carry[-1])
-      race_out[0][row, split], race_out[1][row, split] = best, index
-
-  walking = active & ~gather if gathering else active
-  if racing:
-    raced_row = (flags & 4) != 0
-    pl.when(walking & raced_row)(lambda: walk(gumbel.GumbelRace(
-        kmath, row_params(param_ref, row)[0].temperature, jnp.float32,
-        wide=False)))
-    walking = walking & ~raced_row
-  pl.when(walking)(lambda: walk(None))
+        lambda carry, chunk, x: compact(carry, chunk.index, x), init)
+    finish(count, list_count, outside, above)
 
   if not gathering:
     return
 
   @pl.when(active & gather)
   def _():
-    count, list_count, _, above, raced = _walk_listed_segments(
+    count, list_count, _, *above = _walk_listed_segments(
         plan, split, row, vocab, segment, gather_refs, x_ref, words_refs,
         compact, init)
-    finish(count, list_count, jnp.zeros((), jnp.float32), above, raced)
+    finish(count, list_count, jnp.zeros((), jnp.float32), above)
 
 
 def _store(x_out, id_out, row, split, position, keep, index, x):
@@ -276,10 +241,7 @@ class Candidates:
   of the candidates.  Windowed (``upper`` given):
   the candidates are ``{L <= y < U}`` and ``above_count``/``above_mass`` the
   count and mass of ``{y >= U}`` (else 0).  The buffers of rows not active
-  are undefined (their counts and masses 0).  ``above_race``,
-  ``above_id`` ``[B]`` (``collect_candidates``' ``race_above`` rows; else
-  None): the best race value ``y + g`` of ``{y >= U}`` and its id (smallest
-  on ties), as the Gumbel kernel races them."""
+  are undefined (their counts and masses 0)."""
 
   y: jax.Array
   ids: jax.Array
@@ -289,8 +251,6 @@ class Candidates:
   inside_mass: jax.Array
   above_count: jax.Array
   above_mass: jax.Array
-  above_race: jax.Array | None = None
-  above_id: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -311,7 +271,7 @@ def collect_candidates(logits, params: SamplingParams | jax.Array, active,
                        streams: rng.RowStreams | None, config: SamplerConfig,
                        *, upper=None, capacity: int | None = None,
                        segments: Segments | None = None,
-                       listing: Listing | None = None, race_above=None):
+                       listing: Listing | None = None):
   """Runs the compact pass on the ``active`` rows (``[B]`` bool or int32
   flags; ``params`` or their ``pack_param_table``: their temperatures) and
   packs each row's candidates into ``C`` slots (``capacity``, default ``config.max_candidates``); with ``upper`` ``[B]``
@@ -323,21 +283,13 @@ def collect_candidates(logits, params: SamplingParams | jax.Array, active,
   ``segments``), the pass also lists its window (rows need not be
   ``active``) and returns ``(candidates, listed)``: ``listed`` holds the
   ``Listing``'s elements (``Candidates`` of ``{y >= lower}``; no race, no
-  masses).  ``race_above`` ``[B]`` bool (windowed, with ``streams``): the
-  rows whose pass also races ``{y >= U}`` (``Candidates.above_race``), the
-  noise drawn in the Gumbel kernel's tiles (``_racing_plan``)."""
+  masses)."""
   batch, vocab = logits.shape
   capacity = capacity or config.max_candidates
   windowed = upper is not None
   upper_inputs = (upper,) if windowed else ()
   tuned = tuning.resolve(config.tuning)
   plan = pass_plan(batch, vocab, tuned.compact, tuned.occupancy)
-  racing = race_above is not None
-  if racing:
-    if not windowed or streams is None or segments is not None:
-      raise ValueError("race_above races a window's upper part: it needs "
-                       "upper and streams, and whole rows (no segments)")
-    plan = _racing_plan(plan, batch, vocab, config.rng, tuned)
   shape = (batch, plan.num_splits)
   if listing is not None and (segments is not None or plan.chunk >= _LISTED):
     raise ValueError("a listing needs whole rows and chunks below 2^16")
@@ -347,15 +299,10 @@ def collect_candidates(logits, params: SamplingParams | jax.Array, active,
                              capacity=capacity, list_capacity=list_capacity,
                              segment=segment_size(vocab, plan.chunk),
                              windowed=windowed, gathering=segments is not None,
-                             masked=isinstance(logits, bitmask.MaskedLogits),
-                             generator=config.rng if racing else None)
+                             masked=isinstance(logits, bitmask.MaskedLogits))
   flags = active.astype(jnp.int32)
   if listing is not None:
     flags = flags + 2 * listing.rows.astype(jnp.int32)
-  stream_inputs = ()
-  if racing:
-    flags = flags + 4 * (race_above & (active != 0)).astype(jnp.int32)
-    stream_inputs = (rowwise.pack_rows(jax.tree.leaves(streams), batch),)
   list_inputs = () if listing is None else (listing.lower,)
   gather = () if segments is None else (segments.gather.astype(jnp.int32),)
   gather_inputs = gather and (*gather, segments.listed, segments.count)
@@ -368,16 +315,12 @@ def collect_candidates(logits, params: SamplingParams | jax.Array, active,
                  split_values(jnp.int32), split_values(jnp.float32)] + [
                      split_values(jnp.int32),
                      split_values(jnp.float32)] * windowed + [
-                         split_values(jnp.float32),
-                         split_values(jnp.int32)] * racing + [
                          split_values(jnp.int32)] * (listing is not None),
       grid=shape, compiler_params=plan.compiler_params(),
       interpret=plan.interpret, name="jaxsample_collect_candidates")(
           param_table, flags, lower_bound, t1, row_max, *upper_inputs,
-          *list_inputs, *stream_inputs, *gather_inputs,
-          *bitmask.operands(logits))
+          *list_inputs, *gather_inputs, *bitmask.operands(logits))
   above, outs = outs[:2 * windowed], outs[2 * windowed:]
-  split_races, outs = outs[:2 * racing], outs[2 * racing:]
   pack = functools.partial(_pack, param_table=param_table, t1=t1,
                            row_max=row_max, splits=plan.num_splits,
                            generator=config.rng, launch=tuned.pack,
@@ -385,7 +328,7 @@ def collect_candidates(logits, params: SamplingParams | jax.Array, active,
   candidates = pack(
       active, lower_bound, x, ids, count, outside, capacity=capacity,
       streams=streams, window=upper_inputs and (upper, *above),
-      gather=gather and (*gather, segments.mass), split_races=split_races)
+      gather=gather and (*gather, segments.mass))
   if listing is None:
     return candidates
   return candidates, pack(listing.rows, listing.lower, x, ids, outs[0],
@@ -393,49 +336,30 @@ def collect_candidates(logits, params: SamplingParams | jax.Array, active,
                           capacity=list_capacity, offset=capacity)
 
 
-def _racing_plan(plan: common.KernelPlan, batch: int, vocab: int,
-                 generator: str, tuned: tuning.Tuning) -> common.KernelPlan:
-  """The compact pass's plan when it races: loop steps of whole RNG tiles
-  (``rng.tile_bits``: a Philox tile is 4 chunks of ``PHILOX_LANES``, a
-  Threefry tile one chunk), so each chunk's noise costs what the Gumbel
-  kernel's does."""
-  chunk = rng.PHILOX_LANES if generator == "philox" else plan.chunk
-  tile = rng.PHILOX_TILE if generator == "philox" else chunk
-  launch = tuned.compact
-  return common.make_plan(batch, vocab, chunk=chunk, tile=tile,
-                          num_warps=launch.num_warps,
-                          num_splits=launch.num_splits,
-                          num_stages=launch.num_stages,
-                          occupancy=tuned.occupancy)
-
-
 def _pack(active, lower, x, ids, count, outside, *, param_table, t1, row_max,
           splits: int, capacity: int, generator: str,
-          launch: tuning.PackLaunch, interpret: bool, offset: int = 0,
-          streams: rng.RowStreams | None = None, window=(), gather=(),
-          split_races=()) -> Candidates:
+          launch: tuning.PackLaunch, interpret: bool, offset: int = 0, streams: rng.RowStreams | None = None, window=(),
+          gather=()) -> Candidates:
   """``Candidates`` of the compact pass's split buffers, ``capacity`` slots
   from ``offset`` (``_pack_kernel``; ``window``: ``(U, above count, above
-  mass)``; ``gather``: ``(Segments.gather, mass)``; ``split_races``: the
-  splits' races above the window, ``(race, id)``)."""
+  mass)``; ``gather``: ``(Segments.gather, mass)``)."""
   batch = active.shape[0]
   raced = streams is not None
-  racing_above = bool(split_races)
   kernel = functools.partial(_pack_kernel, splits=splits, capacity=capacity,
                              offset=offset, generator=generator, raced=raced,
                              windowed=bool(window), gathering=bool(gather),
-                             racing_above=racing_above, interpret=interpret)
+                             interpret=interpret)
   row_shape = lambda dtype: jax.ShapeDtypeStruct((batch,), dtype)
   slots = lambda dtype: jax.ShapeDtypeStruct((batch, capacity), dtype)
-  y, ids, *outs = common.pallas_call(
+  y, ids, *race, count, outside, inside_mass, above_count, above_mass, _ = (
+      common.pallas_call(
           kernel,
           out_shape=[slots(jnp.float32), slots(jnp.int32)] +
           [slots(jnp.float32)] * raced + [
               row_shape(jnp.int32), row_shape(jnp.float32),
               row_shape(jnp.float32), row_shape(jnp.int32),
-              row_shape(jnp.float32)] + [
-                  row_shape(jnp.float32), row_shape(jnp.int32)] * racing_above
-          + [jax.ShapeDtypeStruct((batch, pow2_ceil(splits)), jnp.int32)],
+              row_shape(jnp.float32),
+              jax.ShapeDtypeStruct((batch, pow2_ceil(splits)), jnp.int32)],
           grid=(batch,),
           compiler_params=plgpu.CompilerParams(
               num_warps=launch.warps(capacity), num_stages=launch.num_stages),
@@ -443,16 +367,15 @@ def _pack(active, lower, x, ids, count, outside, *, param_table, t1, row_max,
               param_table, active.astype(jnp.int32), lower, t1, row_max,
               *([rowwise.pack_rows(jax.tree.leaves(streams), batch)] if raced
                 else []), x, ids, count,
-              outside, *window, *split_races, *gather)
-  race, outs = (outs[0] if raced else None), outs[raced:]
-  return Candidates(y, ids, race, *outs[:5],
-                    *(outs[5:7] if racing_above else ()))
+              outside, *window, *gather))
+  return Candidates(y, ids, race[0] if raced else None, count, outside,
+                    inside_mass, above_count, above_mass)
 
 
 def _pack_kernel(param_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
                  splits: int, capacity: int, offset: int, generator: str,
                  raced: bool, windowed: bool, gathering: bool,
-                 racing_above: bool, interpret: bool):
+                 interpret: bool):
   """One row's candidates (``Candidates``) from the compact pass's split
   buffers (``capacity`` slots from ``offset``): the splits' entries side by
   side (vocab order; split ``s``'s first at slot ``starts[s]``, the sum of
@@ -463,19 +386,15 @@ def _pack_kernel(param_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
   above count and mass), and the race values of the rest with the noise of
   their ids (``raced``: inputs the row streams, output the race).
   ``gathering`` (inputs ``Segments.gather`` and ``mass``): the outside mass
-  of gather rows with min-p off is the row's less the candidates'.
-  ``racing_above`` (inputs the splits' races above the window and their
-  ids, outputs the row's): the best race value of ``{y >= U}`` and its id
-  (smallest on ties), the splits' with the filter's extra elements'."""
+  of gather rows with min-p off is the row's less the candidates'."""
   stream_refs, refs = refs[:raced], refs[raced:]
   x_ref, id_ref, count_ref, outside_ref, *refs = refs
   window_refs, refs = refs[:3 * windowed], refs[3 * windowed:]
-  split_race_refs, refs = refs[:2 * racing_above], refs[2 * racing_above:]
   gather_refs, refs = refs[:2 * gathering], refs[2 * gathering:]
   y_out, id_out, *refs = refs
   race_out, refs = (refs[0], refs[1:]) if raced else (None, refs)
   (count_out, outside_out, inside_out, above_count_out, above_mass_out,
-   *above_race_outs, starts_ref) = refs
+   starts_ref) = refs
   row = pl.program_id(0)
   upper, above_refs = ((window_refs[0][row], window_refs[1:]) if windowed
                        else (jnp.inf, ()))
@@ -522,25 +441,15 @@ def _pack_kernel(param_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
     inside = (y >= lower_ref[row]) & ~over
     t1 = t1_ref[row]
     extra = ~inside & ~over & (y >= t1)
-    y_out[row, :] = jnp.where(inside, y, -jnp.inf)
+    y = jnp.where(inside, y, -jnp.inf)
+    ids = jnp.where(inside, ids, 0)
+    y_out[row, :] = y
     id_out[row, :] = jnp.where(inside, ids, -1)
     if raced:
       stream = rng.RowStreams(*common.table_row(stream_refs[0], row,
                                                 common.STREAM_DTYPES))
-      race = y + rng.gumbel(rng.uniform(rng.bits_at(
+      race_out[row, :] = y + rng.gumbel(rng.uniform(rng.bits_at(
           generator, stream, ids, mulhilo=kmath.mulhilo)))
-      race_out[row, :] = jnp.where(inside, race, -jnp.inf)
-    if racing_above:
-      split_race = plgpu.load(split_race_refs[0].at[row, lanes],
-                              mask=lanes < splits, other=-jnp.inf)
-      split_id = plgpu.load(split_race_refs[1].at[row, lanes],
-                            mask=lanes < splits, other=_NO_ID)
-      race = jnp.where(over, race, -jnp.inf)
-      best = jnp.maximum(jnp.max(race), jnp.max(split_race))
-      above_race_outs[0][row] = best
-      above_race_outs[1][row] = jnp.minimum(
-          jnp.min(jnp.where(race == best, ids, _NO_ID)),
-          jnp.min(jnp.where(split_race == best, split_id, _NO_ID)))
     count_out[row] = count
     inside_mass = jnp.sum(jnp.where(inside, e, 0.0))
     outside = outside + jnp.sum(jnp.where(extra, e, 0.0))

@@ -238,9 +238,8 @@ class _Listed:
 
 def _window_search(logits, params: SamplingParams, trunc: Truncation,
                    config: SamplerConfig, rows, floor, *, by_count: bool,
-                   lists=None, list_width: int = 0, raced=None,
-                   streams: rng.RowStreams | None = None):
-  """``(threshold, kept mass, kept count, held, listed, token)`` of ``rows``
+                   lists=None, list_width: int = 0):
+  """``(threshold, kept mass, kept count, held, listed)`` of ``rows``
   (``large`` rows of ``trunc``; other rows' entries undefined): top-k's
   threshold
   (``by_count``: the ``k``-th largest survivor ``y >= floor``) or top-p's
@@ -252,11 +251,7 @@ def _window_search(logits, params: SamplingParams, trunc: Truncation,
   threshold and fit its buffer.  With ``lists`` (rows whose ``floor`` is
   ``t1``), the same window kernel places those rows' ``Listing`` for a mask
   of ``list_width`` ids and the same compact pass fills it: ``listed`` is
-  that ``_Listed`` (None without ``lists``).  With ``raced`` (``[B]``
-  bool) and ``streams``, the same compact pass races those rows' elements
-  above the window and the pack kernel their window's: ``token`` is the
-  Gumbel-max winner of the kept set where ``held`` (``_raced_token``; None
-  without ``raced``)."""
+  that ``_Listed`` (None without ``lists``)."""
   capacity = config.max_candidates * (
       TOP_K_WINDOW_BUFFERS if by_count else WINDOW_BUFFERS)
   list_capacity = 0 if lists is None else _listing_capacity(list_width,
@@ -268,32 +263,13 @@ def _window_search(logits, params: SamplingParams, trunc: Truncation,
                                        list_capacity=list_capacity)))
   listing = list_lower and Listing(lists, list_lower[0], list_capacity)
   found = collect_candidates(logits, params, rows, lower, floor,
-                             _safe(trunc.row_max),
-                             None if raced is None else streams, config,
-                             upper=upper, capacity=capacity,
-                             listing=listing or None, race_above=raced)
+                             _safe(trunc.row_max), None, config, upper=upper,
+                             capacity=capacity, listing=listing or None)
   window, listed = found if listing else (found, None)
-  threshold, *measures = window_threshold(
-      window, search, rows, floor, lower, upper, trunc.row_max, capacity,
-      launch, by_count=by_count)
-  return (threshold, *measures, _Listed(listing, listed) if listing else None,
-          None if raced is None else _raced_token(window, threshold))
-
-
-def _raced_token(window: Candidates, threshold) -> jax.Array:
-  """``[B]``: the Gumbel-max winner of ``{y >= threshold}`` for a window
-  that holds ``threshold`` and was raced (``Candidates.above_race``): the
-  larger race value of the best window candidate ``y >= threshold`` and the
-  best element above the window, the smaller id on ties (the Gumbel
-  kernel's rule)."""
-  race = jnp.where(window.y >= threshold[:, None], window.race, -jnp.inf)
-  best = jnp.max(race, axis=-1)
-  no_id = jnp.iinfo(jnp.int32).max
-  token = jnp.min(jnp.where(race == best[:, None], window.ids, no_id),
-                  axis=-1)
-  above = (window.above_race > best) | ((window.above_race == best) &
-                                        (window.above_id < token))
-  return jnp.where(above, window.above_id, token)
+  return (*window_threshold(window, search, rows, floor, lower, upper,
+                             trunc.row_max, capacity, launch,
+                             by_count=by_count),
+          _Listed(listing, listed) if listing else None)
 
 
 def listing_width(width: int, config: SamplerConfig) -> bool:
@@ -335,19 +311,6 @@ def large_thresholds(logits, params: SamplingParams, trunc: Truncation,
   costs no pass or kernel of its own.  Returns the ``KeptSets`` and the collected listing (None without
   ``list_width``).
   """
-  sets, listed, _ = _large_searches(logits, params, trunc, config, rows,
-                                    list_width=list_width)
-  return sets, listed
-
-
-def _large_searches(logits, params: SamplingParams, trunc: Truncation,
-                    config: SamplerConfig, rows, *, list_width: int = 0,
-                    streams: rng.RowStreams | None = None):
-  """``large_thresholds``' ``(KeptSets, listing, token)``; with
-  ``streams``, each row's last window search (top-p's, else top-k's) also
-  races its kept set (``_window_search``): ``token`` ``[B]`` is the
-  Gumbel-max winner where the set is ``measured`` (None without
-  ``streams``)."""
   large, t1 = trunc.large != 0, trunc.t1
   row_max = _safe(trunc.row_max)
   counted = rows & (params.top_k > 0)
@@ -356,34 +319,28 @@ def _large_searches(logits, params: SamplingParams, trunc: Truncation,
     list_rows = rows & large
     first_lists = list_rows & (counted | ~topped)
 
-  def search(rows, floor, by_count: bool, lists=None, lower=trunc.bound,
-             raced=None):
-    """``(threshold, kept mass, kept count, measured, listed, token)`` of
-    ``rows``: a window search where the row has a sample and its window
-    holds the threshold (mass and count measured), else the pivot search
-    (``lower``: a value not above the threshold); ``lists``: the rows whose
-    listing its pass places and fills; ``raced``: the rows whose pass races
-    (with ``streams``)."""
+  def search(rows, floor, by_count: bool, lists=None, lower=trunc.bound):
+    """``(threshold, kept mass, kept count, measured, listed)`` of ``rows``:
+    a window search where the row has a sample and its window holds the
+    threshold (mass and count measured), else the pivot search (``lower``: a value not above the
+    threshold); ``lists``: the rows whose listing its pass places and
+    fills."""
     windowed = rows & large
-    threshold, mass, count, held, listed, token = _window_search(
+    threshold, mass, count, held, listed = _window_search(
         logits, params, trunc, config, windowed, floor, by_count=by_count,
-        lists=lists, list_width=list_width,
-        raced=None if streams is None else windowed & raced, streams=streams)
+        lists=lists, list_width=list_width)
     measured = windowed & held
     missed = rows & ~measured
     exact = pivot_threshold(logits, params, missed, floor, row_max, config,
                             by_count=by_count, lower=lower)
-    return (jnp.where(missed, exact, threshold), mass, count, measured,
-            listed, token)
+    return jnp.where(missed, exact, threshold), mass, count, measured, listed
 
-  floor, mass, count, measured, listed, token = search(
-      counted, t1, by_count=True, lists=first_lists if list_width else None,
-      raced=~topped)
+  floor, mass, count, measured, listed = search(
+      counted, t1, by_count=True, lists=first_lists if list_width else None)
   floor = jnp.where(counted, floor, t1)
-  (threshold, topped_mass, topped_count, topped_measured, second,
-   topped_token) = search(
-       topped, floor, by_count=False,
-       lists=list_rows & ~first_lists if list_width else None, raced=topped)
+  threshold, topped_mass, topped_count, topped_measured, second = search(
+      topped, floor, by_count=False,
+      lists=list_rows & ~first_lists if list_width else None)
   threshold = jnp.where(topped, threshold, floor)
   mass = jnp.where(topped, topped_mass, mass)
   count = jnp.where(topped, topped_count, count)
@@ -392,9 +349,7 @@ def _large_searches(logits, params: SamplingParams, trunc: Truncation,
                   count=count)
   if list_width:
     listed = rowwise.where_rows(first_lists, listed, second)
-  if streams is not None:
-    token = jnp.where(topped, topped_token, token)
-  return sets, listed, token
+  return sets, listed
 
 
 def top_width_params(params: SamplingParams, width: int) -> SamplingParams:
@@ -414,54 +369,24 @@ def sample_large(logits, params: SamplingParams, trunc: Truncation,
   also the first ``min(order_width, V)`` ids of each kept set by descending
   ``y`` (``large_kept_ids``).
 
-  ``large_thresholds`` finds each threshold (and fills the mask's listing)
-  and, with FP32 noise, the compact pass of each row's last window search
-  races the row's elements above the window and the pack kernel the
-  window's (``_window_search``): where that window held the threshold
-  (``KeptSets.measured``) the token is the Gumbel-max winner of ``{y >=
-  threshold}``, bit for bit the Gumbel kernel's, and the count and mass
-  are the search's: two passes over the row (three with both top-k and
-  top-p).  The other rows (a pivot search, min-p alone, FP64 noise) take
-  the Gumbel kernel with a floor (``floored_race``), one more pass, which
-  also counts the kept set and sums its mass.
+  ``large_thresholds`` finds each threshold (and fills the mask's listing);
+  then the Gumbel kernel races the kept set ``{y >= threshold}``
+  (``floor``), which also gives its count and mass: three passes over the
+  row (four with both top-k and top-p).
   """
   rows = trunc.large != 0 if rows is None else rows
   width = min(order_width, logits.shape[1])
-  fused = not config.use_fp64_gumbel
-  sets, listed, raced_token = _large_searches(
+  sets, listed = large_thresholds(
       logits, params, trunc, config, rows,
-      list_width=width if listing_width(width, config) else 0,
-      streams=streams if fused else None)
-  raced = rows & sets.measured if fused else jnp.zeros_like(rows)
-  floored = rows & ~raced
+      list_width=width if listing_width(width, config) else 0)
   result, count, log_kept = floored_race(logits, params, streams, config,
-                                         floored, sets.threshold,
-                                         trunc.row_max)
-  token, logprob = result.tokens, result.logprobs
-  if fused:
-    raced_logprob, raced_log_kept = _measured_logprob(
-        logits, params, raced_token, trunc.row_max, sets.log_kept)
-    token = jnp.where(raced, raced_token, token)
-    logprob = jnp.where(raced, raced_logprob, logprob)
-    count = jnp.where(raced, sets.count, count)
-    log_kept = jnp.where(raced, raced_log_kept, log_kept)
-  found = (token, logprob, rows, sets.threshold, count, log_kept)
+                                         rows, sets.threshold, trunc.row_max)
+  found = (result.tokens, result.logprobs, rows, sets.threshold, count,
+           log_kept)
   if not width:
     return found
   return found + (large_kept_ids(logits, params, trunc, config, rows,
                                  sets.threshold, width, listed),)
-
-
-def _measured_logprob(logits, params: SamplingParams, token, row_max,
-                      log_kept):
-  """``(logprob, log_kept)`` of ``token`` ``[B]`` under a measured kept set
-  (``KeptSets``' ``log_kept`` against ``row_max``), as the narrow route
-  forms them (``sample_truncated``): ``log_kept`` raised to at least the
-  token's own term (``reference.holding_token``)."""
-  x_token = reference.sanitize(bitmask.logits_at(logits, token[:, None])[:, 0])
-  gap = reference.temper(x_token, params.temperature) - _safe(row_max)
-  log_kept = reference.holding_token(log_kept, gap)
-  return gap - log_kept, log_kept
 
 
 def floored_race(logits, params: SamplingParams, streams: rng.RowStreams,
