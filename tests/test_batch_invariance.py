@@ -240,7 +240,7 @@ def _assert_all_equal(results):
 
 @pytest.mark.kernels
 @pytest.mark.parametrize("call,gen,fp64,batches", [
-    ("sample+mask", "philox", False, BATCHES[:3]),
+    ("sample+mask", "philox", False, BATCHES[:2]),
     slow_case("sample+mask", "philox", False, BATCHES),
     slow_case("sample", "philox", False, BATCHES),
     slow_case("extract", "philox", False, BATCHES),
@@ -250,8 +250,8 @@ def test_batch_invariant_kernel_rows_are_bit_identical(call, gen, fp64,
                                                        batches):
   """``SamplerConfig(batch_invariant=True)``: ``sample`` (plain and with its
   mask) and ``extract_sampling_mask``: every request's token, validity,
-  logprob and mask (kept ids, count, ``logz``, ``lse``, flags) at B = 1, 9,
-  40 (and 130: slow cases), whose default plans differ, among junk and
+  logprob and mask (kept ids, count, ``logz``, ``lse``, flags) at B = 1 and
+  9 (and 40 and 130: slow cases), whose default plans differ, among junk and
   padding rows, bit for bit."""
   config = SamplerConfig(implementation="pallas", rng=gen,
                          use_fp64_gumbel=fp64, tuning=TINY,

@@ -14,8 +14,9 @@ import re
 import subprocess
 import sys
 
-import jax
 import pytest
+
+from helpers.child_env import compile_cache_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -50,14 +51,12 @@ def test_fragments_say_what_they_need():
 
 def block_env(code: str) -> dict:
   """The test process's environment (its XLA flags, CPU only), this checkout
-  first on the path, the suite's compile cache, and the block's device
-  count."""
+  first on the path, the suite's compile cache (``compile_cache_env``), and
+  the block's device count."""
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              PYTHONPATH=os.pathsep.join(
-                 filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
-  cache = jax.config.jax_compilation_cache_dir
-  if cache:
-    env["JAX_COMPILATION_CACHE_DIR"] = cache
+                 filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
+             **compile_cache_env())
   devices = DEVICES_FLAG.search(code)
   if devices:
     env["XLA_FLAGS"] = " ".join(filter(None, (env.get("XLA_FLAGS"),

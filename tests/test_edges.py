@@ -20,6 +20,7 @@ from jaxsample import SamplerConfig, SamplingParams
 from jaxsample._src import spec
 
 from conftest import LLVM_FAST_COMPILE
+from helpers.child_env import compile_cache_env
 from helpers.oracle import FP32_EPS
 from helpers.parametrize import IMPLEMENTATIONS_SLOW_KERNELS, slow_case
 
@@ -361,9 +362,10 @@ _PROBE = textwrap.dedent("""
 
 
 def test_llvm_level_keeps_results(tmp_path):
-  """The sampler at the default XLA:CPU LLVM level (a fresh process) and at
-  the suite's (conftest.LLVM_FAST_COMPILE, when set): the same bits, on the
-  XLA reference with filters and the kernels without."""
+  """The sampler at the default XLA:CPU LLVM level (a fresh process, with
+  the suite's compile cache: its key holds the level) and at the suite's
+  (conftest.LLVM_FAST_COMPILE, when set): the same bits, on the XLA
+  reference with filters and the kernels without."""
   if LLVM_FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
     pytest.skip("the suite runs XLA at its default LLVM level here")
   script = _PROBE + textwrap.dedent(f"""
@@ -373,7 +375,8 @@ def test_llvm_level_keeps_results(tmp_path):
                    if flag != LLVM_FAST_COMPILE)
   child = subprocess.run([sys.executable, "-c", script], capture_output=True,
                          text=True, env={**os.environ, "JAX_PLATFORMS": "cpu",
-                                         "XLA_FLAGS": flags})
+                                         "XLA_FLAGS": flags,
+                                         **compile_cache_env()})
   assert child.returncode == 0, child.stderr
   default = np.load(tmp_path / "default.npz")
   scope = {}

@@ -99,18 +99,28 @@ def third_party_imports() -> set[str]:
                                                           "__future__")}
 
 
-# Imports the third-party modules the package uses once (JAX, flax,
-# matplotlib ...: optional ones may be absent), then imports each module in
-# a forked child with no jaxsample module loaded: the module alone, as a
-# fresh interpreter would, without paying the third-party imports per module.
+# Imports once what every child would otherwise import or compile again: the
+# third-party modules the package uses (JAX, flax, matplotlib ...: optional
+# ones may be absent), the MLIR dialects JAX loads at its first lowering (a
+# module-level jnp array lowers), and the package's bytecode, compiled (not
+# run) into a temporary ``sys.pycache_prefix``; freezes the heap so that no
+# child's garbage collector walks (and copies) the parent's objects. Then
+# imports each module in a forked child with no jaxsample module loaded: the
+# module alone, as a fresh interpreter would.
 _IMPORT_EACH_ALONE = """
-import importlib, os, sys, traceback
+import gc, importlib, importlib.util, os, pathlib, py_compile, shutil, sys
+import tempfile, traceback
 third_party, names = sys.argv[1].split(","), sys.argv[2:]
-for name in third_party:
+for name in third_party + ["jaxlib.mlir.dialects.mhlo"]:
   try:
     importlib.import_module(name)
   except ImportError:
     pass
+sys.pycache_prefix = tempfile.mkdtemp(prefix="jaxsample-layout-pyc-")
+for source in pathlib.Path("jaxsample").resolve().rglob("*.py"):
+  py_compile.compile(str(source), importlib.util.cache_from_source(source),
+                     doraise=True)
+gc.freeze()
 assert not any(m.startswith("jaxsample") for m in sys.modules)
 failed = []
 for name in names:
@@ -124,6 +134,7 @@ for name in names:
     os._exit(0)
   if os.waitpid(pid, 0)[1]:
     failed.append(name)
+shutil.rmtree(sys.pycache_prefix)
 print("FAILED", failed)
 sys.exit(1 if failed else 0)
 """
