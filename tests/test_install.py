@@ -183,3 +183,18 @@ def test_compat_tests_name_existing_tests():
   for nodeid in COMPAT_TESTS:
     path, _, test = nodeid.partition("::")
     assert f"\ndef {test.split('[')[0]}(" in (ROOT / path).read_text(), nodeid
+
+
+def test_kept_compile_cache_is_trimmed_oldest_first(tmp_path):
+  """``scripts/dev test``'s kept cache holds at most its limit after a run
+  starts: the least recently written files go first (tests/conftest.py
+  trims it once a run instead of JAX's scan on every write)."""
+  from helpers.cache_trim import trim_cache
+  for age, name in enumerate(("newest", "middle", "oldest-atime", "oldest")):
+    path = tmp_path / name
+    path.write_bytes(b"x" * 100)
+    os.utime(path, ns=(10**18 - age * 10**9,) * 2)
+  assert trim_cache(tmp_path, 250) == ["oldest", "oldest-atime"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["middle", "newest"]
+  assert trim_cache(tmp_path, 250) == []
+  assert trim_cache(tmp_path / "absent", 0) == []

@@ -11,10 +11,8 @@ def compile_cache_env() -> dict[str, str]:
   directory, keeping every program the child compiles: a fresh
   interpreter's programs are mostly eager operations that compile in well
   under the suite's 0.1 s threshold and would otherwise compile again on
-  every run.  Without the size cap: a capped cache reads the whole
-  directory on every write (JAX's ``LRUCache``), hundreds of times per
-  child; the test processes' own writes keep the cap (the children's
-  entries, holding no access time, are evicted first).  Empty when the
+  every run.  Uncapped, as the suite's own processes are
+  (``tests/conftest.py`` trims the directory once a run).  Empty when the
   suite runs without a cache."""
   cache = jax.config.jax_compilation_cache_dir
   if not cache:
