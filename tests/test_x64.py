@@ -113,7 +113,9 @@ _SLOW_XLA = ("large_set", "extract_mask", "spec_draft_logits", "threefry",
     ("xla", "sample"), ("xla", "spec_one_hot"), ("pallas", "sample")] + [
         slow_case("xla", c, id=f"xla-{c}") for c in _SLOW_XLA] + [
         slow_case("pallas", c, id=f"pallas-{c}")
-        for c in _CASES if c != "sample"])
+        for c in _CASES if c != "sample"] + [
+        slow_case("xla_search", c, id=f"xla_search-{c}")
+        for c in ("sample", "extract_mask", "spec_one_hot")])
 def test_x64_mode_gives_the_same_bits(impl, case):
   """Tokens, logprobs, masks and accepted drafts under x64 mode: the bits and
   dtypes (tokens int32, logprobs fp32, ...) of the same call with x64 off."""
