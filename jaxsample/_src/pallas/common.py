@@ -391,10 +391,11 @@ def indicator(mask: jax.Array, value: int = 1) -> jax.Array:
 
 
 def fori_loop(lower, upper, body, init):
-  """``lax.fori_loop`` with an int32 index (Python-int bounds give an int64
-  index with x64 on)."""
-  return lax.fori_loop(jnp.asarray(lower, jnp.int32),
-                       jnp.asarray(upper, jnp.int32), body, init)
+  """``lax.fori_loop`` whose ``body`` gets an int32 index (with x64 on,
+  Python-int bounds give an int64 one; the bounds stay as given, so Python
+  ints still make a scan of a static trip count)."""
+  return lax.fori_loop(lower, upper, lambda i, carry: body(
+      lax.convert_element_type(i, jnp.int32), carry), init)
 
 
 def count(mask: jax.Array) -> jax.Array:

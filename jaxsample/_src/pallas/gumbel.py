@@ -146,7 +146,7 @@ class GumbelRace:
                    lambda: self._exp_below(x, bound32))
     # NaN-safe: a NaN anywhere makes the element a possible winner.
     loses = self._one_minus_u(bits) * self._margin(bound32) > e
-    maybe = jnp.max(common.indicator(~loses)) > 0
+    maybe = jnp.max(jnp.where(loses, jnp.int32(0), jnp.int32(1))) > 0
 
     def exact(_):
       xs = jnp.where(x != x, jnp.inf, x)
