@@ -205,7 +205,8 @@ def assemble(*, valid, greedy, token, count, finite, logz, lse, row_max,
                for v in (logz, lse))
   ids = jnp.where(greedy[:, None], token[:, None], ordered_ids)
   width = ids.shape[1]
-  listed = (jnp.arange(width, dtype=jnp.int32) < count[:, None]) & truncated[:, None]
+  listed = ((jnp.arange(width, dtype=jnp.int32) < count[:, None]) &
+            truncated[:, None])
   ids = jnp.where(listed, ids.astype(jnp.int32), -1)
   ids = jnp.pad(ids, ((0, 0), (0, max_ids - width)), constant_values=-1)
   return SamplingMask(ids, count, logz, lse, truncated,
