@@ -95,10 +95,13 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 
 def _check_x64_mode(case: str, impl: str, vocab: int):
-  want = _CASES[case](impl, vocab, False)
-  with jax.enable_x64(True):  # restores the flag on the way out, raised or not
+  before = jax.config.jax_enable_x64
+  # The contexts restore the flag on the way out, raised or not.
+  with jax.enable_x64(False):
+    want = _CASES[case](impl, vocab, False)
+  with jax.enable_x64(True):
     got = _CASES[case](impl, vocab, True)
-  assert not jax.config.jax_enable_x64
+  assert jax.config.jax_enable_x64 == before
   assert jax.tree.structure(got) == jax.tree.structure(want)
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     assert g.dtype == w.dtype and g.dtype.itemsize <= 4, (g.dtype, w.dtype)
