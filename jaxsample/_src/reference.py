@@ -144,7 +144,8 @@ def top_ids(y: jax.Array, last: jax.Array, width: int) -> jax.Array:
   top = jnp.zeros((batch, width), jnp.int32).at[rows, jnp.where(
       reach, slot, width)].set(ids, mode="drop")
   # Slots no entry filled (fewer than ``width`` reach ``last``) sort last.
-  filled = jnp.arange(width) < jnp.sum(reach, axis=-1, keepdims=True)
+  filled = jnp.arange(width, dtype=jnp.int32) < jnp.sum(
+      reach, axis=-1, keepdims=True, dtype=jnp.int32)
   values = jnp.where(filled, jnp.take_along_axis(y, top, axis=-1), -jnp.inf)
   # Equal values sit in vocab order, so (value, id) keys order them as a
   # stable sort would; an unstable sort of two operands is cheaper than a

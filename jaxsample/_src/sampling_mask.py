@@ -181,7 +181,7 @@ def with_token(m: SamplingMask, token: jax.Array,
   shape."""
   listed = jnp.any(m.ids == token[..., None], axis=-1)
   missing = m.overflow & member & ~listed
-  last = jnp.arange(m.ids.shape[-1]) == m.ids.shape[-1] - 1
+  last = jnp.arange(m.ids.shape[-1], dtype=jnp.int32) == m.ids.shape[-1] - 1
   return dataclasses.replace(m, ids=jnp.where(
       missing[..., None] & last, token[..., None].astype(jnp.int32), m.ids))
 
@@ -205,7 +205,8 @@ def assemble(*, valid, greedy, token, count, finite, logz, lse, row_max,
                for v in (logz, lse))
   ids = jnp.where(greedy[:, None], token[:, None], ordered_ids)
   width = ids.shape[1]
-  listed = (jnp.arange(width) < count[:, None]) & truncated[:, None]
+  listed = ((jnp.arange(width, dtype=jnp.int32) < count[:, None]) &
+            truncated[:, None])
   ids = jnp.where(listed, ids.astype(jnp.int32), -1)
   ids = jnp.pad(ids, ((0, 0), (0, max_ids - width)), constant_values=-1)
   return SamplingMask(ids, count, logz, lse, truncated,

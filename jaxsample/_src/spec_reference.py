@@ -121,8 +121,9 @@ def accepted_count(u, lt_d, ld_d, greedy_ok, greedy, valid_t, n,
     accept = jnp.where(greedy[:, None], greedy_ok, jnp.log(u) < ratio)
   else:
     accept = u < synthetic_rates.astype(jnp.float32)
-  accept &= valid_t & (jnp.arange(k) < n[:, None])
-  return jnp.sum(jnp.cumprod(accept, axis=1), axis=1).astype(jnp.int32)
+  accept &= valid_t & (jnp.arange(k, dtype=jnp.int32) < n[:, None])
+  return jnp.sum(jnp.cumprod(accept, axis=1, dtype=jnp.int32), axis=1,
+                 dtype=jnp.int32)
 
 
 def residual_logits(y, lt, ld) -> jax.Array:
@@ -136,7 +137,7 @@ def assemble(d, j, token, lt_d, lp_token) -> SpecResult:
   emitted ``token`` and the log-probabilities of the accepted drafts
   (``lt_d`` ``[B, k]``) and of the emitted token (``lp_token`` ``[B]``)."""
   batch, k = d.shape
-  all_slots = jnp.arange(k + 1)
+  all_slots = jnp.arange(k + 1, dtype=jnp.int32)
   at_j = all_slots == j[:, None]
   tokens = jnp.concatenate([d, jnp.zeros((batch, 1), jnp.int32)], axis=1)
   tokens = jnp.where(at_j, token[:, None], tokens)
@@ -152,7 +153,7 @@ def slot_masks(rows: SamplingMask, j: jax.Array, k1: int) -> SamplingMask:
   """``[k + 1, B, ...]`` masks from ``rows``, those of the ``B * (k + 1)``
   target rows (request-major), blank past slot ``j`` ``[B]`` (module doc)."""
   batch = j.shape[0]
-  emitted = jnp.arange(k1)[:, None] <= j
+  emitted = jnp.arange(k1, dtype=jnp.int32)[:, None] <= j
   blank = SamplingMask(ids=-1, count=0, logz=-jnp.inf, lse=-jnp.inf,
                        truncated=True, overflow=False)
 

@@ -187,7 +187,7 @@ def verify_rows(target_logits, draft_tokens, n, params: SamplingParams, key,
   # masks cost an argmax (and are blanked).
   return result, kept_set_masks(
       target_logits.reshape(batch * k1, vocab),
-      per_row_params(params, k1, jnp.arange(k1) <= n[:, None]),
+      per_row_params(params, k1, jnp.arange(k1, dtype=jnp.int32) <= n[:, None]),
       jax.tree.map(lambda a: a.reshape((batch * k1,) + a.shape[2:]),
                    sets), config) if width else None
 
@@ -209,7 +209,7 @@ def kept_floors(target_logits, draft_logits, n, params: SamplingParams,
     return KeptSetQuery(logits.reshape(batch * m, vocab), rows, width,
                         measure_all=bool(width))
 
-  slots = jnp.arange(k1)
+  slots = jnp.arange(k1, dtype=jnp.int32)
   queries = [query(target_logits, slots <= n[:, None], order_width)]
   if draft_logits is not None and k1 > 1:
     queries.append(query(draft_logits, slots[:-1] < n[:, None]))

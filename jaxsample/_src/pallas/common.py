@@ -302,7 +302,7 @@ class Tile:
     global_start = (self.start + noise.vocab_offset).astype(jnp.uint32)
     lanes = self.lanes + jnp.asarray(self.offset).astype(jnp.uint32)
     if anchor is not None:  # + 0 from the anchor: x > x is false, NaN included
-      lanes = lanes + jnp.where(anchor > anchor, 1, 0).astype(jnp.uint32)
+      lanes = lanes + indicator(anchor > anchor).astype(jnp.uint32)
     return [b for _, b in rng.tile_bits(noise.generator, noise.stream,
                                         global_start, lanes,
                                         wide=noise.wide,
@@ -344,7 +344,6 @@ def tile_loop(plan: KernelPlan, kmath: KernelMath, split_start, vocab: int,
     if groups == 1:
       return split_start + i * plan.tile, 0
     # groups is a power of 2 (jnp's % and // do not lower in Triton here).
-    i = lax.convert_element_type(i, jnp.int32)  # int64 under x64
     tile_index = lax.shift_right_logical(i, jnp.int32(groups.bit_length() - 1))
     group = i & (groups - 1)
     return split_start + tile_index * plan.tile, group * plan.chunk
@@ -363,8 +362,8 @@ def tile_loop(plan: KernelPlan, kmath: KernelMath, split_start, vocab: int,
                 len(offsets), noise, kmath)
     return step(carry, tile, loaded), upcoming
 
-  carry, _ = lax.fori_loop(0, plan.steps * groups, body,
-                           (carry, load_step(jnp.int32(0))))
+  carry, _ = fori_loop(0, plan.steps * groups, body,
+                       (carry, load_step(jnp.int32(0))))
   return carry
 
 
@@ -383,6 +382,26 @@ def chunk_loop(plan: KernelPlan, kmath: KernelMath, split_start, vocab: int,
 
   return tile_loop(plan, kmath, split_start, vocab, load, tile_step, carry,
                    noise=noise)
+
+
+def indicator(mask: jax.Array, value: int = 1) -> jax.Array:
+  """int32 ``value`` where ``mask``, 0 elsewhere (int32 with x64 on too,
+  where a Python int would make it int64)."""
+  return jnp.where(mask, jnp.int32(value), jnp.int32(0))
+
+
+def fori_loop(lower, upper, body, init):
+  """``lax.fori_loop`` whose ``body`` gets an int32 index (with x64 on,
+  Python-int bounds give an int64 one; the bounds stay as given, so Python
+  ints still make a scan of a static trip count)."""
+  return lax.fori_loop(lower, upper, lambda i, carry: body(
+      lax.convert_element_type(i, jnp.int32), carry), init)
+
+
+def count(mask: jax.Array) -> jax.Array:
+  """The int32 number of True entries of ``mask`` (``jnp.sum`` of ints
+  accumulates in int64 with x64 on)."""
+  return jnp.sum(indicator(mask), dtype=jnp.int32)
 
 
 def row_chunk_loader(x_ref, row, size: int, fill=-jnp.inf):
@@ -488,7 +507,7 @@ def split_argmax(plan: KernelPlan, kmath: KernelMath, split_start, vocab: int,
     best, index, finite = carry
     x = x.astype(jnp.float32)
     if count_finite:
-      finite = finite + jnp.where(x > -jnp.inf, 1, 0)
+      finite = finite + indicator(x > -jnp.inf)
     return *argmax_update(best, index, jnp.where(x != x, jnp.inf, x),
                           chunk.index), finite
 

@@ -146,7 +146,7 @@ class GumbelRace:
                    lambda: self._exp_below(x, bound32))
     # NaN-safe: a NaN anywhere makes the element a possible winner.
     loses = self._one_minus_u(bits) * self._margin(bound32) > e
-    maybe = jnp.max(jnp.where(loses, 0, 1)) > 0
+    maybe = jnp.max(jnp.where(loses, jnp.int32(0), jnp.int32(1))) > 0
 
     def exact(_):
       xs = jnp.where(x != x, jnp.inf, x)
@@ -273,7 +273,7 @@ def _counting_step(race: GumbelRace, x_floor):
       below = common.below_floor(x, x_floor)
       inside = inside & ~below
       x = jnp.where(below, -jnp.inf, x)
-    return race.chunk_step(state, chunk, x), kept + jnp.where(inside, 1, 0)
+    return race.chunk_step(state, chunk, x), kept + common.indicator(inside)
 
   return step
 
@@ -367,7 +367,8 @@ def sample_untruncated(logits: jax.Array, params: SamplingParams,
                              active=active, count_finite=count_finite)
   result, row_max, (shift, log_sum) = finish_sampling(logits, params, partials)
   return (result, row_max, shift + log_sum) + (
-      (jnp.sum(partials.kept, axis=-1),) if count_finite else ())
+      (jnp.sum(partials.kept, axis=-1, dtype=jnp.int32),) if count_finite
+      else ())
 
 
 def finish_sampling(logits, params: SamplingParams, partials: GumbelPartials,

@@ -72,7 +72,7 @@ def _reject_one_hot(target_logits, d, n, params: SamplingParams, noise_keys,
       (positions[:, None] + slots.astype(jnp.uint32)).reshape(-1),
       batch * k1, vocab)
   floor_t = (floors.target.threshold if floors is not None else
-             jnp.full((batch, k1), -jnp.inf))
+             jnp.full((batch, k1), -jnp.inf, jnp.float32))
   target2d = target_logits.reshape(batch * k1, vocab)
   partials = gumbel.gumbel_partials(
       target2d, jnp.repeat(t, k1), streams,

@@ -94,7 +94,7 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
     if above_out:
       surely_above = approx >= filter_upper
       flag = flag & ~surely_above
-      above = [above[0] + jnp.where(surely_above, 1, 0),
+      above = [above[0] + common.indicator(surely_above),
                above[1] + jnp.where(surely_above, e, 0.0)]
       below = ~flag & ~surely_above
     else:
@@ -103,13 +103,13 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
     if listing:
       flag = flag & candidates
       listed = (approx >= filter_list) & finite
-      words = jnp.where(flag, 1, 0) + jnp.where(listed, _LISTED, 0)
+      words = common.indicator(flag) + common.indicator(listed, _LISTED)
     else:
-      words = jnp.where(flag, 1, 0)
-    found = jnp.sum(words)
+      words = common.indicator(flag)
+    found = jnp.sum(words, dtype=jnp.int32)
 
     def write():
-      before = jnp.cumsum(words) - words
+      before = jnp.cumsum(words, dtype=jnp.int32) - words
       if not listing:
         position = count + before
         store(position, flag & (position < capacity), index, x)
@@ -133,7 +133,7 @@ def _compact_kernel(param_ref, active_ref, bound_ref, t1_ref, row_max_ref,
     count_out[row, split] = count
     outside_out[row, split] = jnp.sum(outside)
     for out, value in zip(above_out, above):
-      out[row, split] = jnp.sum(value)
+      out[row, split] = jnp.sum(value, dtype=out.dtype)
     if listing:
       list_count_out[0][row, split] = list_count
 
@@ -210,8 +210,9 @@ def _walk_listed_segments(plan: common.KernelPlan, split, row, vocab: int,
                     -jnp.inf)
     return step(carry, index, x)
 
-  return lax.fori_loop(jnp.minimum(split * mine, rounds),
-                       jnp.minimum((split + 1) * mine, rounds), body, carry)
+  return common.fori_loop(jnp.minimum(split * mine, rounds),
+                          jnp.minimum((split + 1) * mine, rounds), body,
+                          carry)
 
 
 @jax.tree_util.register_dataclass
@@ -406,7 +407,7 @@ def _pack_kernel(param_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
     written = plgpu.load(count_ref.at[row, lanes], mask=lanes < splits,
                          other=0)
     written = jnp.minimum(written, capacity)
-    starts_ref[row, :] = jnp.cumsum(written) - written
+    starts_ref[row, :] = jnp.cumsum(written, dtype=jnp.int32) - written
     if not interpret:  # the stores above are read by other threads
       plgpu.debug_barrier()
     slot = lax.broadcasted_iota(jnp.int32, (capacity,), 0)
@@ -429,7 +430,7 @@ def _pack_kernel(param_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
 
     def split_sum(ref):  # one load of the row's per-split values
       return jnp.sum(plgpu.load(ref.at[row, lanes], mask=lanes < splits,
-                                other=0))
+                                other=0), dtype=ref.dtype)
 
     count, outside = split_sum(count_ref), split_sum(outside_ref)
     above_count, above_mass = (split_sum(ref) for ref in above_refs) if (
@@ -460,7 +461,7 @@ def _pack_kernel(param_ref, active_ref, lower_ref, t1_ref, row_max_ref, *refs,
                           outside)
     outside_out[row] = outside
     inside_out[row] = inside_mass
-    above_count_out[row] = above_count + jnp.sum(jnp.where(over, 1, 0))
+    above_count_out[row] = above_count + common.count(over)
     above_mass_out[row] = above_mass + jnp.sum(jnp.where(over, e, 0.0))
 
   # Rows not active skip the packing: their buffers stay undefined, their

@@ -83,8 +83,8 @@ def _pivot_kernel(param_ref, active_ref, floor_ref, lower_ref,
         for x in loaded:
           y = kmath.temper(x.astype(jnp.float32), t)
           survives = (y >= floor) & (y > -jnp.inf)
-          weight = jnp.where(survives, 1.0 if by_count else kmath.exp2_approx(
-              (y - row_max) * LOG2E), 0.0)
+          weight = jnp.where(survives, jnp.float32(1) if by_count else
+                             kmath.exp2_approx((y - row_max) * LOG2E), 0.0)
           inside = jnp.where(y <= hi_value, weight, 0.0)
           total, above = total + weight, above + (weight - inside)
           parts.append((y, inside))
@@ -98,7 +98,7 @@ def _pivot_kernel(param_ref, active_ref, floor_ref, lower_ref,
         # One block reduction per tile: per chunk was 7-13% slower; no skip
         # 3-15% faster at B = 1, 10-24% slower at B = 128 (bench_pivot.py).
         hit = functools.reduce(jnp.maximum, [
-            jnp.max(jnp.where((y >= values[0]) & (inside > 0), 1, 0))
+            jnp.max(common.indicator((y >= values[0]) & (inside > 0)))
             for y, inside in parts])
         return total, above, lax.cond(hit > 0, lambda: add(reach),
                                       lambda: reach)
@@ -133,8 +133,8 @@ def _pivot_kernel(param_ref, active_ref, floor_ref, lower_ref,
       # A closed interval (lo == hi) is the answer: the passes left skip.
       return lax.cond(width > 0, search, lambda: (lo, hi, goal))
 
-    lo, _, _ = lax.fori_loop(0, _PIVOT_PASSES, one_pass,
-                             (lo, hi, jnp.zeros((), jnp.float32)))
+    lo, _, _ = common.fori_loop(0, _PIVOT_PASSES, one_pass,
+                                (lo, hi, jnp.zeros((), jnp.float32)))
     threshold_out[row] = common.key_value(lo)
 
 

@@ -177,7 +177,7 @@ def untruncated_sets(shape: tuple[int, ...],
   """Kept sets of rows of ``shape`` without a filter (threshold -inf, none
   measured), with every field of ``kept_sets``' (``order_width``: theirs,
   ``shape + (order_width,)``)."""
-  none = jnp.full(shape, -jnp.inf)
+  none = jnp.full(shape, -jnp.inf, jnp.float32)
   zeros = jnp.zeros(shape, jnp.int32)
   return KeptSets(
       none, none, none, zeros != 0, none, zeros,
@@ -400,7 +400,7 @@ def floored_race(logits, params: SamplingParams, streams: rng.RowStreams,
   result, _, (shift, log_sum) = gumbel.finish_sampling(logits, params,
                                                        partials)
   row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-  return (result, jnp.sum(partials.kept, axis=-1),
+  return (result, jnp.sum(partials.kept, axis=-1, dtype=jnp.int32),
           (shift - row_max) + log_sum)
 
 

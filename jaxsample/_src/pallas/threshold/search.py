@@ -41,9 +41,9 @@ def largest_keys(reaches: tuple, bits: int, start=None) -> tuple:
                  for reach, v in zip(reaches, keys))
 
   if start is None:
-    return lax.fori_loop(0, bits, body, (jnp.uint32(0),) * len(reaches))
+    return common.fori_loop(0, bits, body, (jnp.uint32(0),) * len(reaches))
   prefix, known = start
-  keys = lax.fori_loop(known, bits, body, (prefix,) * len(reaches))
+  keys = common.fori_loop(known, bits, body, (prefix,) * len(reaches))
   return tuple(jnp.where(reach(v), v, jnp.uint32(0))
                for reach, v in zip(reaches, keys))
 
@@ -66,7 +66,7 @@ def key_prefix(lower, upper):
 def count_reaches(key, survives, n):
   """``reaches(v) = #{survivors with key >= v} >= n`` for ``largest_key``:
   the search then finds the key of the ``n``-th largest survivor."""
-  return lambda v: jnp.sum(jnp.where(survives & (key >= v), 1, 0)) >= n
+  return lambda v: common.count(survives & (key >= v)) >= n
 
 
 def _bound_thresholds(y, survives, e, k, p, mass, above, bits: int,
@@ -93,7 +93,7 @@ def _bound_thresholds(y, survives, e, k, p, mass, above, bits: int,
       lambda: largest_key(count_reaches(key, survives, k), bits, start),
       lambda: largest_key(mass_reaches, bits, start))
   bound = jnp.where(found > NEG_INF_KEY, common.key_value(found), -jnp.inf)
-  k_found = jnp.sum(jnp.where(survives, 1, 0)) >= k
+  k_found = common.count(survives) >= k
   return (jnp.where(k > 0, bound, -jnp.inf), k_found,
           jnp.where(k > 0, -jnp.inf, bound))
 

@@ -6,7 +6,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -44,15 +43,15 @@ def _rank(y_ref, row, scan, y, t1, row_max, with_ties: bool, step: int):
     for t, yj in enumerate(loaded):
       alive = (yj > -jnp.inf) & (yj >= t1)
       ej = jnp.where(alive, jnp.exp(yj - row_max), 0.0)
-      above = above + jnp.where(alive & (yj > y), 1, 0)
+      above = above + common.indicator(alive & (yj > y))
       mass = mass + jnp.where(alive & (yj >= y), ej, 0.0)
       if with_ties:
-        ties = ties + jnp.where(alive & (yj == y) & (j * step + t < lanes), 1,
-                                0)
+        ties = ties + common.indicator(alive & (yj == y)
+                                       & (j * step + t < lanes))
     return (above, mass, ties), upcoming
 
   zeros = jnp.zeros((size,), jnp.int32)
-  (above, mass, ties), _ = lax.fori_loop(
+  (above, mass, ties), _ = common.fori_loop(
       0, (scan + step - 1) // step, body,
       ((zeros, jnp.zeros((size,), jnp.float32), zeros), load(0)))
   return above, mass, ties
@@ -116,7 +115,7 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, param_ref, mass_ref, *refs,
     else:
       above, mass, ties = _rank(y_ref, row, scan, y, t1, row_max,
                                 with_ties=bool(width), step=step)
-      k_found = jnp.sum(jnp.where(survives, 1, 0)) >= k
+      k_found = common.count(survives) >= k
       t2 = jnp.min(jnp.where(survives & (above < k), y, jnp.inf))
       t2 = jnp.where((k > 0) & k_found, t2, -jnp.inf)
       survives = survives & (y >= t2)
@@ -127,18 +126,18 @@ def _select_kernel(y_ref, row_max_ref, t1_ref, param_ref, mass_ref, *refs,
       threshold = jnp.maximum(jnp.maximum(t1, t2),
                               jnp.where(p < 1, t3, -jnp.inf))
     kept = finite & (y >= threshold)
-    count = jnp.sum(jnp.where(kept, 1, 0))
+    count = common.count(kept)
     threshold_ref[row] = threshold
     count_ref[row] = count
     kept_mass_ref[row] = jnp.sum(jnp.where(kept, e, 0.0))
-    certified_ref[row] = jnp.where((k <= 0) | k_found, 1, 0)
+    certified_ref[row] = common.indicator((k <= 0) | k_found)
     if not bound:
       token_ref, token_y_ref, *order_ref = extra_refs
       race = jnp.where(kept, race_ref[row, pl.ds(0, size)], -jnp.inf)
       lanes = jnp.arange(size, dtype=jnp.int32)
       first = lanes == jnp.min(jnp.where(race == jnp.max(race), lanes, size))
       token_ref[row] = jnp.sum(jnp.where(first, ids_ref[row, pl.ds(0, size)],
-                                         0))
+                                         0), dtype=jnp.int32)
       token_y_ref[row] = jnp.sum(jnp.where(first, y, 0.0))
     if width:  # K fills positions 0 .. count - 1; the rest are -1.
       (order,) = order_ref

@@ -80,7 +80,7 @@ def _stats_kernel(param_ref, x_ref, *refs, plan: common.KernelPlan,
                                   first.reshape(sampled_per_chunk,
                                                 SAMPLE_STRIDE), axis=1)
 
-      return finite + jnp.where(x > -jnp.inf, 1, 0)
+      return finite + common.indicator(x > -jnp.inf)
 
     top, sumexp, finite = common.split_sumexp(
         plan, kmath, split * plan.split_len, vocab,
@@ -89,7 +89,7 @@ def _stats_kernel(param_ref, x_ref, *refs, plan: common.KernelPlan,
         fold=(jnp.zeros((plan.chunk,), jnp.int32), fold))
     max_ref[row, split] = top
     sumexp_ref[row, split] = sumexp
-    finite_ref[row, split] = jnp.sum(finite)
+    finite_ref[row, split] = jnp.sum(finite, dtype=jnp.int32)
 
 
 @jax.tree_util.register_dataclass
@@ -179,7 +179,7 @@ def _bound_kernel(param_ref, *refs, splits: int, segments: int, capacity: int,
   out.safe_max[row] = safe_max
   out.mass[row] = mass
   out.finite[row] = jnp.sum(plgpu.load(stats.finite.at[row, split], mask=use,
-                                       other=0))
+                                       other=0), dtype=jnp.int32)
   out.t1[row] = t1
   if top_width:
     pass_bound_out, pass_table_out = pass_outs
@@ -211,7 +211,7 @@ def _bound_kernel(param_ref, *refs, splits: int, segments: int, capacity: int,
         bound, row, stats.sample.shape[1], interpret, t, sampled,
         stats.sample) > capacity // 2))
     out.bound[row] = bound
-    out.large[row] = jnp.where(large, 1, 0)
+    out.large[row] = common.indicator(large)
     pass_bound, pass_k = bound, k
     if top_width:  # large rows: the bound of their top_width largest
       pass_bound = lax.cond(large, lambda: kept_bound(
@@ -226,13 +226,13 @@ def _bound_kernel(param_ref, *refs, splits: int, segments: int, capacity: int,
     listed = _list_reaching(y, pass_bound, row, out.listed.shape[1],
                             out.listed)
     out.listed_count[row] = listed
-    out.narrow[row] = jnp.where(narrow, 1, 0)
+    out.narrow[row] = common.indicator(narrow)
     # Rows whose outside mass is 0 (top-k on: unused; bound == t1: no
     # survivor lies below it) or the row's mass less the candidates' (no
     # min-p).
-    out.gather[row] = jnp.where(
+    out.gather[row] = common.indicator(
         narrow & (listed <= _LIST_CAP) & (
-            (pass_k > 0) | (pass_bound == t1) | (t1 == -jnp.inf)), 1, 0)
+            (pass_k > 0) | (pass_bound == t1) | (t1 == -jnp.inf)))
 
 
 @jax.tree_util.register_dataclass
@@ -334,7 +334,7 @@ def _estimate_reaching(threshold, row, width: int, interpret: bool, t,
   x = plgpu.load(sample_ref.at[row, jnp.where(use, lanes, 0)], mask=use,
                  other=-jnp.inf)
   y = common.KernelMath(interpret).temper(sanitize(x), t)
-  return SAMPLE_STRIDE * jnp.sum(jnp.where(use & (y >= threshold), 1, 0))
+  return SAMPLE_STRIDE * common.count(use & (y >= threshold))
 
 
 def _list_reaching(y, threshold, row, cap: int, listed_ref):
@@ -345,9 +345,9 @@ def _list_reaching(y, threshold, row, cap: int, listed_ref):
   reach = jnp.where(threshold > -jnp.inf,
                     threshold - 2 * FILTER_SLACK * jnp.abs(threshold),
                     -jnp.inf)
-  flag = jnp.where(y >= reach, 1, 0)
-  position = jnp.cumsum(flag) - flag
+  flag = common.indicator(y >= reach)
+  position = jnp.cumsum(flag, dtype=jnp.int32) - flag
   plgpu.store(listed_ref.at[row, position],
               jnp.arange(y.shape[0], dtype=jnp.int32),
               mask=(flag != 0) & (position < cap))
-  return jnp.sum(flag)
+  return jnp.sum(flag, dtype=jnp.int32)

@@ -77,7 +77,7 @@ def _window_kernel(param_ref, sample_ref, row_max_ref, t1_ref, mass_ref,
       threshold_key = largest_key(
           lambda v: jnp.sum(jnp.where(key < v, e, 0.0)) <= target,
           BOUND_KEY_BITS)
-      rank = jnp.sum(jnp.where(survives & (key >= threshold_key), 1, 0))
+      rank = common.count(survives & (key >= threshold_key))
 
     # The (rank - half)-th and (rank + half)-th largest survivors (rounded
     # down; -inf if none), and the listing's, searched together.
